@@ -1,0 +1,325 @@
+"""The command line: parse with Click, call a use case in ops, render with rich.
+
+Errors are mapped to `Error:`/`Hint:` lines and exit codes in one place, `GpuctlGroup.invoke`.
+Heavy libraries (boto3, paramiko, fabric, tensorflow) are never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from gpuctl import __version__
+from gpuctl.errors import ConfirmationRequired, ExitCode, GpuctlError, RunFailedError
+from gpuctl.types import DownResult
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Off a terminal (pipes, CI logs) rich would assume 80 columns and fold run ids; use more.
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{sec:02d}s"
+    return f"{seconds:.1f}s" if seconds < 10 else f"{sec}s"
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:.4f}" if abs(value) < 10 else f"${value:,.2f}"
+
+
+def _num(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _metrics(metrics: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+
+
+def emit_json(data: BaseModel | list[BaseModel]) -> None:
+    if isinstance(data, list):
+        payload: Any = [d.model_dump(mode="json") for d in data]
+    else:
+        payload = data.model_dump(mode="json", by_alias=True)
+    click.echo(json.dumps(payload, indent=2))
+
+
+def _table(*columns: str):
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in columns:
+        table.add_column(
+            col,
+            justify="right" if col.startswith(("$", "sec", "ex/s", "epoch", "up", "elapsed")) else "left",
+            no_wrap=col not in ("metrics", "last metrics"),
+        )
+    return table
+
+
+def _confirm(yes: bool, question: str) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfirmationRequired(f"refusing to {question} without confirmation")
+    if not click.confirm(question[0].upper() + question[1:] + "?", default=False):
+        raise click.exceptions.Exit(ExitCode.USAGE)
+
+
+# --- the error mapping: the one place -----------------------------------------------------------
+
+
+class GpuctlGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = bool(ctx.params.get("debug")) or os.environ.get("GPUCTL_DEBUG", "") not in ("", "0")
+        try:
+            return super().invoke(ctx)
+        except GpuctlError as exc:
+            if debug:
+                traceback.print_exc()
+            err = _console(stderr=True)
+            if isinstance(exc, RunFailedError) and exc.log_tail:
+                err.print("[dim]--- last lines of the log ---[/dim]")
+                err.out(exc.log_tail)
+            err.print(f"[bold red]Error:[/bold red] {exc.message}", markup=True)
+            err.print(f"[bold]Hint:[/bold] {exc.hint}", markup=True)
+            ctx.exit(int(exc.exit_code))
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            ctx.exit(int(ExitCode.INTERRUPTED))
+        except Exception as exc:  # a bug: say so in one line, traceback only on request
+            if debug:
+                traceback.print_exc()
+            click.echo(f"Error: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo("Hint: rerun with --debug and report the traceback.", err=True)
+            ctx.exit(int(ExitCode.INTERNAL))
+
+
+def _ops(ctx: click.Context, **flags: Any):
+    from gpuctl.ops import Gpuctl
+    from gpuctl.state import gpuctl_home
+
+    return Gpuctl(gpuctl_home(), flags=flags)
+
+
+@click.group(cls=GpuctlGroup, context_settings=CONTEXT)
+@click.option("--debug", is_flag=True, help="Show tracebacks (also GPUCTL_DEBUG=1).")
+@click.version_option(__version__, prog_name="gpuctl")
+def cli(debug: bool) -> None:
+    """Put a TensorFlow training job on a GPU and take it off again, without surprise bills.
+
+    \b
+    gpuctl up                      start a cluster (default provider: local)
+    gpuctl train PROJECT -- ARGS   push the project, start training under tmux
+    gpuctl logs -f                 follow the run
+    gpuctl cost                    what each epoch cost, what the run will cost
+    gpuctl down -y                 release everything
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--name", help="Cluster name (setting `cluster`, default 'default').")
+@click.option("--provider", help="Where to run: local (setting `provider`).")
+@click.option("--usd-per-hour", type=float, help="Local provider's price per hour (setting `local.usd_per_hour`).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def up(ctx: click.Context, name: str | None, provider: str | None, usd_per_hour: float | None, yes: bool, as_json: bool) -> None:
+    """Create a cluster and make it the default for later commands."""
+    ops = _ops(ctx, cluster=name, provider=provider, **{"local.usd_per_hour": usd_per_hour})
+    s = ops.settings().settings
+    if s.provider == "local" and s.local.usd_per_hour > 0:
+        _confirm(yes, f"start local cluster {s.cluster!r} billed at {usd(s.local.usd_per_hour)}/h")
+    result = ops.up()
+    if as_json:
+        return emit_json(result)
+    rate = sum(i.usd_per_hour for i in result.instances)
+    click.echo(
+        f"Cluster {result.cluster.name!r} is up ({result.cluster.provider}, {len(result.instances)} instance(s), "
+        f"{usd(rate)}/h); it is the default for later commands."
+    )
+    click.echo(f"Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster to train on (default: the default cluster).")
+@click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
+@click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
+@click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
+@click.option("--json", "as_json", is_flag=True, help="Print the started run as JSON.")
+@click.pass_context
+def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, entry: str | None,
+          budget: float | None, wait: bool, as_json: bool) -> None:
+    """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
+    ops = _ops(ctx, **{"train.entry": entry, "guards.budget_usd": budget})
+    result = ops.train(path, cluster=cluster, args=args)
+    run = result.run
+    if as_json and not wait:
+        return emit_json(result)
+    sync = result.code_sync
+    click.echo(
+        f"Pushed {sync.files_copied} of {sync.files_total} files ({sync.bytes_copied:,} bytes) in {sync.seconds:.2f}s.",
+        err=wait,
+    )
+    click.echo(f"Run {run.run_id} started on {run.cluster} (tmux session {result.session}).", err=wait)
+    if not wait:
+        click.echo(f"Follow it: gpuctl logs -f {run.run_id}")
+        return
+    for chunk in ops.logs(run.run_id, follow=True):
+        click.echo(chunk, nl=False)
+    final = ops.wait(run.run_id)
+    if final.state != "succeeded":
+        raise RunFailedError(
+            f"run {final.run_id} {final.state} (exit code {final.exit_code})",
+            f"See the whole log: gpuctl logs {final.run_id}",
+            log_tail=ops.log_tail(final),
+        )
+    click.echo(f"Run {final.run_id} succeeded. Cost report: gpuctl cost", err=True)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far."""
+    report = _ops(ctx).status()
+    if as_json:
+        return emit_json(report)
+    out = _console()
+    if not report.clusters:
+        click.echo("No clusters. Start one with: gpuctl up")
+        return
+    t = _table("cluster", "provider", "state", "uptime", "$/h", "$ so far")
+    for c in report.clusters:
+        t.add_row(c.name + (" *" if c.is_default else ""), c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.usd))
+    out.print(t)
+    if report.runs:
+        out.print()
+        t = _table("run", "cluster", "state", "epoch", "elapsed", "$ so far", "last metrics")
+        for r in report.runs:
+            state = r.state + (f" ({r.exit_code})" if r.state == "failed" else "")
+            epoch = f"{r.epoch}/{r.epochs_planned or '?'}"
+            t.add_row(r.run_id, r.cluster, state, epoch, duration(r.elapsed_s), usd(r.usd), _metrics(r.metrics))
+        out.print(t)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
+@click.pass_context
+def logs(ctx: click.Context, run: str | None, follow: bool) -> None:
+    """Print a run's output (default: the latest run)."""
+    for chunk in _ops(ctx).logs(run, follow=follow):
+        click.echo(chunk, nl=False)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def cost(ctx: click.Context, as_json: bool) -> None:
+    """Spend per cluster and per run, one row per epoch, with the projected total."""
+    report = _ops(ctx).cost()
+    if as_json:
+        return emit_json(report)
+    out = _console()
+    t = _table("cluster", "provider", "state", "uptime", "$/h", "$")
+    for c in report.clusters:
+        t.add_row(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.usd))
+    out.print(t)
+    for r in report.runs:
+        out.print()
+        out.print(f"[bold]{r.run_id}[/bold] on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs at {usd(r.usd_per_hour)}/h")
+        if not r.epochs:
+            out.print("  no epoch reported yet")
+            continue
+        t = _table("epoch", "seconds", "examples", "ex/s", "$ epoch", "$ cumulative", "metrics")
+        for e in r.epochs:
+            t.add_row(str(e.epoch), f"{e.seconds:.2f}", _num(e.examples, "{:,}"), _num(e.examples_per_s),
+                      usd(e.epoch_cost_usd), usd(e.cumulative_usd), _metrics(e.metrics))
+        out.print(t)
+        out.print(
+            f"  mean epoch {duration(r.mean_epoch_s)} / {usd(r.mean_epoch_usd)}; spent {usd(r.spent_usd)}; "
+            f"projected total {usd(r.projected_total_usd)} ({usd(r.projected_remaining_usd)} still to run)"
+        )
+    out.print()
+    out.print(f"Total across clusters: {usd(report.total_usd)}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name", required=False)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def down(ctx: click.Context, name: str | None, yes: bool, as_json: bool) -> None:
+    """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
+    ops = _ops(ctx)
+    if name is None and not ops.ledger.clusters(include_down=False):
+        if as_json:
+            return emit_json(DownResult(cluster="", already_down=True))
+        click.echo("No cluster is up; nothing to do.")
+        return
+    target = name or ops.resolve_cluster(None).name
+    if ops.ledger.live_cluster(target) is not None:
+        _confirm(yes, f"release cluster {target!r} and stop its jobs")
+    result = ops.down(target)
+    if as_json:
+        return emit_json(result)
+    if result.already_down:
+        click.echo(f"Cluster {result.cluster!r} is already down; nothing to do.")
+        return
+    click.echo(
+        f"Cluster {result.cluster!r} is down: released {len(result.released_instances)} instance(s), "
+        f"stopped {len(result.stopped_runs)} run(s). Reports stay: gpuctl cost"
+    )
+
+
+@cli.group(context_settings=CONTEXT)
+def config() -> None:
+    """Inspect settings."""
+
+
+@config.command("show", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool) -> None:
+    """Every setting, its value, and where the value came from."""
+    values = _ops(ctx).config()
+    if as_json:
+        return emit_json(values)
+    t = _table("setting", "value", "source")
+    for v in values:
+        t.add_row(v.key, json.dumps(v.value), v.source)
+    _console().print(t)
+
+
+def main() -> None:
+    cli(prog_name="gpuctl")

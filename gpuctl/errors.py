@@ -1,0 +1,78 @@
+"""The one error tree of gpuctl. Every error a user can cause carries an exit code and a hint.
+
+The CLI maps these to `Error:` / `Hint:` lines and the exit code in exactly one place
+(`gpuctl.cli.main`); nothing else prints errors or calls sys.exit.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented process exit codes (README "Exit codes"); a test pins the numbers."""
+
+    OK = 0
+    INTERNAL = 1  # a bug in gpuctl: rerun with --debug and report it
+    USAGE = 2  # bad command line (Click's own code)
+    CONFIG = 3  # a bad setting in a file, env var or flag
+    NOT_FOUND = 4  # unknown cluster or run
+    CONFLICT = 5  # a name already in use, or no single cluster to pick
+    PROJECT = 6  # the project to train is missing or has no entry point
+    REMOTE = 7  # a command on the instance failed (tmux, copy, ...)
+    RUN_FAILED = 8  # the training run ended with a non-zero status
+    INTERRUPTED = 130  # Ctrl-C
+
+
+class GpuctlError(Exception):
+    """Base class: `message` says what happened, `hint` what to do next."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    default_hint: str = "Rerun with --debug for the traceback."
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint or self.default_hint
+
+
+class ConfigError(GpuctlError):
+    exit_code = ExitCode.CONFIG
+    default_hint = "Run `gpuctl config show` to see every setting and where it comes from."
+
+
+class NotFoundError(GpuctlError):
+    exit_code = ExitCode.NOT_FOUND
+    default_hint = "Run `gpuctl status` to list clusters and runs."
+
+
+class ConflictError(GpuctlError):
+    exit_code = ExitCode.CONFLICT
+    default_hint = "Pick another name, or run `gpuctl status` to see what exists."
+
+
+class NoClusterError(ConflictError):
+    default_hint = "Start one with `gpuctl up`, or name one with --cluster."
+
+
+class ProjectError(GpuctlError):
+    exit_code = ExitCode.PROJECT
+    default_hint = "Point gpuctl at a directory holding train.py, or set `[train] entry` in its gpuctl.toml."
+
+
+class RemoteError(GpuctlError):
+    exit_code = ExitCode.REMOTE
+    default_hint = "Run `gpuctl status`; rerun with --debug for the full command output."
+
+
+class RunFailedError(GpuctlError):
+    exit_code = ExitCode.RUN_FAILED
+
+    def __init__(self, message: str, hint: str | None = None, log_tail: str = ""):
+        super().__init__(message, hint)
+        self.log_tail = log_tail
+
+
+class ConfirmationRequired(GpuctlError):
+    exit_code = ExitCode.USAGE
+    default_hint = "Pass -y to confirm, or run it in a terminal to be asked."

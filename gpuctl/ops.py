@@ -1,0 +1,427 @@
+"""Use cases: up, train, status, logs, cost, down, config. Typed results, no printing.
+
+Every use case checks its inputs before it creates or destroys anything, so a bad input leaves the
+ledger and the instances exactly as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pydantic import ValidationError
+
+from gpuctl.errors import ConflictError, NoClusterError, NotFoundError, ProjectError, RemoteError
+from gpuctl.provision import Provider, get_provider
+from gpuctl.remote import jobs
+from gpuctl.remote.host import Host
+from gpuctl.settings import LoadedSettings, load_settings
+from gpuctl.state import Ledger
+from gpuctl.types import (
+    FINAL_RUN_STATES,
+    ClusterCost,
+    ClusterRecord,
+    ClusterSpec,
+    ClusterStatus,
+    CostReport,
+    DownResult,
+    EpochReport,
+    EpochRow,
+    InstanceRecord,
+    RunCost,
+    RunRecord,
+    RunStatus,
+    SettingValue,
+    StatusReport,
+    TrainResult,
+    UpResult,
+)
+
+PAYLOAD_DIR = Path(__file__).parent / "payloads"
+LAUNCHER = "gpuctl_run.py"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")[:24] or "run"
+
+
+class Gpuctl:
+    """The use cases over one gpuctl home (ledger + cluster files) and one set of flags."""
+
+    def __init__(self, home: Path, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
+        self.home = Path(home)
+        self.flags = dict(flags or {})
+        self.env = os.environ if env is None else env
+        self._ledger: Ledger | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.home)
+        return self._ledger
+
+    def settings(self, project_dir: Path | None = None) -> LoadedSettings:
+        return load_settings(self.flags, project_dir=project_dir, env=self.env)
+
+    def _provider(self, name: str) -> Provider:
+        return get_provider(name, self.home)
+
+    def _host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
+        instances = self.ledger.instances(cluster.name)
+        if not instances:
+            raise RemoteError(f"cluster {cluster.name!r} has no instance", "Run `gpuctl down` then `gpuctl up`.")
+        inst = instances[0]
+        return inst, self._provider(cluster.provider).host(inst)
+
+    # --- config ---------------------------------------------------------------------------------
+
+    def config(self) -> list[SettingValue]:
+        return self.settings().values()
+
+    # --- up -------------------------------------------------------------------------------------
+
+    def up(self) -> UpResult:
+        """Create the cluster named by the `cluster` setting and make it the default."""
+        s = self.settings().settings
+        if self.ledger.live_cluster(s.cluster):
+            raise ConflictError(
+                f"a cluster named {s.cluster!r} is already up",
+                f"Use it (`gpuctl train --cluster {s.cluster} ...`), pick another --name, or `gpuctl down {s.cluster}`.",
+            )
+        spec = ClusterSpec(
+            name=s.cluster,
+            provider=s.provider,
+            usd_per_hour=s.local.usd_per_hour if s.provider == "local" else 0.0,
+        )
+        provider = self._provider(s.provider)
+        try:
+            # Recorded before launching, so a launch killed half-way is still found and released.
+            cluster = self.ledger.add_cluster(spec)
+        except sqlite3.IntegrityError:
+            raise ConflictError(f"a cluster named {s.cluster!r} is already up") from None
+        try:
+            instances = provider.launch(spec, s)
+        except BaseException:
+            self.ledger.mark_cluster_down(spec.name)
+            raise
+        for inst in instances:
+            self.ledger.put_instance(inst)
+        self.ledger.event("up", f"{len(instances)} instance(s) via {s.provider}", cluster=spec.name)
+        return UpResult(cluster=cluster, instances=tuple(instances))
+
+    def resolve_cluster(self, name: str | None) -> ClusterRecord:
+        """The named live cluster, else the default, else the only one; errors say which to pick."""
+        if name:
+            found = self.ledger.live_cluster(name)
+            if found is None:
+                live = [c.name for c in self.ledger.clusters(include_down=False)]
+                raise NotFoundError(
+                    f"no cluster named {name!r} is up",
+                    f"Clusters up: {', '.join(live)}." if live else "Start one with `gpuctl up`.",
+                )
+            return found
+        default = self.ledger.default_cluster()
+        if default:
+            return default
+        live = self.ledger.clusters(include_down=False)
+        if len(live) == 1:
+            return live[0]
+        if not live:
+            raise NoClusterError("no cluster is up")
+        raise ConflictError(
+            f"several clusters are up ({', '.join(c.name for c in live)}) and none is the default",
+            "Name one with --cluster.",
+        )
+
+    # --- train ----------------------------------------------------------------------------------
+
+    def train(self, project: Path, cluster: str | None = None, args: tuple[str, ...] = ()) -> TrainResult:
+        """Push the project, write the run's config, and start the payload under tmux."""
+        project = Path(project)
+        if not project.is_dir():
+            raise ProjectError(
+                f"project directory {str(project)!r} does not exist" if not project.exists()
+                else f"{str(project)!r} is not a directory",
+                "Pass the directory that holds your training script, e.g. `gpuctl train examples/cifar10`.",
+            )
+        project = project.resolve()
+        s = self.settings(project_dir=project).settings
+        entry = s.train.entry
+        if not (project / entry).is_file():
+            raise ProjectError(
+                f"no entry point: {project / entry} does not exist",
+                "Add train.py to the project, or set `[train] entry = \"your_script.py\"` in its gpuctl.toml.",
+            )
+        record = self.resolve_cluster(cluster)
+        inst, host = self._host(record)
+
+        run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        code_dir = posixpath.join(host.root, "code", _slug(project.name))
+        payload_dir = posixpath.join(host.root, "payload")
+        paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
+        run = RunRecord(
+            run_id=run_id,
+            cluster=record.name,
+            project=str(project),
+            entry=entry,
+            args=tuple(args),
+            state="starting",
+            started_at=time.time(),
+            usd_per_hour=inst.usd_per_hour,
+            run_dir=paths.run_dir,
+        )
+        sync = host.push(project, code_dir)
+        host.push(PAYLOAD_DIR, payload_dir)
+        config = {
+            "run_id": run_id,
+            "entry": entry,
+            "usd_per_hour": inst.usd_per_hour,
+            "budget_usd": s.guards.budget_usd,
+            "mixed_precision": s.train.mixed_precision,
+            "memory_growth": s.train.memory_growth,
+            "report_path": paths.epochs,
+        }
+        config_path = posixpath.join(paths.run_dir, "run.json")
+        host.write_text(config_path, json.dumps(config, indent=2))
+        self.ledger.put_run(run)
+        python = s.remote.python or host.python
+        env = {"GPUCTL_RUN_ID": run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs}
+        try:
+            jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args], env, paths)
+        except BaseException:
+            self.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
+            raise
+        run = run.model_copy(update={"state": "running"})
+        self.ledger.put_run(run)
+        self.ledger.event("train", f"started {entry} in {project}", cluster=record.name, run_id=run_id)
+        return TrainResult(run=run, code_sync=sync, session=run_id)
+
+    # --- runs: refresh, wait, logs --------------------------------------------------------------
+
+    def find_run(self, run_id: str | None) -> RunRecord:
+        if run_id:
+            run = self.ledger.run(run_id)
+            if run is None:
+                raise NotFoundError(f"no run named {run_id!r}", "Run `gpuctl status` to list runs.")
+            return run
+        runs = self.ledger.runs()
+        if not runs:
+            raise NotFoundError("no run yet", "Start one with `gpuctl train PROJECT`.")
+        return runs[-1]
+
+    def _ingest_epochs(self, host: Host, run: RunRecord) -> list[EpochReport]:
+        data = host.read_bytes(jobs.JobPaths(run.run_dir).epochs)
+        known = {e.epoch for e in self.ledger.epochs(run.run_id)}
+        fresh = []
+        for line in (data or b"").decode("utf-8", "replace").splitlines():
+            try:
+                report = EpochReport.model_validate_json(line)
+            except ValidationError:
+                continue  # a line being written right now, or not ours
+            if report.run_id == run.run_id and report.epoch not in known:
+                fresh.append(report)
+        self.ledger.put_epochs(fresh)
+        return fresh
+
+    def refresh_run(self, run: RunRecord) -> RunRecord:
+        """Bring a live run's state and epochs from its instance into the ledger."""
+        if run.state in FINAL_RUN_STATES:
+            return run
+        cluster = self.ledger.live_cluster(run.cluster)
+        if cluster is None:
+            updated = run.model_copy(update={"state": "lost", "ended_at": run.ended_at or time.time()})
+            self.ledger.put_run(updated)
+            return updated
+        _, host = self._host(cluster)
+        state, code = jobs.job_state(host, run.run_id, jobs.JobPaths(run.run_dir))
+        epochs = self._ingest_epochs(host, run)
+        update: dict[str, Any] = {}
+        planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
+        if planned and planned != run.epochs_planned:
+            update["epochs_planned"] = planned
+        if state != run.state:
+            update["state"] = state
+            update["exit_code"] = code
+            if state in FINAL_RUN_STATES:
+                update["ended_at"] = time.time()
+        if update:
+            run = run.model_copy(update=update)
+            self.ledger.put_run(run)
+            if "state" in update and state in FINAL_RUN_STATES:
+                self.ledger.event("run-" + state, f"exit code {code}", cluster=run.cluster, run_id=run.run_id)
+        return run
+
+    def wait(self, run_id: str, poll_s: float = 1.0, timeout_s: float | None = None) -> RunRecord:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = self.refresh_run(self.find_run(run_id))
+            if run.state in FINAL_RUN_STATES:
+                return run
+            if deadline is not None and time.monotonic() > deadline:
+                raise RemoteError(f"run {run_id} still running after {timeout_s:.0f}s", f"Follow it: gpuctl logs -f {run_id}")
+            time.sleep(poll_s)
+
+    def _archived_log(self, run_id: str) -> Path:
+        return self.home / "logs" / f"{run_id}.log"
+
+    def _read_log(self, run: RunRecord, offset: int) -> bytes:
+        cluster = self.ledger.live_cluster(run.cluster)
+        if cluster is not None:
+            _, host = self._host(cluster)
+            data = host.read_bytes(jobs.JobPaths(run.run_dir).log, offset)
+            if data is not None:
+                return data
+        try:
+            with open(self._archived_log(run.run_id), "rb") as fh:
+                fh.seek(offset)
+                return fh.read()
+        except FileNotFoundError:
+            return b""
+
+    def logs(self, run_id: str | None = None, follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:
+        """The run's output; with follow, keeps yielding until the run has ended and all is read."""
+        run = self.find_run(run_id)
+        offset = 0
+        while True:
+            chunk = self._read_log(run, offset)
+            offset += len(chunk)
+            if chunk:
+                yield chunk.decode("utf-8", "replace")
+            if not follow:
+                return
+            if run.state in FINAL_RUN_STATES and not chunk:
+                return
+            if not chunk:
+                time.sleep(poll_s)
+            run = self.refresh_run(run)
+
+    def log_tail(self, run: RunRecord, lines: int = 20) -> str:
+        text = self._read_log(run, 0).decode("utf-8", "replace")
+        return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+    # --- status and cost ------------------------------------------------------------------------
+
+    def _refreshed_runs(self) -> list[RunRecord]:
+        return [self.refresh_run(r) for r in self.ledger.runs()]
+
+    def _cluster_cost(self, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
+        instances = self.ledger.instances(c.name)
+        uptime = usd = rate = 0.0
+        for inst in instances:
+            seconds = max(0.0, (inst.terminated_at or c.terminated_at or now) - inst.launched_at)
+            uptime = max(uptime, seconds)
+            usd += seconds * inst.usd_per_hour / 3600.0
+            rate += inst.usd_per_hour
+        cost = ClusterCost(name=c.name, provider=c.provider, state=c.state, uptime_s=uptime, usd_per_hour=rate, usd=usd)
+        return cost, len(instances)
+
+    def status(self) -> StatusReport:
+        now = time.time()
+        clusters = []
+        for c in self.ledger.clusters():
+            cost, n = self._cluster_cost(c, now)
+            clusters.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n))
+        runs = []
+        for r in self._refreshed_runs():
+            epochs = self.ledger.epochs(r.run_id)
+            elapsed = max(0.0, (r.ended_at or now) - r.started_at)
+            runs.append(
+                RunStatus(
+                    run_id=r.run_id,
+                    cluster=r.cluster,
+                    state=r.state,
+                    exit_code=r.exit_code,
+                    epoch=epochs[-1].epoch if epochs else 0,
+                    epochs_planned=r.epochs_planned,
+                    metrics=epochs[-1].metrics if epochs else {},
+                    elapsed_s=elapsed,
+                    usd=elapsed * r.usd_per_hour / 3600.0,
+                )
+            )
+        return StatusReport(clusters=tuple(clusters), runs=tuple(runs))
+
+    def cost(self) -> CostReport:
+        now = time.time()
+        clusters = tuple(self._cluster_cost(c, now)[0] for c in self.ledger.clusters())
+        return CostReport(
+            clusters=clusters,
+            runs=tuple(run_cost(r, self.ledger.epochs(r.run_id)) for r in self._refreshed_runs()),
+            total_usd=sum(c.usd for c in clusters),
+        )
+
+    # --- down -----------------------------------------------------------------------------------
+
+    def down(self, name: str | None = None) -> DownResult:
+        """Stop every job of the cluster, keep its reports and logs, and release its instances."""
+        if name and self.ledger.live_cluster(name) is None:
+            if any(c.name == name for c in self.ledger.clusters()):
+                return DownResult(cluster=name, already_down=True)
+        cluster = self.resolve_cluster(name)
+        inst, host = self._host(cluster)
+        stopped = []
+        for run in self.ledger.runs(cluster.name):
+            run = self.refresh_run(run)
+            paths = jobs.JobPaths(run.run_dir)
+            if run.state not in FINAL_RUN_STATES:
+                code = jobs.stop_job(host, run.run_id, paths)
+                self._ingest_epochs(host, run)
+                run = run.model_copy(update={"state": "stopped", "exit_code": code, "ended_at": time.time()})
+                self.ledger.put_run(run)
+                stopped.append(run.run_id)
+            host.fetch(paths.log, self._archived_log(run.run_id))
+        instances = self.ledger.instances(cluster.name)
+        self._provider(cluster.provider).terminate(instances)
+        now = time.time()
+        for i in instances:
+            self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
+        self.ledger.mark_cluster_down(cluster.name, now)
+        self.ledger.event("down", f"released {len(instances)} instance(s)", cluster=cluster.name)
+        return DownResult(
+            cluster=cluster.name, stopped_runs=tuple(stopped), released_instances=tuple(i.id for i in instances)
+        )
+
+
+def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
+    """Per-epoch rows plus the projection: mean epoch cost x planned epochs."""
+    rows = tuple(
+        EpochRow(
+            epoch=e.epoch,
+            seconds=e.seconds,
+            examples=e.examples,
+            examples_per_s=e.examples_per_s,
+            epoch_cost_usd=e.epoch_cost_usd,
+            cumulative_usd=e.cumulative_usd,
+            metrics=e.metrics,
+        )
+        for e in epochs
+    )
+    done = len(rows)
+    planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
+    spent = sum(r.epoch_cost_usd for r in rows)
+    mean_usd = spent / done if done else None
+    mean_s = sum(r.seconds for r in rows) / done if done else None
+    total = remaining = None
+    if mean_usd is not None and planned:
+        total = mean_usd * planned
+        remaining = mean_usd * max(planned - done, 0)
+    return RunCost(
+        run_id=run.run_id,
+        cluster=run.cluster,
+        state=run.state,
+        usd_per_hour=run.usd_per_hour,
+        epochs_done=done,
+        epochs_planned=planned,
+        epochs=rows,
+        mean_epoch_s=mean_s,
+        mean_epoch_usd=mean_usd,
+        spent_usd=spent,
+        projected_remaining_usd=remaining,
+        projected_total_usd=total,
+    )

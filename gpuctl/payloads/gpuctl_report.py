@@ -1,0 +1,217 @@
+"""Per-epoch time and cost reports, written on the instance. Stdlib + TensorFlow only; Python 3.8+.
+
+gpuctl's launcher injects `EpochReporter` into every `Model.fit`; a script that wants control can
+`from gpuctl_report import EpochReporter` and pass it itself (the launcher then adds no second
+one). Each finished epoch appends one JSON line (schema `SCHEMA_VERSION`) to the run's
+epochs.jsonl: start/end, seconds, examples and examples/s, dollars per hour, the epoch's cost,
+the run's cumulative cost and the Keras metrics.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+SCHEMA_VERSION = 1
+CONFIG_FILE = "run.json"
+
+
+def run_config():
+    """The run's settings written by gpuctl (run.json in $GPUCTL_RUN_DIR); {} outside gpuctl."""
+    run_dir = os.environ.get("GPUCTL_RUN_DIR")
+    if not run_dir:
+        return {}
+    try:
+        with open(os.path.join(run_dir, CONFIG_FILE)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def _number(value):
+    """A JSON-safe float for a metric (numpy/TF scalars included), or None."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class ReportWriter(object):
+    """Turns epoch timings into report lines and appends them; one per report file per process."""
+
+    _by_path = {}
+
+    def __init__(self, path, run_id, usd_per_hour, budget_usd=0.0):
+        self.path = path
+        self.run_id = run_id
+        self.usd_per_hour = float(usd_per_hour)
+        self.budget_usd = float(budget_usd or 0.0)
+        self.epochs_done = 0
+        self.cumulative_usd = 0.0
+
+    @classmethod
+    def shared(cls, path, run_id, usd_per_hour, budget_usd=0.0):
+        """One writer per file, so several `fit` calls in a run keep counting epochs and dollars."""
+        key = os.path.abspath(path)
+        if key not in cls._by_path:
+            cls._by_path[key] = cls(path, run_id, usd_per_hour, budget_usd)
+        return cls._by_path[key]
+
+    def write(self, start, end, examples, examples_estimated, epochs_planned, metrics):
+        seconds = max(0.0, end - start)
+        cost = seconds * self.usd_per_hour / 3600.0
+        self.epochs_done += 1
+        self.cumulative_usd += cost
+        report = {
+            "schema": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "epoch": self.epochs_done,
+            "epochs_planned": epochs_planned,
+            "start": start,
+            "end": end,
+            "seconds": seconds,
+            "examples": examples,
+            "examples_estimated": bool(examples_estimated),
+            "examples_per_s": (examples / seconds) if (examples and seconds > 0) else None,
+            "usd_per_hour": self.usd_per_hour,
+            "epoch_cost_usd": cost,
+            "cumulative_usd": self.cumulative_usd,
+            "metrics": dict((k, _number(v)) for k, v in sorted((metrics or {}).items())),
+        }
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+        # One write() of one line in append mode: readers never see half a line.
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(report, sort_keys=True) + "\n")
+        return report
+
+    def budget_exhausted(self, last_cost):
+        """True when the next epoch, costing about what the last did, would cross the budget."""
+        return self.budget_usd > 0 and self.cumulative_usd + last_cost > self.budget_usd
+
+
+def count_examples(x=None, batch_size=None, validation_split=0.0, steps_per_epoch=None):
+    """(examples per epoch or None, batch size or None) for what `fit` was given; best effort."""
+    n, bs = None, batch_size
+    if x is not None and hasattr(x, "element_spec"):  # a tf.data.Dataset
+        n, bs = _dataset_counts(x)
+    elif x is not None:
+        first = x
+        while isinstance(first, (list, tuple)) and first:
+            first = first[0]
+        if isinstance(first, dict) and first:
+            first = next(iter(first.values()))
+        try:
+            n = int(first.shape[0]) if hasattr(first, "shape") else len(first)
+        except (TypeError, IndexError):
+            n = None
+        if n is not None and validation_split:
+            n = int(math.ceil(n * (1.0 - validation_split)))
+        bs = bs or 32  # Keras's default batch size for arrays
+    if steps_per_epoch and bs:
+        n = min(n, steps_per_epoch * bs) if n is not None else None
+    return n, bs
+
+
+def _dataset_counts(ds):
+    """Walk a tf.data pipeline down to its batch() stage: (unbatched size if finite, batch size)."""
+    node, depth = ds, 0
+    while node is not None and depth < 50:
+        bs = getattr(node, "_batch_size", None)
+        if bs is not None:
+            try:
+                batch = int(bs)
+                inner = node._input_dataset.cardinality()
+                n = int(inner)
+                return (n if n >= 0 else None), batch
+            except Exception:
+                return None, None
+        node = getattr(node, "_input_dataset", None)
+        depth += 1
+    return None, None
+
+
+_classes = {}
+
+
+def reporter_class(callback_base):
+    """EpochReporter built on the given Keras `Callback` base (Keras 2, Keras 3 or tf_keras)."""
+    if callback_base in _classes:
+        return _classes[callback_base]
+
+    class EpochReporter(callback_base):
+        _gpuctl_reporter = True
+
+        def __init__(self, path=None, run_id=None, usd_per_hour=None, budget_usd=None):
+            super(EpochReporter, self).__init__()
+            cfg = run_config()
+            self.writer = ReportWriter.shared(
+                path or cfg.get("report_path") or "epochs.jsonl",
+                run_id or cfg.get("run_id") or "local",
+                cfg.get("usd_per_hour", 0.0) if usd_per_hour is None else usd_per_hour,
+                cfg.get("budget_usd", 0.0) if budget_usd is None else budget_usd,
+            )
+            self.examples_per_epoch = None
+            self.batch_size = None
+            self.examples_estimated = True
+            self._first_epoch_done = 0
+            self._planned = None
+
+        def expect(self, examples_per_epoch, batch_size):
+            """Told by the fit hook what one epoch holds, so examples/s is exact where it can be."""
+            self.examples_per_epoch = examples_per_epoch
+            self.batch_size = batch_size
+            self.examples_estimated = examples_per_epoch is None
+
+        def on_train_begin(self, logs=None):
+            params = getattr(self, "params", None) or {}
+            epochs = params.get("epochs")
+            self._first_epoch_done = self.writer.epochs_done
+            self._initial = None
+            self._planned_total = epochs
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self._initial is None:
+                self._initial = epoch
+            self._start = time.time()
+            self._steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._steps += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            end = time.time()
+            examples = None
+            if self.batch_size:
+                examples = self._steps * self.batch_size
+                if self.examples_per_epoch is not None:
+                    examples = min(examples, self.examples_per_epoch)
+            elif self.examples_per_epoch is not None:
+                examples = self.examples_per_epoch
+            planned = None
+            if self._planned_total is not None:
+                planned = self._first_epoch_done + self._planned_total - (self._initial or 0)
+            report = self.writer.write(
+                self._start, end, examples, self.examples_estimated, planned, logs or {}
+            )
+            if self.writer.budget_exhausted(report["epoch_cost_usd"]):
+                sys.stderr.write(
+                    "gpuctl: budget of $%.4f reached after $%.4f: stopping training after epoch %d\n"
+                    % (self.writer.budget_usd, self.writer.cumulative_usd, report["epoch"])
+                )
+                self.model.stop_training = True
+
+    _classes[callback_base] = EpochReporter
+    return EpochReporter
+
+
+def __getattr__(name):
+    """`from gpuctl_report import EpochReporter` gives the reporter for tf.keras (lazy TF import)."""
+    if name == "EpochReporter":
+        import tensorflow as tf
+
+        return reporter_class(tf.keras.callbacks.Callback)
+    raise AttributeError(name)

@@ -1,0 +1,144 @@
+"""gpuctl's launcher on the instance: set up TensorFlow, hook Model.fit, run the user's script.
+
+Usage: python gpuctl_run.py RUN_DIR/run.json [ARGS...]
+Stdlib + TensorFlow only, Python 3.8+ (the Deep Learning AMIs ship TF 2.9 to current). An
+unmodified Keras script gets per-epoch reports: every `fit` gets an EpochReporter unless the
+script passed one itself.
+"""
+
+import functools
+import json
+import os
+import runpy
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(1, HERE)
+
+import gpuctl_report  # noqa: E402  (needs HERE on sys.path)
+
+
+def log(msg):
+    sys.stderr.write("gpuctl: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def want_mixed_precision(setting, capabilities):
+    """mixed_float16 only pays on GPUs with tensor cores (compute capability 7.0+); never on a CPU.
+
+    `capabilities` holds one (major, minor) or None per visible GPU; every GPU must qualify.
+    """
+    if not capabilities or setting == "off":
+        return False
+    if setting == "on":
+        return True
+    return all(cc is not None and tuple(cc) >= (7, 0) for cc in capabilities)
+
+
+def configure_gpus(tf, mixed_precision="auto", memory_growth=True):
+    """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0."""
+    gpus = tf.config.list_physical_devices("GPU")
+    info = {"gpus": [], "mixed_precision": False}
+    for gpu in gpus:
+        if memory_growth:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        try:
+            details = tf.config.experimental.get_device_details(gpu)
+        except Exception:
+            details = {}
+        cc = details.get("compute_capability")
+        info["gpus"].append({"name": details.get("device_name", gpu.name), "compute_capability": cc})
+    if want_mixed_precision(mixed_precision, [g["compute_capability"] for g in info["gpus"]]):
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        info["mixed_precision"] = True
+    if gpus:
+        log("GPUs: %s; memory growth %s; mixed precision %s" % (
+            ", ".join("%s (cc %s)" % (g["name"], g["compute_capability"]) for g in info["gpus"]),
+            "on" if memory_growth else "off",
+            "on" if info["mixed_precision"] else "off",
+        ))
+    else:
+        log("no GPU visible to TensorFlow %s: training on the CPU" % tf.__version__)
+    return info
+
+
+def _keras_flavours(tf):
+    """(Model class, Callback class) for each Keras the script might use, without duplicates."""
+    pairs = [(tf.keras.Model, tf.keras.callbacks.Callback)]
+    mods = ["keras"]
+    if os.environ.get("TF_USE_LEGACY_KERAS"):
+        mods.append("tf_keras")
+    for name in mods:
+        try:
+            mod = __import__(name)
+            pairs.append((mod.Model, mod.callbacks.Callback))
+        except Exception:
+            pass
+    seen, out = set(), []
+    for model_cls, cb in pairs:
+        if model_cls not in seen:
+            seen.add(model_cls)
+            out.append((model_cls, cb))
+    return out
+
+
+def install_fit_hook(tf):
+    """Wrap Model.fit so that every fit reports each epoch; returns how many classes were wrapped."""
+    wrapped = 0
+    for model_cls, callback_base in _keras_flavours(tf):
+        original = model_cls.fit
+        if getattr(original, "_gpuctl_wrapped", False):
+            continue
+        reporter_cls = gpuctl_report.reporter_class(callback_base)
+
+        def make(original, reporter_cls):
+            @functools.wraps(original)
+            def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+                callbacks = list(kwargs.get("callbacks") or [])
+                reporter = next((cb for cb in callbacks if getattr(cb, "_gpuctl_reporter", False)), None)
+                if reporter is None:
+                    reporter = reporter_cls()
+                    callbacks.append(reporter)
+                    kwargs["callbacks"] = callbacks
+                if hasattr(reporter, "expect") and reporter.batch_size is None:
+                    n, bs = gpuctl_report.count_examples(
+                        x, batch_size, kwargs.get("validation_split") or 0.0, kwargs.get("steps_per_epoch")
+                    )
+                    reporter.expect(n, bs)
+                return original(self, x, y, batch_size, *args, **kwargs)
+
+            fit._gpuctl_wrapped = True
+            return fit
+
+        model_cls.fit = make(original, reporter_cls)
+        wrapped += 1
+    return wrapped
+
+
+def main(argv):
+    if not argv:
+        sys.stderr.write("usage: gpuctl_run.py RUN_DIR/run.json [ARGS...]\n")
+        return 2
+    with open(argv[0]) as fh:
+        cfg = json.load(fh)
+    entry = cfg["entry"]
+    # TensorFlow's C++ INFO lines drown the training output; warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        tf = None
+        log("TensorFlow is not importable by %s: running %s without per-epoch reports" % (sys.executable, entry))
+    if tf is not None:
+        configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
+        install_fit_hook(tf)
+    # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
+    sys.argv = [entry] + list(argv[1:])
+    sys.path[0] = os.path.dirname(os.path.abspath(entry))
+    runpy.run_path(entry, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

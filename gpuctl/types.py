@@ -1,0 +1,201 @@
+"""Frozen pydantic models that cross layers (provision -> ops -> cli)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The payload writes EpochReport lines with this schema number; bump it on any incompatible change
+# and keep `gpuctl.payloads.gpuctl_report.SCHEMA_VERSION` equal (a test checks).
+EPOCH_SCHEMA_VERSION = 1
+
+RunState = Literal["starting", "running", "succeeded", "failed", "stopped", "lost"]
+FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterSpec(_Frozen):
+    """What the user asked for; providers turn it into instances."""
+
+    name: str
+    provider: str
+    instance_type: str = "local"
+    market: Literal["spot", "on-demand"] = "on-demand"
+    max_price: Optional[float] = None
+    image: Optional[str] = None
+    region: Optional[str] = None
+    zones: tuple[str, ...] = ()
+    disk_gb: int = 0
+    nodes: int = 1
+    usd_per_hour: float = 0.0
+
+
+class InstanceRecord(_Frozen):
+    """One machine of a cluster as the provider reports it."""
+
+    id: str
+    cluster: str
+    state: str
+    public_ip: Optional[str] = None
+    private_ip: Optional[str] = None
+    zone: Optional[str] = None
+    market: str = "on-demand"
+    usd_per_hour: float = 0.0
+    launched_at: float
+    terminated_at: Optional[float] = None
+    # Where gpuctl keeps its files on that machine (code, runs, payload).
+    workdir: str
+
+
+class ClusterRecord(_Frozen):
+    name: str
+    provider: str
+    state: Literal["up", "down"]
+    created_at: float
+    terminated_at: Optional[float] = None
+    is_default: bool = False
+    spec: ClusterSpec
+
+
+class RunRecord(_Frozen):
+    run_id: str
+    cluster: str
+    project: str
+    entry: str
+    args: tuple[str, ...] = ()
+    state: RunState
+    started_at: float
+    ended_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    epochs_planned: Optional[int] = None
+    usd_per_hour: float = 0.0
+    run_dir: str
+
+
+class EpochReport(_Frozen):
+    """One line of the payload's epochs.jsonl: the cost and speed of one finished epoch."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_version: int = Field(alias="schema")
+    run_id: str
+    epoch: int = Field(ge=1)
+    epochs_planned: Optional[int] = None
+    start: float
+    end: float
+    seconds: float = Field(ge=0)
+    examples: Optional[int] = None
+    examples_estimated: bool = False
+    examples_per_s: Optional[float] = None
+    usd_per_hour: float = Field(ge=0)
+    epoch_cost_usd: float = Field(ge=0)
+    cumulative_usd: float = Field(ge=0)
+    metrics: dict[str, Any] = {}
+
+
+class SettingValue(_Frozen):
+    key: str
+    value: Any
+    source: str
+
+
+class SyncStats(_Frozen):
+    files_total: int
+    files_copied: int
+    bytes_copied: int
+    files_deleted: int
+    seconds: float
+
+
+class CommandResult(_Frozen):
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+# --- results of the use cases in ops.py, rendered by the CLI --------------------------------------
+
+
+class UpResult(_Frozen):
+    cluster: ClusterRecord
+    instances: tuple[InstanceRecord, ...]
+
+
+class TrainResult(_Frozen):
+    run: RunRecord
+    code_sync: SyncStats
+    session: str
+
+
+class ClusterCost(_Frozen):
+    name: str
+    provider: str
+    state: str
+    uptime_s: float
+    usd_per_hour: float
+    usd: float
+
+
+class ClusterStatus(ClusterCost):
+    is_default: bool
+    instances: int
+
+
+class RunStatus(_Frozen):
+    run_id: str
+    cluster: str
+    state: RunState
+    exit_code: Optional[int] = None
+    epoch: int = 0
+    epochs_planned: Optional[int] = None
+    metrics: dict[str, Any] = {}
+    elapsed_s: float
+    usd: float
+
+
+class StatusReport(_Frozen):
+    clusters: tuple[ClusterStatus, ...]
+    runs: tuple[RunStatus, ...]
+
+
+class EpochRow(_Frozen):
+    epoch: int
+    seconds: float
+    examples: Optional[int] = None
+    examples_per_s: Optional[float] = None
+    epoch_cost_usd: float
+    cumulative_usd: float
+    metrics: dict[str, Any] = {}
+
+
+class RunCost(_Frozen):
+    run_id: str
+    cluster: str
+    state: RunState
+    usd_per_hour: float
+    epochs_done: int
+    epochs_planned: Optional[int] = None
+    epochs: tuple[EpochRow, ...]
+    mean_epoch_s: Optional[float] = None
+    mean_epoch_usd: Optional[float] = None
+    spent_usd: float
+    projected_remaining_usd: Optional[float] = None
+    projected_total_usd: Optional[float] = None
+
+
+class CostReport(_Frozen):
+    clusters: tuple[ClusterCost, ...]
+    runs: tuple[RunCost, ...]
+    total_usd: float
+
+
+class DownResult(_Frozen):
+    cluster: str
+    already_down: bool = False
+    stopped_runs: tuple[str, ...] = ()
+    released_instances: tuple[str, ...] = ()
