@@ -106,13 +106,15 @@ def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | Non
 
 
 def capture_pane(host: Host, session: str) -> str:
-    res = host.run(_tmux(host, "capture-pane", "-p", "-t", "=" + session), check=False)
+    # `=NAME:` is an exact session match (a bare name is a prefix match); -S - includes history,
+    # where tmux moves the screen when the pane dies.
+    res = host.run(_tmux(host, "capture-pane", "-p", "-S", "-", "-t", f"={session}:"), check=False)
     return res.stdout if res.returncode == 0 else ""
 
 
 def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = 10.0) -> int | None:
     """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
-    res = host.run(_tmux(host, "list-panes", "-t", "=" + session, "-F", "#{pane_pid} #{pane_dead}"), check=False)
+    res = host.run(_tmux(host, "list-panes", "-t", f"={session}:", "-F", "#{pane_pid} #{pane_dead}"), check=False)
     if res.returncode == 0:
         pid, _, dead = res.stdout.strip().partition(" ")
         if pid and dead.strip() != "1":

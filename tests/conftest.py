@@ -1,0 +1,102 @@
+"""Shared fixtures: every test gets its own gpuctl home, user home and working directory, and the
+tmux servers its clusters started are killed afterwards."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuctl.cli import cli as gpuctl_cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Point GPUCTL_HOME, HOME and the cwd at temp dirs; drop the caller's GPUCTL_* settings."""
+    for var in list(os.environ):
+        if var.startswith("GPUCTL_"):
+            monkeypatch.delenv(var)
+    home = tmp_path / "gpuctl-home"
+    user = tmp_path / "user"
+    work = tmp_path / "work"
+    for d in (user, work):
+        d.mkdir()
+    monkeypatch.setenv("GPUCTL_HOME", str(home))
+    monkeypatch.setenv("HOME", str(user))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.chdir(work)
+    yield home
+    from gpuctl.remote.host import LocalHost
+    from gpuctl.remote.jobs import kill_server
+
+    clusters = home / "clusters"
+    if clusters.is_dir():
+        for root in clusters.iterdir():
+            kill_server(LocalHost(root))
+
+
+class Cli:
+    """Runs gpuctl through Click's CliRunner and fails on any exit code the test did not expect."""
+
+    def __init__(self):
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str, code: int = 0):
+        result = self.runner.invoke(gpuctl_cli, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == code, (
+            f"gpuctl {shlex.join(map(str, args))} exited {result.exit_code}, expected {code}\n"
+            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
+        return result
+
+
+@pytest.fixture
+def gpuctl():
+    return Cli()
+
+
+@pytest.fixture
+def make_project(tmp_path):
+    """make_project(name, {"train.py": source, ...}) -> directory with those files."""
+
+    def make(name: str = "proj", files: dict[str, str] | None = None) -> Path:
+        root = tmp_path / "projects" / name
+        root.mkdir(parents=True)
+        for rel, text in (files or {}).items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        return root
+
+    return make
+
+
+# A training script that needs no TensorFlow: it reports epochs through the payload's own writer
+# (as a script that wants control may), so CLI tests run in a second instead of a minute.
+QUICK_TRAIN = '''
+import sys, time
+import gpuctl_report
+
+cfg = gpuctl_report.run_config()
+writer = gpuctl_report.ReportWriter.shared(cfg["report_path"], cfg["run_id"], cfg["usd_per_hour"])
+epochs = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 2
+print("args:", sys.argv[1:], flush=True)
+for _ in range(epochs):
+    start = time.time()
+    time.sleep(0.2)
+    writer.write(start, time.time(), 100, False, epochs, {"loss": 0.5})
+print("done", flush=True)
+'''
+
+
+@pytest.fixture
+def quick_project(make_project):
+    return make_project("quick", {"train.py": QUICK_TRAIN})
+

@@ -1,0 +1,84 @@
+"""Jobs under a real tmux server: started, followed, exit codes read, stopped, quoted."""
+
+import shlex
+import sys
+import time
+
+import pytest
+
+from gpuctl.remote import jobs
+from gpuctl.remote.host import LocalHost
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = LocalHost(tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    yield h
+    jobs.kill_server(h)
+
+
+def wait_final(host, session, paths, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state, code = jobs.job_state(host, session, paths)
+        if state != "running":
+            return state, code
+        time.sleep(0.1)
+    raise AssertionError("job did not finish")
+
+
+def test_job_runs_logs_and_records_exit_code(host, tmp_path):
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "r1"))
+    script = "import sys, time; print('hello', flush=True); time.sleep(1); print('bye'); sys.exit(3)"
+    jobs.start_job(host, "r1", host.root, [sys.executable, "-c", script], {"GPUCTL_RUN_ID": "r1"}, paths)
+    assert jobs.job_state(host, "r1", paths) == ("running", None)
+    assert jobs.session_alive(host, "r1")
+    # Follow the log while it grows.
+    seen, offset = "", 0
+    deadline = time.monotonic() + 20
+    while "bye" not in seen and time.monotonic() < deadline:
+        chunk = host.read_bytes(paths.log, offset) or b""
+        offset += len(chunk)
+        seen += chunk.decode()
+        time.sleep(0.05)
+    assert seen.splitlines() == ["hello", "bye"]
+    assert wait_final(host, "r1", paths) == ("failed", 3)
+    # remain-on-exit keeps the pane for capture-pane after the job ended.
+    assert "bye" in jobs.capture_pane(host, "r1")
+
+
+def test_success_and_lost(host, tmp_path):
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "ok"))
+    jobs.start_job(host, "ok", host.root, ["true"], {}, paths)
+    assert wait_final(host, "ok", paths) == ("succeeded", 0)
+    ghost = jobs.JobPaths(str(tmp_path / "root" / "runs" / "ghost"))
+    assert jobs.job_state(host, "ghost", ghost) == ("lost", None)
+
+
+def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_path):
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "s"))
+    jobs.start_job(host, "s", host.root, ["bash", "-c", "sleep 300 & wait"], {}, paths)
+    time.sleep(0.5)
+    code = jobs.stop_job(host, "s", paths, grace_s=5)
+    assert code is not None and code != 0
+    assert not jobs.session_alive(host, "s")
+    assert jobs.job_state(host, "s", paths)[0] == "failed"
+
+
+NASTY = ["sp ace", "quo'te", 'dq"x', "$(touch pwned1)", "`touch pwned2`", "; touch pwned3", "ünï©ødé", "*"]
+
+
+def test_arguments_env_and_paths_are_never_shell(host, tmp_path):
+    workdir = tmp_path / "root" / "dir with 'quote' $(x)"
+    workdir.mkdir()
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "q"))
+    code = "import os, sys; print(repr(sys.argv[1:])); print(repr(os.environ['WEIRD'])); print(os.getcwd())"
+    jobs.start_job(host, "q", str(workdir), [sys.executable, "-c", code, *NASTY], {"WEIRD": "$(touch pwned4) 'x'"}, paths)
+    assert wait_final(host, "q", paths) == ("succeeded", 0)
+    out = host.read_bytes(paths.log).decode().splitlines()
+    assert out[0] == repr(NASTY)
+    assert out[1] == repr("$(touch pwned4) 'x'")
+    assert out[2] == str(workdir)
+    assert not list(tmp_path.rglob("pwned*"))
+    assert "shlex" and shlex.quote("$(x)") in jobs.job_script(str(workdir), ["echo", "$(x)"], {}, paths)

@@ -1,0 +1,104 @@
+"""The real payload with real TensorFlow (tensorflow-cpu): unmodified Keras scripts get one valid
+EpochReport line per epoch through the injected callback."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuctl.ops import PAYLOAD_DIR
+from gpuctl.types import EpochReport
+
+MODEL = """
+import numpy as np
+import tensorflow as tf
+rng = np.random.RandomState(0)
+x = rng.rand(100, 8).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int64")
+model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                             tf.keras.layers.Dense(2, activation="softmax")])
+model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+
+def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=()):
+    project = tmp_path / "project"
+    run_dir = tmp_path / "run"
+    project.mkdir()
+    run_dir.mkdir()
+    (project / "train.py").write_text(textwrap.dedent(MODEL) + textwrap.dedent(script))
+    cfg = {"run_id": "r-tf", "entry": "train.py", "usd_per_hour": rate, "budget_usd": budget,
+           "mixed_precision": "auto", "memory_growth": True, "report_path": str(run_dir / "epochs.jsonl")}
+    (run_dir / "run.json").write_text(json.dumps(cfg))
+    env = {"GPUCTL_RUN_DIR": str(run_dir), "GPUCTL_RUN_ID": "r-tf", "PATH": "/usr/bin:/bin",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(PAYLOAD_DIR / "gpuctl_run.py"), str(run_dir / "run.json"), *args],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )
+    lines = (run_dir / "epochs.jsonl").read_text().splitlines() if (run_dir / "epochs.jsonl").exists() else []
+    return proc, [EpochReport.model_validate_json(line) for line in lines], project
+
+
+def test_unmodified_fit_reports_every_epoch_across_fit_calls(tmp_path):
+    script = """
+    import sys
+    assert sys.argv[1:] == ["--flag", "a b"], sys.argv
+    model.fit(x, y, batch_size=16, epochs=2, validation_split=0.2, verbose=0)
+    model.fit(x, y, batch_size=50, epochs=3, initial_epoch=1, verbose=0)  # a second phase: 2 epochs
+    open("after_fit.txt", "w").write("ok")
+    """
+    proc, reports, project = run_payload(tmp_path, script, rate=3.6, args=("--flag", "a b"))
+    assert proc.returncode == 0, proc.stderr
+    assert "no GPU visible to TensorFlow" in proc.stderr
+    assert (project / "after_fit.txt").read_text() == "ok"
+    assert [r.epoch for r in reports] == [1, 2, 3, 4]
+    assert [r.examples for r in reports] == [80, 80, 100, 100]  # validation_split takes 20
+    assert all(not r.examples_estimated for r in reports)
+    assert [r.epochs_planned for r in reports] == [2, 2, 4, 4]
+    total = 0.0
+    for r in reports:
+        assert r.schema_version == 1 and r.run_id == "r-tf"
+        assert r.seconds > 0 and r.end >= r.start
+        assert r.seconds == pytest.approx(r.end - r.start)
+        assert r.examples_per_s == pytest.approx(r.examples / r.seconds)
+        assert r.epoch_cost_usd == pytest.approx(r.seconds * 3.6 / 3600)  # seconds x rate / 3600
+        total += r.epoch_cost_usd
+        assert r.cumulative_usd == pytest.approx(total)
+        assert set(r.metrics) >= {"loss", "accuracy"}
+    assert "val_loss" in reports[0].metrics
+
+
+def test_dataset_input_and_a_script_that_brings_its_own_reporter(tmp_path):
+    script = """
+    from gpuctl_report import EpochReporter
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(32).prefetch(tf.data.AUTOTUNE)
+    model.fit(ds, epochs=2, verbose=0, callbacks=[EpochReporter()])
+    """
+    proc, reports, _ = run_payload(tmp_path, script)
+    assert proc.returncode == 0, proc.stderr
+    assert [r.epoch for r in reports] == [1, 2]  # its own reporter only: no duplicate lines
+    assert [r.examples for r in reports] == [100, 100]  # 3 full batches + 4, counted exactly
+
+
+def test_budget_stops_training_gracefully(tmp_path):
+    script = """
+    model.fit(x, y, epochs=50, verbose=0)
+    open("saved.txt", "w").write("checkpoint")
+    """
+    # $36000/h: each tiny epoch costs a few dollars, so a $1 budget stops after the first.
+    proc, reports, project = run_payload(tmp_path, script, rate=36000.0, budget=1.0)
+    assert proc.returncode == 0, proc.stderr
+    assert "budget of $1.0000 reached" in proc.stderr
+    assert 1 <= len(reports) < 50
+    assert (project / "saved.txt").read_text() == "checkpoint"
+
+
+def test_crash_in_the_script_is_its_exit_status(tmp_path):
+    proc, reports, _ = run_payload(tmp_path, "raise RuntimeError('boom in user code')\n")
+    assert proc.returncode == 1
+    assert "boom in user code" in proc.stderr
+    assert reports == []

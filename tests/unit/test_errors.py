@@ -1,0 +1,26 @@
+from gpuctl import errors
+from gpuctl.errors import ExitCode
+
+
+def test_exit_codes_are_pinned():
+    # The README documents these numbers; changing one breaks users' scripts.
+    assert {c.name: int(c) for c in ExitCode} == {
+        "OK": 0, "INTERNAL": 1, "USAGE": 2, "CONFIG": 3, "NOT_FOUND": 4, "CONFLICT": 5,
+        "PROJECT": 6, "REMOTE": 7, "RUN_FAILED": 8, "INTERRUPTED": 130,
+    }
+
+
+def test_every_error_class_has_a_code_and_a_hint():
+    classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, errors.GpuctlError)]
+    assert len(classes) >= 8
+    for cls in classes:
+        assert isinstance(cls.exit_code, ExitCode)
+        assert cls("x").hint, cls
+
+
+def test_readme_documents_every_exit_code():
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    for code in ExitCode:
+        assert f"| {int(code)} |" in readme, f"exit code {code.name} missing from README"
