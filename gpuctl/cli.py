@@ -103,9 +103,6 @@ class GpuctlGroup(click.Group):
             if debug:
                 traceback.print_exc()
             err = _console(stderr=True)
-            if isinstance(exc, RunFailedError) and exc.log_tail:
-                err.print("[dim]--- last lines of the log ---[/dim]")
-                err.out(exc.log_tail)
             err.print(f"[bold red]Error:[/bold red] {exc.message}", markup=True)
             err.print(f"[bold]Hint:[/bold] {exc.hint}", markup=True)
             ctx.exit(int(exc.exit_code))
@@ -198,10 +195,10 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
         click.echo(chunk, nl=False)
     final = ops.wait(run.run_id)
     if final.state != "succeeded":
+        # The log was just streamed above, so its tail is not repeated here.
         raise RunFailedError(
             f"run {final.run_id} {final.state} (exit code {final.exit_code})",
-            f"See the whole log: gpuctl logs {final.run_id}",
-            log_tail=ops.log_tail(final),
+            f"See the whole log: gpuctl logs {final.run_id}; the run stays listed in `gpuctl status`.",
         )
     click.echo(f"Run {final.run_id} succeeded. Cost report: gpuctl cost", err=True)
 
@@ -230,6 +227,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
             epoch = f"{r.epoch}/{r.epochs_planned or '?'}"
             t.add_row(r.run_id, r.cluster, state, epoch, duration(r.elapsed_s), usd(r.usd), _metrics(r.metrics))
         out.print(t)
+        for r in report.runs:
+            if r.log_tail:
+                out.print(f"\n[bold]{r.run_id}[/bold] {r.state}; last lines of its log:")
+                out.out(r.log_tail)
 
 
 @cli.command(context_settings=CONTEXT)

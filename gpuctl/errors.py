@@ -68,10 +68,6 @@ class RemoteError(GpuctlError):
 class RunFailedError(GpuctlError):
     exit_code = ExitCode.RUN_FAILED
 
-    def __init__(self, message: str, hint: str | None = None, log_tail: str = ""):
-        super().__init__(message, hint)
-        self.log_tail = log_tail
-
 
 class ConfirmationRequired(GpuctlError):
     exit_code = ExitCode.USAGE

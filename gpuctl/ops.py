@@ -343,6 +343,7 @@ class Gpuctl:
                     metrics=epochs[-1].metrics if epochs else {},
                     elapsed_s=elapsed,
                     usd=elapsed * r.usd_per_hour / 3600.0,
+                    log_tail=self.log_tail(r, 5) if r.state in ("failed", "lost") else None,
                 )
             )
         return StatusReport(clusters=tuple(clusters), runs=tuple(runs))

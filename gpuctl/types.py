@@ -156,6 +156,7 @@ class RunStatus(_Frozen):
     metrics: dict[str, Any] = {}
     elapsed_s: float
     usd: float
+    log_tail: Optional[str] = None  # last lines of the log, for failed and lost runs
 
 
 class StatusReport(_Frozen):

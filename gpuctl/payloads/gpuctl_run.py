@@ -11,6 +11,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -136,7 +137,15 @@ def main(argv):
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(entry))
-    runpy.run_path(entry, run_name="__main__")
+    try:
+        runpy.run_path(entry, run_name="__main__")
+    except Exception:
+        # Show the script's traceback as `python ENTRY` would: without the launcher's frames.
+        etype, value, tb = sys.exc_info()
+        while tb is not None and (tb.tb_frame.f_globals is globals() or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+            tb = tb.tb_next
+        traceback.print_exception(etype, value, tb)
+        return 1
     return 0
 
 

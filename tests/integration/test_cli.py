@@ -1,0 +1,221 @@
+"""Every command through Click's CliRunner, happy and error paths, on the real local provider
+(real tmux, real files, real ledger). Training scripts here are quick ones that need no TF; the
+real TF payload is covered in test_payload_tf.py and the README demo in e2e/.
+
+Bad inputs tried: a missing project dir, a file instead of a dir, a project with no entry point,
+malformed and unknown keys in the project's gpuctl.toml, an unknown env setting, a negative rate
+(flag and env), a negative budget, `train` with no cluster, `train`/`down`/`logs` naming unknown
+clusters or runs, `up` with a name in use and with a bad name, an unknown provider, `down`
+without -y off a terminal, and a training script that crashes."""
+
+import json
+import time
+
+import pytest
+
+from gpuctl.errors import ExitCode
+
+
+def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolated):
+    out = gpuctl("up", "--usd-per-hour", "3.6", "-y").stdout
+    assert "Cluster 'default' is up" in out
+    res = gpuctl("train", quick_project, "--wait", "--", "--epochs", "3", "--name", "x y")
+    assert "args: ['--epochs', '3', '--name', 'x y']" in res.stdout
+    assert "done" in res.stdout
+    assert "Pushed 1 of 1 files" in res.stderr
+
+    status = json.loads(gpuctl("status", "--json").stdout)
+    assert status["clusters"][0]["name"] == "default" and status["clusters"][0]["is_default"]
+    (run,) = status["runs"]
+    assert run["state"] == "succeeded" and run["epoch"] == 3 and run["epochs_planned"] == 3
+    assert run["metrics"] == {"loss": 0.5}
+
+    cost = json.loads(gpuctl("cost", "--json").stdout)
+    assert cost["clusters"][0]["name"] == "default" and cost["clusters"][0]["usd"] > 0
+    (rc,) = cost["runs"]
+    assert rc["run_id"] == run["run_id"] and rc["cluster"] == "default" and rc["epochs_planned"] == 3
+    assert [e["epoch"] for e in rc["epochs"]] == [1, 2, 3]
+    for e in rc["epochs"]:
+        assert e["seconds"] > 0 and e["examples_per_s"] > 0
+        assert e["epoch_cost_usd"] == pytest.approx(e["seconds"] / 1000, rel=0.01)  # 3.6 $/h = $0.001/s
+    assert rc["epochs"][-1]["cumulative_usd"] == pytest.approx(sum(e["epoch_cost_usd"] for e in rc["epochs"]))
+    mean = sum(e["epoch_cost_usd"] for e in rc["epochs"]) / 3
+    assert rc["projected_total_usd"] == pytest.approx(mean * 3)
+
+    table = gpuctl("cost").stdout
+    assert run["run_id"] in table and "projected total" in table
+    assert run["run_id"] in gpuctl("status").stdout
+    assert "done" in gpuctl("logs").stdout
+    assert "done" in gpuctl("logs", run["run_id"], "-f").stdout
+
+    # A second push of the unchanged project copies nothing.
+    second = gpuctl("train", quick_project, "--json")
+    assert json.loads(second.stdout)["code_sync"]["files_copied"] == 0
+
+    down = gpuctl("down", "-y").stdout
+    assert "Cluster 'default' is down" in down
+    assert not (isolated / "clusters" / "default").exists()
+    # Reports and logs outlive the cluster.
+    assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][2]["epoch"] == 3
+    assert "done" in gpuctl("logs", run["run_id"]).stdout
+    assert "nothing to do" in gpuctl("down", "-y").stdout
+    assert "already down" in gpuctl("down", "default", "-y").stdout
+
+
+def test_logs_follow_streams_until_the_run_ends(gpuctl, make_project):
+    proj = make_project("slow", {"train.py": "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.3)\n"})
+    gpuctl("up")
+    run_id = json.loads(gpuctl("train", proj, "--json").stdout)["run"]["run_id"]
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "running"
+    out = gpuctl("logs", "-f", run_id).stdout
+    assert [line for line in out.splitlines() if line.startswith("tick")] == [f"tick {i}" for i in range(5)]
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "succeeded"
+
+
+def test_down_stops_running_jobs_and_keeps_their_record(gpuctl, make_project):
+    proj = make_project("forever", {"train.py": "import time\nprint('started', flush=True)\ntime.sleep(600)\n"})
+    gpuctl("up", "--name", "box")
+    run_id = json.loads(gpuctl("train", proj, "--json").stdout)["run"]["run_id"]
+    deadline = time.monotonic() + 60
+    while "started" not in gpuctl("logs", run_id).stdout:  # the launcher imports TF first
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    out = gpuctl("down", "box", "-y").stdout
+    assert "stopped 1 run(s)" in out
+    runs = json.loads(gpuctl("status", "--json").stdout)["runs"]
+    assert runs[0]["run_id"] == run_id and runs[0]["state"] == "stopped"
+    assert "started" in gpuctl("logs", run_id).stdout
+
+
+def test_config_show_names_each_source(gpuctl, isolated, monkeypatch):
+    (isolated.parent / "work" / "gpuctl.toml").write_text("[local]\nusd_per_hour = 1.25\n")
+    monkeypatch.setenv("GPUCTL_TRAIN__ENTRY", "main.py")
+    values = {v["key"]: v for v in json.loads(gpuctl("config", "show", "--json").stdout)}
+    assert values["local.usd_per_hour"] == {"key": "local.usd_per_hour", "value": 1.25, "source": str(isolated.parent / "work" / "gpuctl.toml")}
+    assert values["train.entry"]["source"] == "env GPUCTL_TRAIN__ENTRY"
+    assert values["provider"]["source"] == "default"
+    assert "local.usd_per_hour" in gpuctl("config", "show").stdout
+
+
+def test_several_clusters_and_the_default(gpuctl, quick_project):
+    gpuctl("up", "--name", "a")
+    gpuctl("up", "--name", "b")  # the newest is the default
+    assert json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["cluster"] == "b"
+    assert json.loads(gpuctl("train", quick_project, "--cluster", "a", "--json").stdout)["run"]["cluster"] == "a"
+    gpuctl("down", "b", "-y")
+    # No default now, and two... one live cluster left: it is picked.
+    assert json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["cluster"] == "a"
+
+
+def test_help_for_every_command(gpuctl):
+    for cmd in (["--help"], ["up", "--help"], ["train", "--help"], ["status", "--help"], ["logs", "--help"],
+                ["cost", "--help"], ["down", "--help"], ["config", "show", "--help"]):
+        assert "Usage:" in gpuctl(*cmd).stdout
+
+
+# --- bad inputs: one-line error, hint, documented exit code, nothing created or destroyed ------
+
+
+def assert_one_line_error(result, code, needle):
+    assert result.exit_code == code
+    stderr = result.stderr
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1 and needle in errors[0], result.stderr
+    assert any(line.startswith("Hint:") for line in lines)
+    assert "Traceback" not in stderr
+
+
+def ledger_snapshot(gpuctl):
+    status = json.loads(gpuctl("status", "--json").stdout)
+    return status["clusters"], [(r["run_id"], r["state"]) for r in status["runs"]]
+
+
+@pytest.mark.parametrize(
+    "files, needle, code",
+    [
+        ({}, "no entry point", ExitCode.PROJECT),
+        ({"main.py": "print(1)\n"}, "no entry point", ExitCode.PROJECT),
+        ({"train.py": "", "gpuctl.toml": "[train\n"}, "malformed TOML", ExitCode.CONFIG),
+        ({"train.py": "", "gpuctl.toml": "[train]\nentrypoint = 'x.py'\n"}, "unknown setting `train.entrypoint`", ExitCode.CONFIG),
+        ({"train.py": "", "gpuctl.toml": "[guards]\nbudget_usd = -1\n"}, "guards.budget_usd = -1", ExitCode.CONFIG),
+        ({"train.py": "", "gpuctl.toml": "[train]\nentry = 'gone.py'\n"}, "gone.py does not exist", ExitCode.PROJECT),
+    ],
+)
+def test_bad_projects_are_refused_before_anything_starts(gpuctl, make_project, isolated, files, needle, code):
+    gpuctl("up")
+    before = ledger_snapshot(gpuctl)
+    proj = make_project("bad", files)
+    assert_one_line_error(gpuctl("train", proj, code=code), code, needle)
+    assert ledger_snapshot(gpuctl)[1] == before[1] == []
+    assert not (isolated / "clusters" / "default" / "code").exists()
+
+
+def test_missing_project_and_file_as_project(gpuctl, tmp_path):
+    gpuctl("up")
+    assert_one_line_error(gpuctl("train", tmp_path / "nope", code=6), 6, "does not exist")
+    f = tmp_path / "file.py"
+    f.write_text("")
+    assert_one_line_error(gpuctl("train", f, code=6), 6, "is not a directory")
+
+
+def test_train_with_no_cluster_creates_nothing(gpuctl, quick_project, isolated):
+    assert_one_line_error(gpuctl("train", quick_project, code=5), 5, "no cluster is up")
+    assert_one_line_error(gpuctl("train", quick_project, "--cluster", "ghost", code=4), 4, "no cluster named 'ghost'")
+    assert not (isolated / "clusters").exists()
+
+
+def test_unknown_names(gpuctl):
+    assert_one_line_error(gpuctl("logs", "no-such-run", code=4), 4, "no run named 'no-such-run'")
+    assert_one_line_error(gpuctl("logs", code=4), 4, "no run yet")
+    assert_one_line_error(gpuctl("down", "ghost", "-y", code=4), 4, "no cluster named 'ghost'")
+
+
+def test_up_refuses_a_name_in_use_and_bad_values(gpuctl, monkeypatch):
+    gpuctl("up", "--name", "one")
+    before = ledger_snapshot(gpuctl)
+    assert_one_line_error(gpuctl("up", "--name", "one", code=5), 5, "already up")
+    assert_one_line_error(gpuctl("up", "--name", "bad name!", code=3), 3, "cluster")
+    assert_one_line_error(gpuctl("up", "--name", "two", "--usd-per-hour", "-2", code=3), 3, "local.usd_per_hour = -2.0")
+    assert_one_line_error(gpuctl("up", "--name", "two", "--provider", "gcp", code=3), 3, "unknown provider")
+    monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "-1")
+    assert_one_line_error(gpuctl("up", "--name", "two", code=3), 3, "env GPUCTL_LOCAL__USD_PER_HOUR")
+    monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOURS", "1")
+    assert_one_line_error(gpuctl("config", "show", code=3), 3, "unknown setting `local.usd_per_hours`")
+    monkeypatch.delenv("GPUCTL_LOCAL__USD_PER_HOUR")
+    monkeypatch.delenv("GPUCTL_LOCAL__USD_PER_HOURS")
+    assert [c["name"] for c in ledger_snapshot(gpuctl)[0]] == [c["name"] for c in before[0]] == ["one"]
+
+
+def test_negative_budget_flag(gpuctl, quick_project):
+    gpuctl("up")
+    assert_one_line_error(gpuctl("train", quick_project, "--budget", "-3", code=3), 3, "guards.budget_usd = -3.0")
+    assert ledger_snapshot(gpuctl)[1] == []
+
+
+def test_destroying_needs_confirmation_off_a_terminal(gpuctl):
+    gpuctl("up")
+    assert_one_line_error(gpuctl("down", code=2), 2, "without confirmation")
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "up"
+    assert_one_line_error(gpuctl("up", "--name", "paid", "--usd-per-hour", "2", code=2), 2, "without confirmation")
+
+
+def test_crashing_script_shows_failed_with_the_tail_of_its_log(gpuctl, make_project):
+    proj = make_project("crash", {"train.py": "print('loading data', flush=True)\nraise ValueError('shapes do not match')\n"})
+    gpuctl("up")
+    res = gpuctl("train", proj, "--wait", code=8)
+    assert_one_line_error(res, 8, "failed (exit code 1)")
+    assert "ValueError: shapes do not match" in res.stdout  # the streamed log
+    status = json.loads(gpuctl("status", "--json").stdout)
+    (run,) = status["runs"]
+    assert run["state"] == "failed" and run["exit_code"] == 1
+    assert run["log_tail"].splitlines()[-1] == "ValueError: shapes do not match"
+    # The user's traceback, without the launcher's frames.
+    assert "gpuctl_run.py" not in run["log_tail"] and "runpy" not in run["log_tail"]
+    table = gpuctl("status").stdout
+    assert "failed (1)" in table and "ValueError: shapes do not match" in table
+
+
+def test_debug_shows_the_traceback(gpuctl):
+    res = gpuctl("--debug", "logs", "nope", code=4)
+    assert "Traceback" in res.stderr and "Error: no run named 'nope'" in res.stderr
