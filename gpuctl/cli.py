@@ -243,12 +243,20 @@ def logs(ctx: click.Context, run: str | None, follow: bool) -> None:
         click.echo(chunk, nl=False)
 
 
+RECENT_RUNS = 3
+
+
 @cli.command(context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.argument("runs", nargs=-1)
+@click.option("--all", "show_all", is_flag=True, help=f"Epoch tables for every run (default: the {RECENT_RUNS} newest).")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (always every run asked for).")
 @click.pass_context
-def cost(ctx: click.Context, as_json: bool) -> None:
-    """Spend per cluster and per run, one row per epoch, with the projected total."""
-    report = _ops(ctx).cost()
+def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, as_json: bool) -> None:
+    """Spend per cluster and per run, one row per epoch, with the projected total.
+
+    Name RUNS to report only those.
+    """
+    report = _ops(ctx).cost(runs)
     if as_json:
         return emit_json(report)
     out = _console()
@@ -256,7 +264,16 @@ def cost(ctx: click.Context, as_json: bool) -> None:
     for c in report.clusters:
         t.add_row(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.usd))
     out.print(t)
+    if not report.runs:
+        return
+    out.print()
+    t = _table("run", "cluster", "state", "epochs", "mean epoch", "$ spent", "$ projected")
     for r in report.runs:
+        t.add_row(r.run_id, r.cluster, r.state, f"{r.epochs_done}/{r.epochs_planned or '?'}",
+                  duration(r.mean_epoch_s), usd(r.spent_usd), usd(r.projected_total_usd))
+    out.print(t)
+    detailed = report.runs if (show_all or runs) else report.runs[-RECENT_RUNS:]
+    for r in detailed:
         out.print()
         out.print(f"[bold]{r.run_id}[/bold] on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs at {usd(r.usd_per_hour)}/h")
         if not r.epochs:
@@ -271,6 +288,8 @@ def cost(ctx: click.Context, as_json: bool) -> None:
             f"  mean epoch {duration(r.mean_epoch_s)} / {usd(r.mean_epoch_usd)}; spent {usd(r.spent_usd)}; "
             f"projected total {usd(r.projected_total_usd)} ({usd(r.projected_remaining_usd)} still to run)"
         )
+    if len(detailed) < len(report.runs):
+        out.print(f"\n(epoch tables of {len(report.runs) - len(detailed)} older runs hidden: gpuctl cost --all, or name runs)")
     out.print()
     out.print(f"Total across clusters: {usd(report.total_usd)}")
 

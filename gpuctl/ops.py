@@ -348,12 +348,14 @@ class Gpuctl:
             )
         return StatusReport(clusters=tuple(clusters), runs=tuple(runs))
 
-    def cost(self) -> CostReport:
+    def cost(self, run_ids: tuple[str, ...] = ()) -> CostReport:
+        """Every cluster's spend, and every run's (or only the named runs') epochs and projection."""
+        runs = [self.refresh_run(self.find_run(r)) for r in run_ids] if run_ids else self._refreshed_runs()
         now = time.time()
         clusters = tuple(self._cluster_cost(c, now)[0] for c in self.ledger.clusters())
         return CostReport(
             clusters=clusters,
-            runs=tuple(run_cost(r, self.ledger.epochs(r.run_id)) for r in self._refreshed_runs()),
+            runs=tuple(run_cost(r, self.ledger.epochs(r.run_id)) for r in runs),
             total_usd=sum(c.usd for c in clusters),
         )
 

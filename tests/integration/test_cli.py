@@ -44,6 +44,8 @@ def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolat
 
     table = gpuctl("cost").stdout
     assert run["run_id"] in table and "projected total" in table
+    only = json.loads(gpuctl("cost", run["run_id"], "--json").stdout)
+    assert [r["run_id"] for r in only["runs"]] == [run["run_id"]]
     assert run["run_id"] in gpuctl("status").stdout
     assert "done" in gpuctl("logs").stdout
     assert "done" in gpuctl("logs", run["run_id"], "-f").stdout
@@ -168,6 +170,7 @@ def test_train_with_no_cluster_creates_nothing(gpuctl, quick_project, isolated):
 def test_unknown_names(gpuctl):
     assert_one_line_error(gpuctl("logs", "no-such-run", code=4), 4, "no run named 'no-such-run'")
     assert_one_line_error(gpuctl("logs", code=4), 4, "no run yet")
+    assert_one_line_error(gpuctl("cost", "no-such-run", code=4), 4, "no run named 'no-such-run'")
     assert_one_line_error(gpuctl("down", "ghost", "-y", code=4), 4, "no cluster named 'ghost'")
 
 
