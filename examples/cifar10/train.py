@@ -100,6 +100,7 @@ def main():
         dataset(x_train, y_train, args.batch_size, True),
         validation_data=dataset(x_test, y_test, args.batch_size, False),
         epochs=args.epochs,
+        shuffle=False,  # the tf.data pipeline shuffles; Keras's own flag would only warn
         callbacks=[halve_every_5],
         verbose=2,
     )

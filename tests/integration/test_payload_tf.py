@@ -24,7 +24,7 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 """
 
 
-def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=()):
+def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=(), env_extra=None):
     project = tmp_path / "project"
     run_dir = tmp_path / "run"
     project.mkdir()
@@ -34,7 +34,7 @@ def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 
            "mixed_precision": "auto", "memory_growth": True, "report_path": str(run_dir / "epochs.jsonl")}
     (run_dir / "run.json").write_text(json.dumps(cfg))
     env = {"GPUCTL_RUN_DIR": str(run_dir), "GPUCTL_RUN_ID": "r-tf", "PATH": "/usr/bin:/bin",
-           "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path)}
+           "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path), **(env_extra or {})}
     proc = subprocess.run(
         [sys.executable, str(PAYLOAD_DIR / "gpuctl_run.py"), str(run_dir / "run.json"), *args],
         cwd=project, env=env, capture_output=True, text=True, timeout=300,
@@ -43,15 +43,22 @@ def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 
     return proc, [EpochReport.model_validate_json(line) for line in lines], project
 
 
-def test_unmodified_fit_reports_every_epoch_across_fit_calls(tmp_path):
+# Keras 3 (tf.keras in TF >= 2.16) and Keras 2 (tf_keras, what TF 2.9-2.15 AMIs ship as tf.keras).
+KERAS = {"keras3": {}, "keras2": {"TF_USE_LEGACY_KERAS": "1"}}
+
+
+@pytest.mark.parametrize("keras", sorted(KERAS))
+def test_unmodified_fit_reports_every_epoch_across_fit_calls(tmp_path, keras):
     script = """
+    assert tf.keras.__name__.startswith("tf_keras") == (KERAS_FLAVOUR == "keras2"), tf.keras.__name__
     import sys
     assert sys.argv[1:] == ["--flag", "a b"], sys.argv
     model.fit(x, y, batch_size=16, epochs=2, validation_split=0.2, verbose=0)
     model.fit(x, y, batch_size=50, epochs=3, initial_epoch=1, verbose=0)  # a second phase: 2 epochs
     open("after_fit.txt", "w").write("ok")
     """
-    proc, reports, project = run_payload(tmp_path, script, rate=3.6, args=("--flag", "a b"))
+    script = script.replace("KERAS_FLAVOUR", repr(keras))
+    proc, reports, project = run_payload(tmp_path, script, rate=3.6, args=("--flag", "a b"), env_extra=KERAS[keras])
     assert proc.returncode == 0, proc.stderr
     assert "no GPU visible to TensorFlow" in proc.stderr
     assert (project / "after_fit.txt").read_text() == "ok"
