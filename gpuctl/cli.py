@@ -21,6 +21,7 @@ from gpuctl.errors import ConfirmationRequired, ExitCode, GpuctlError, RunFailed
 from gpuctl.types import DownResult
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def cli(debug: bool) -> None:
 @click.option("--provider", help="Where to run: local (setting `provider`).")
 @click.option("--usd-per-hour", type=float, help="Local provider's price per hour (setting `local.usd_per_hour`).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 @click.pass_context
 def up(ctx: click.Context, name: str | None, provider: str | None, usd_per_hour: float | None, yes: bool, as_json: bool) -> None:
     """Create a cluster and make it the default for later commands."""
@@ -162,7 +163,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, usd_per_hour:
         f"Cluster {result.cluster.name!r} is up ({result.cluster.provider}, {len(result.instances)} instance(s), "
         f"{usd(rate)}/h); it is the default for later commands."
     )
-    click.echo(f"Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
+    click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
@@ -172,7 +173,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, usd_per_hour:
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
 @click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
-@click.option("--json", "as_json", is_flag=True, help="Print the started run as JSON.")
+@json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, entry: str | None,
           budget: float | None, wait: bool, as_json: bool) -> None:
@@ -204,7 +205,7 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far."""
@@ -249,7 +250,7 @@ RECENT_RUNS = 3
 @cli.command(context_settings=CONTEXT)
 @click.argument("runs", nargs=-1)
 @click.option("--all", "show_all", is_flag=True, help=f"Epoch tables for every run (default: the {RECENT_RUNS} newest).")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON (always every run asked for).")
+@json_option
 @click.pass_context
 def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, as_json: bool) -> None:
     """Spend per cluster and per run, one row per epoch, with the projected total.
@@ -297,7 +298,7 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, as_json: boo
 @cli.command(context_settings=CONTEXT)
 @click.argument("name", required=False)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 @click.pass_context
 def down(ctx: click.Context, name: str | None, yes: bool, as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
@@ -328,7 +329,7 @@ def config() -> None:
 
 
 @config.command("show", context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option
 @click.pass_context
 def config_show(ctx: click.Context, as_json: bool) -> None:
     """Every setting, its value, and where the value came from."""

@@ -7,7 +7,6 @@ write is one short `BEGIN IMMEDIATE` transaction and readers never block writers
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -167,14 +166,17 @@ class Ledger:
 
     # --- instances ------------------------------------------------------------------------------
 
-    def put_instance(self, inst: InstanceRecord) -> None:
-        cid = self._cluster_id(inst.cluster)
+    def _upsert(self, table: str, key_col: str, key: str, cluster: str, record: str) -> None:
+        cid = self._cluster_id(cluster)
         with self.write() as db:
             db.execute(
-                "INSERT INTO instances (id, cluster_id, record_json) VALUES (?, ?, ?)"
-                " ON CONFLICT(id) DO UPDATE SET record_json = excluded.record_json",
-                (inst.id, cid, inst.model_dump_json()),
+                f"INSERT INTO {table} ({key_col}, cluster_id, record_json) VALUES (?, ?, ?)"
+                f" ON CONFLICT({key_col}) DO UPDATE SET record_json = excluded.record_json",
+                (key, cid, record),
             )
+
+    def put_instance(self, inst: InstanceRecord) -> None:
+        self._upsert("instances", "id", inst.id, inst.cluster, inst.model_dump_json())
 
     def instances(self, cluster: str) -> list[InstanceRecord]:
         cid = self._cluster_id(cluster)
@@ -184,13 +186,7 @@ class Ledger:
     # --- runs and epochs ------------------------------------------------------------------------
 
     def put_run(self, run: RunRecord) -> None:
-        cid = self._cluster_id(run.cluster)
-        with self.write() as db:
-            db.execute(
-                "INSERT INTO runs (run_id, cluster_id, record_json) VALUES (?, ?, ?)"
-                " ON CONFLICT(run_id) DO UPDATE SET record_json = excluded.record_json",
-                (run.run_id, cid, run.model_dump_json()),
-            )
+        self._upsert("runs", "run_id", run.run_id, run.cluster, run.model_dump_json())
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self._db.execute("SELECT record_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()

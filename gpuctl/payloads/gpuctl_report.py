@@ -158,7 +158,8 @@ def reporter_class(callback_base):
             self.batch_size = None
             self.examples_estimated = True
             self._first_epoch_done = 0
-            self._planned = None
+            self._initial = None
+            self._planned_total = None
 
         def expect(self, examples_per_epoch, batch_size):
             """Told by the fit hook what one epoch holds, so examples/s is exact where it can be."""
@@ -167,11 +168,10 @@ def reporter_class(callback_base):
             self.examples_estimated = examples_per_epoch is None
 
         def on_train_begin(self, logs=None):
-            params = getattr(self, "params", None) or {}
-            epochs = params.get("epochs")
+            # Epochs reported by earlier fit calls of this run count towards the plan too.
             self._first_epoch_done = self.writer.epochs_done
             self._initial = None
-            self._planned_total = epochs
+            self._planned_total = (getattr(self, "params", None) or {}).get("epochs")
 
         def on_epoch_begin(self, epoch, logs=None):
             if self._initial is None:
