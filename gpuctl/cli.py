@@ -103,9 +103,12 @@ class GpuctlGroup(click.Group):
         except GpuctlError as exc:
             if debug:
                 traceback.print_exc()
+            from rich.markup import escape
+
             err = _console(stderr=True)
-            err.print(f"[bold red]Error:[/bold red] {exc.message}", markup=True)
-            err.print(f"[bold]Hint:[/bold] {exc.hint}", markup=True)
+            # Messages quote settings like `[aws] region`: escape them, or rich eats them as markup.
+            err.print(f"[bold red]Error:[/bold red] {escape(exc.message)}", markup=True)
+            err.print(f"[bold]Hint:[/bold] {escape(exc.hint)}", markup=True)
             ctx.exit(int(exc.exit_code))
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
@@ -142,27 +145,75 @@ def cli(debug: bool) -> None:
     """
 
 
+class PositiveFloat(click.ParamType):
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not f > 0:
+            self.fail(f"{value!r} is not a positive number", param, ctx)
+        return f
+
+
+def _progress(line: str) -> None:
+    # One line per step on stderr, flushed: the record of a launch even if it is killed.
+    click.echo(f"  {line}", err=True)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--name", help="Cluster name (setting `cluster`, default 'default').")
-@click.option("--provider", help="Where to run: local (setting `provider`).")
+@click.option("--provider", help="Where to run: aws or local (setting `provider`, default aws).")
+@click.option("--type", "instance_type", help="EC2 instance type, e.g. g5.xlarge (setting `aws.instance_type`).")
+@click.option("--spot/--on-demand", "spot", default=None, help="Market (setting `aws.market`, default spot).")
+@click.option("--max-price", type=PositiveFloat(), help="Highest spot price in $/h (default: the on-demand price).")
+@click.option("--fallback-on-demand", is_flag=True, default=None, help="Launch on-demand if spot fails in every zone.")
+@click.option("--region", help="AWS region (setting `aws.region`; default: boto3's).")
+@click.option("--profile", help="AWS profile (setting `aws.profile`).")
+@click.option("--image", help="AMI id (default: the newest TensorFlow Deep Learning AMI).")
+@click.option("--disk-gb", type=int, help="Encrypted gp3 root volume size (setting `aws.disk_gb`).")
+@click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
+@click.option("--max-hours", type=PositiveFloat(), help="Power off this many hours after boot (setting `guards.max_hours`).")
 @click.option("--usd-per-hour", type=float, help="Local provider's price per hour (setting `local.usd_per_hour`).")
+@click.option("--no-wait", is_flag=True, help="Return once the instance runs, without waiting for SSH.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
 @json_option
 @click.pass_context
-def up(ctx: click.Context, name: str | None, provider: str | None, usd_per_hour: float | None, yes: bool, as_json: bool) -> None:
-    """Create a cluster and make it the default for later commands."""
-    ops = _ops(ctx, cluster=name, provider=provider, **{"local.usd_per_hour": usd_per_hour})
+def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
+       max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
+       image: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
+       usd_per_hour: float | None, no_wait: bool, yes: bool, as_json: bool) -> None:
+    """Create a cluster (or reuse it) and make it the default for later commands."""
+    flags = {
+        "cluster": name, "provider": provider, "aws.instance_type": instance_type,
+        "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
+        "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
+        "aws.image": image, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
+        "local.usd_per_hour": usd_per_hour,
+    }
+    ops = _ops(ctx, **flags)
     s = ops.settings().settings
     if s.provider == "local" and s.local.usd_per_hour > 0:
         _confirm(yes, f"start local cluster {s.cluster!r} billed at {usd(s.local.usd_per_hour)}/h")
-    result = ops.up()
+    elif s.provider == "aws":
+        _confirm(yes, f"launch a {s.aws.instance_type} ({s.aws.market}) for cluster {s.cluster!r}, "
+                      f"billed until `gpuctl down` or the {s.guards.max_hours:g} h hard cap")
+    result = ops.up(progress=_progress, wait_ssh=not no_wait)
     if as_json:
         return emit_json(result)
     rate = sum(i.usd_per_hour for i in result.instances)
+    verb = "was already up; reused" if result.reused else "is up"
     click.echo(
-        f"Cluster {result.cluster.name!r} is up ({result.cluster.provider}, {len(result.instances)} instance(s), "
+        f"Cluster {result.cluster.name!r} {verb} ({result.cluster.provider}, {len(result.instances)} instance(s), "
         f"{usd(rate)}/h); it is the default for later commands."
     )
+    for i in result.instances:
+        if i.region:
+            click.echo(f"  {i.id}: {i.instance_type} {i.market} in {i.zone}, {i.public_ip or 'no public IP'}, "
+                       f"{usd(i.usd_per_hour)}/h ({i.price_source})")
+            click.echo(f"  image {i.image_name or '?'} ({i.image_id}); powers itself off {s.guards.max_hours:g} h after boot")
     click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
 
 
@@ -205,10 +256,24 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
 
 
 @cli.command(context_settings=CONTEXT)
+@click.option("--all", "everything", is_flag=True,
+              help="Search every provider (every enabled AWS region) for gpuctl's resources, ledger or not.")
 @json_option
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, everything: bool, as_json: bool) -> None:
     """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far."""
+    if everything:
+        inv = _ops(ctx).inventory()
+        if as_json:
+            return emit_json(inv)
+        t = _table("provider", "kind", "id", "region", "cluster", "state", "in ledger")
+        for r in inv.resources:
+            t.add_row(r.provider, r.kind, r.id, r.region or "-", r.cluster or "-", r.state or "-",
+                      "yes" if r.cluster in inv.ledger_clusters else "NO")
+        _console().print(t if inv.resources else "Nothing of gpuctl's is running anywhere it looked.")
+        for note in inv.notes:
+            click.echo(note, err=True)
+        return
     report = _ops(ctx).status()
     if as_json:
         return emit_json(report)
@@ -297,28 +362,35 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, as_json: boo
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("name", required=False)
+@click.option("--all", "everything", is_flag=True,
+              help="Release everything gpuctl finds by its tags in every provider and region, ledger or not.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
-def down(ctx: click.Context, name: str | None, yes: bool, as_json: bool) -> None:
+def down(ctx: click.Context, name: str | None, everything: bool, yes: bool, as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
     ops = _ops(ctx)
-    if name is None and not ops.ledger.clusters(include_down=False):
-        if as_json:
-            return emit_json(DownResult(cluster="", already_down=True))
-        click.echo("No cluster is up; nothing to do.")
-        return
-    target = name or ops.resolve_cluster(None).name
-    if ops.ledger.live_cluster(target) is not None:
-        _confirm(yes, f"release cluster {target!r} and stop its jobs")
-    result = ops.down(target)
+    if everything:
+        if name:
+            raise click.UsageError("give a cluster NAME or --all, not both")
+        _confirm(yes, "release everything gpuctl created, in every provider and region")
+        result = ops.down_all(progress=_progress)
+    elif name is None and not ops.ledger.clusters(include_down=False):
+        result = DownResult(cluster="", already_down=True)
+    else:
+        target = name or ops.resolve_cluster(None).name
+        if ops.ledger.live_cluster(target) is not None:
+            _confirm(yes, f"release cluster {target!r} and stop its jobs")
+        result = ops.down(target, progress=_progress)
     if as_json:
         return emit_json(result)
     if result.already_down:
-        click.echo(f"Cluster {result.cluster!r} is already down; nothing to do.")
+        what = f"Cluster {result.cluster!r} is already down" if result.cluster else "No cluster is up"
+        click.echo(f"{what}; nothing to do.")
         return
     click.echo(
-        f"Cluster {result.cluster!r} is down: released {len(result.released_instances)} instance(s), "
+        f"{'Everything' if everything else 'Cluster ' + repr(result.cluster)} is down: released "
+        f"{len(result.released)} resource(s), {len(result.released_instances)} of them instances or work dirs; "
         f"stopped {len(result.stopped_runs)} run(s). Reports stay: gpuctl cost"
     )
 

@@ -21,6 +21,8 @@ class ExitCode(IntEnum):
     PROJECT = 6  # the project to train is missing or has no entry point
     REMOTE = 7  # a command on the instance failed (tmux, copy, ...)
     RUN_FAILED = 8  # the training run ended with a non-zero status
+    CLOUD = 9  # the cloud refused: credentials, permissions, image, quota, leak
+    NO_CAPACITY = 10  # no zone had capacity for the request; try later, elsewhere, or on-demand
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -72,3 +74,12 @@ class RunFailedError(GpuctlError):
 class ConfirmationRequired(GpuctlError):
     exit_code = ExitCode.USAGE
     default_hint = "Pass -y to confirm, or run it in a terminal to be asked."
+
+
+class CloudError(GpuctlError):
+    exit_code = ExitCode.CLOUD
+    default_hint = "Rerun with --debug to see the cloud's full answer."
+
+
+class NoCapacityError(GpuctlError):
+    exit_code = ExitCode.NO_CAPACITY

@@ -14,18 +14,20 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import ValidationError
 
-from gpuctl.errors import ConflictError, NoClusterError, NotFoundError, ProjectError, RemoteError
-from gpuctl.provision import Provider, get_provider
+from gpuctl.errors import ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
+from gpuctl.provision import PROVIDERS, Provider, get_provider
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
-from gpuctl.settings import LoadedSettings, load_settings
+from gpuctl.settings import LoadedSettings, Settings, load_settings
 from gpuctl.state import Ledger
 from gpuctl.types import (
     FINAL_RUN_STATES,
+    Inventory,
+    Resource,
     ClusterCost,
     ClusterRecord,
     ClusterSpec,
@@ -45,6 +47,12 @@ from gpuctl.types import (
 )
 
 PAYLOAD_DIR = Path(__file__).parent / "payloads"
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
 LAUNCHER = "gpuctl_run.py"
 
 
@@ -70,8 +78,8 @@ class Gpuctl:
     def settings(self, project_dir: Path | None = None) -> LoadedSettings:
         return load_settings(self.flags, project_dir=project_dir, env=self.env)
 
-    def _provider(self, name: str) -> Provider:
-        return get_provider(name, self.home)
+    def _provider(self, name: str, settings: Settings | None = None) -> Provider:
+        return get_provider(name, self.home, settings or self.settings().settings)
 
     def _host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
         instances = self.ledger.instances(cluster.name)
@@ -87,34 +95,44 @@ class Gpuctl:
 
     # --- up -------------------------------------------------------------------------------------
 
-    def up(self) -> UpResult:
-        """Create the cluster named by the `cluster` setting and make it the default."""
+    def up(self, progress: Progress = _quiet, wait_ssh: bool = True) -> UpResult:
+        """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the default."""
         s = self.settings().settings
-        if self.ledger.live_cluster(s.cluster):
-            raise ConflictError(
-                f"a cluster named {s.cluster!r} is already up",
-                f"Use it (`gpuctl train --cluster {s.cluster} ...`), pick another --name, or `gpuctl down {s.cluster}`.",
-            )
-        spec = ClusterSpec(
-            name=s.cluster,
-            provider=s.provider,
-            usd_per_hour=s.local.usd_per_hour if s.provider == "local" else 0.0,
-        )
-        provider = self._provider(s.provider)
+        provider = self._provider(s.provider, s)
+        spec = cluster_spec(s)
+        live = self.ledger.live_cluster(s.cluster)
+        if live is not None:
+            if not provider.reuses_live_clusters or live.provider != s.provider:
+                raise ConflictError(
+                    f"a cluster named {s.cluster!r} is already up",
+                    f"Use it (`gpuctl train --cluster {s.cluster} ...`), pick another --name, or `gpuctl down {s.cluster}`.",
+                )
+            asked = spec.model_dump(exclude={"launch_token"})
+            have = live.spec.model_dump(exclude={"launch_token"})
+            if asked != have:
+                diff = ", ".join(f"{k}: {have[k]} -> {asked[k]}" for k in asked if asked[k] != have[k])
+                raise ConflictError(
+                    f"cluster {s.cluster!r} is up with other settings ({diff})",
+                    f"`gpuctl down {s.cluster} -y` first, or pick another --name.",
+                )
+            cluster = live
+            spec = live.spec  # same launch token: a retried launch cannot start a second instance
+        else:
+            try:
+                # Recorded before launching, so a launch killed half-way is still known locally too.
+                cluster = self.ledger.add_cluster(spec)
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"a cluster named {s.cluster!r} is already up") from None
         try:
-            # Recorded before launching, so a launch killed half-way is still found and released.
-            cluster = self.ledger.add_cluster(spec)
-        except sqlite3.IntegrityError:
-            raise ConflictError(f"a cluster named {s.cluster!r} is already up") from None
-        try:
-            instances = provider.launch(spec, s)
+            instances = provider.launch(spec, progress, wait_ssh)
         except BaseException:
-            self.ledger.mark_cluster_down(spec.name)
+            if live is None and not provider.reuses_live_clusters:
+                self.ledger.mark_cluster_down(spec.name)
             raise
         for inst in instances:
             self.ledger.put_instance(inst)
         self.ledger.event("up", f"{len(instances)} instance(s) via {s.provider}", cluster=spec.name)
-        return UpResult(cluster=cluster, instances=tuple(instances))
+        return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
 
     def resolve_cluster(self, name: str | None) -> ClusterRecord:
         """The named live cluster, else the default, else the only one; errors say which to pick."""
@@ -361,16 +379,38 @@ class Gpuctl:
 
     # --- down -----------------------------------------------------------------------------------
 
-    def down(self, name: str | None = None) -> DownResult:
-        """Stop every job of the cluster, keep its reports and logs, and release its instances."""
+    def down(self, name: str | None = None, progress: Progress = _quiet) -> DownResult:
+        """Stop every job of the cluster, keep its reports and logs, and release all it holds."""
         if name and self.ledger.live_cluster(name) is None:
             if any(c.name == name for c in self.ledger.clusters()):
                 return DownResult(cluster=name, already_down=True)
         cluster = self.resolve_cluster(name)
-        inst, host = self._host(cluster)
+        stopped = self._stop_runs(cluster)
+        provider = self._provider(cluster.provider)
+        instances = self.ledger.instances(cluster.name)
+        region = next((i.region for i in instances if i.region), None) or cluster.spec.region
+        resources = provider.discover(cluster.name, region)
+        provider.release(resources, progress)
+        now = time.time()
+        for i in instances:
+            self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
+        self.ledger.mark_cluster_down(cluster.name, now)
+        self.ledger.event("down", f"released {len(resources)} resource(s)", cluster=cluster.name)
+        return DownResult(
+            cluster=cluster.name,
+            stopped_runs=tuple(stopped),
+            released_instances=tuple(r.id for r in resources if r.kind in ("instance", "workdir")),
+            released=tuple(resources),
+        )
+
+    def _stop_runs(self, cluster: ClusterRecord) -> list[str]:
+        """Stop the cluster's live runs and keep their last epochs and logs in the ledger."""
         stopped = []
         for run in self.ledger.runs(cluster.name):
             run = self.refresh_run(run)
+            if run.state in FINAL_RUN_STATES and self._archived_log(run.run_id).exists():
+                continue
+            _, host = self._host(cluster)
             paths = jobs.JobPaths(run.run_dir)
             if run.state not in FINAL_RUN_STATES:
                 code = jobs.stop_job(host, run.run_id, paths)
@@ -379,16 +419,75 @@ class Gpuctl:
                 self.ledger.put_run(run)
                 stopped.append(run.run_id)
             host.fetch(paths.log, self._archived_log(run.run_id))
-        instances = self.ledger.instances(cluster.name)
-        self._provider(cluster.provider).terminate(instances)
-        now = time.time()
-        for i in instances:
-            self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
-        self.ledger.mark_cluster_down(cluster.name, now)
-        self.ledger.event("down", f"released {len(instances)} instance(s)", cluster=cluster.name)
+        return stopped
+
+    def inventory(self) -> Inventory:
+        """`status --all`: every resource each provider finds by itself, ledger or not."""
+        resources, notes = [], []
+        live = [c.name for c in self.ledger.clusters(include_down=False)]
+        for name in PROVIDERS:
+            try:
+                resources += self._provider(name).discover()
+            except GpuctlError as exc:
+                if any(c.provider == name for c in self.ledger.clusters(include_down=False)):
+                    raise
+                notes.append(f"{name}: not searched: {exc.message}")
+        return Inventory(resources=tuple(resources), ledger_clusters=tuple(live), notes=tuple(notes))
+
+    def down_all(self, progress: Progress = _quiet) -> DownResult:
+        """Release everything every provider finds (tags, not memory), and close the ledger's clusters."""
+        released: list[Resource] = []
+        stopped: list[str] = []
+        for name in PROVIDERS:
+            clusters = [c for c in self.ledger.clusters(include_down=False) if c.provider == name]
+            try:
+                provider = self._provider(name)
+                for c in clusters:
+                    if self.ledger.instances(c.name):
+                        try:
+                            stopped += self._stop_runs(c)
+                        except GpuctlError as exc:
+                            progress(f"{c.name}: jobs not stopped ({exc.message}); releasing anyway")
+                resources = provider.discover()
+            except GpuctlError as exc:
+                if clusters:
+                    raise
+                progress(f"{name}: not searched: {exc.message}")
+                continue
+            provider.release(resources, progress)
+            released += resources
+            now = time.time()
+            for c in clusters:
+                for i in self.ledger.instances(c.name):
+                    self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
+                self.ledger.mark_cluster_down(c.name, now)
+                self.ledger.event("down", "released by down --all", cluster=c.name)
         return DownResult(
-            cluster=cluster.name, stopped_runs=tuple(stopped), released_instances=tuple(i.id for i in instances)
+            cluster="*",
+            already_down=not released,
+            stopped_runs=tuple(stopped),
+            released_instances=tuple(r.id for r in released if r.kind in ("instance", "workdir")),
+            released=tuple(released),
         )
+
+
+def cluster_spec(s: Settings) -> ClusterSpec:
+    """What `up` asks the provider for, from the settings."""
+    if s.provider == "local":
+        return ClusterSpec(name=s.cluster, provider="local", usd_per_hour=s.local.usd_per_hour,
+                           launch_token=secrets.token_hex(8))
+    a = s.aws
+    return ClusterSpec(
+        name=s.cluster,
+        provider=s.provider,
+        instance_type=a.instance_type,
+        market=a.market,
+        max_price=a.max_price or None,
+        image=a.image or None,
+        region=a.region or None,
+        disk_gb=a.disk_gb,
+        launch_token=secrets.token_hex(8),
+    )
 
 
 def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:

@@ -54,9 +54,38 @@ class TrainSettings(_Section):
 
 
 class GuardSettings(_Section):
+    max_hours: float = Field(
+        8.0, gt=0, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
+    )
     budget_usd: float = Field(
         0.0, ge=0, description="Stop a run gracefully once its epochs have cost this much; 0 = no cap."
     )
+
+
+class AwsSettings(_Section):
+    region: str = Field("", description="AWS region; empty = boto3's own choice (AWS_REGION, the profile).")
+    profile: str = Field("", description="AWS profile from ~/.aws; empty = boto3's default chain.")
+    instance_type: str = Field("g5.xlarge", min_length=1, description="EC2 instance type.")
+    market: Literal["spot", "on-demand"] = Field("spot", description="spot or on-demand.")
+    max_price: float = Field(0.0, ge=0, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
+    fallback_on_demand: bool = Field(False, description="Launch on-demand when spot fails in every zone.")
+    image: str = Field("", description="AMI id to launch; empty = the newest image matching image_pattern.")
+    image_pattern: str = Field(
+        "Deep Learning*AMI GPU TensorFlow*", min_length=1, description="Name pattern of the TensorFlow DLAMI (owner amazon)."
+    )
+    disk_gb: int = Field(100, ge=8, le=16384, description="Root volume size (encrypted gp3) in GB.")
+    ssh_cidr: str = Field("", description="Who may SSH in; empty = the caller's public address /32 (detected).")
+    ssh_user: str = Field("ubuntu", min_length=1, description="Login user of the image.")
+    wait_timeout_s: float = Field(900.0, gt=0, description="How long `up` waits for running and for SSH.")
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        if v:
+            import ipaddress
+
+            ipaddress.ip_network(v, strict=False)  # ValueError names the problem
+        return v
 
 
 class RemoteSettings(_Section):
@@ -64,11 +93,12 @@ class RemoteSettings(_Section):
 
 
 class Settings(_Section):
-    provider: str = Field("local", description="Where `gpuctl up` puts clusters.")
+    provider: str = Field("aws", description="Where `gpuctl up` puts clusters: aws, local.")
     cluster: str = Field("default", description="Name `gpuctl up` gives a cluster when --name is not passed.")
     local: LocalSettings = LocalSettings()
     train: TrainSettings = TrainSettings()
     guards: GuardSettings = GuardSettings()
+    aws: AwsSettings = AwsSettings()
     remote: RemoteSettings = RemoteSettings()
 
     @field_validator("provider")

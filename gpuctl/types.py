@@ -32,6 +32,9 @@ class ClusterSpec(_Frozen):
     disk_gb: int = 0
     nodes: int = 1
     usd_per_hour: float = 0.0
+    # Random per `up` of this cluster; seeds RunInstances client tokens so a retried `up`
+    # cannot start a second instance for the same request.
+    launch_token: str = ""
 
 
 class InstanceRecord(_Frozen):
@@ -49,6 +52,24 @@ class InstanceRecord(_Frozen):
     terminated_at: Optional[float] = None
     # Where gpuctl keeps its files on that machine (code, runs, payload).
     workdir: str
+    region: Optional[str] = None
+    instance_type: Optional[str] = None
+    image_id: Optional[str] = None
+    image_name: Optional[str] = None
+    price_source: Optional[str] = None
+    ssh_user: Optional[str] = None
+    key_path: Optional[str] = None
+
+
+class Resource(_Frozen):
+    """Something a provider created for gpuctl, found by its tags (or files), not by memory."""
+
+    provider: str
+    kind: str  # instance | security-group | key-pair | workdir
+    id: str
+    region: Optional[str] = None
+    cluster: Optional[str] = None
+    state: Optional[str] = None
 
 
 class ClusterRecord(_Frozen):
@@ -124,6 +145,7 @@ class CommandResult(_Frozen):
 class UpResult(_Frozen):
     cluster: ClusterRecord
     instances: tuple[InstanceRecord, ...]
+    reused: bool = False
 
 
 class TrainResult(_Frozen):
@@ -200,3 +222,12 @@ class DownResult(_Frozen):
     already_down: bool = False
     stopped_runs: tuple[str, ...] = ()
     released_instances: tuple[str, ...] = ()
+    released: tuple[Resource, ...] = ()
+
+
+class Inventory(_Frozen):
+    """`status --all`: every resource each provider can find, and what the ledger knows of it."""
+
+    resources: tuple[Resource, ...]
+    ledger_clusters: tuple[str, ...]  # live clusters in the ledger
+    notes: tuple[str, ...] = ()  # providers that could not be searched, and why

@@ -30,6 +30,8 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCTL_HOME", str(home))
     monkeypatch.setenv("HOME", str(user))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    # aws is the default provider; tests of the local loop say local here, aws tests override.
+    monkeypatch.setenv("GPUCTL_PROVIDER", "local")
     monkeypatch.chdir(work)
     yield home
     from gpuctl.remote.host import LocalHost

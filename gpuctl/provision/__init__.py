@@ -14,29 +14,39 @@ from typing import TYPE_CHECKING, Protocol
 from gpuctl.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Callable
+
     from gpuctl.remote.host import Host
     from gpuctl.settings import Settings
-    from gpuctl.types import ClusterSpec, InstanceRecord
+    from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
 PROVIDERS: dict[str, str] = {
+    "aws": "gpuctl.provision.aws:AwsProvider",
     "local": "gpuctl.provision.local:LocalProvider",
 }
 
 
 class Provider(Protocol):
     name: str
+    # True: `up` on a live cluster finds its instances (by tag) and reuses them.
+    # False: a live name is a conflict.
+    reuses_live_clusters: bool
 
-    def launch(self, spec: "ClusterSpec", settings: "Settings") -> "list[InstanceRecord]":
-        """Create the cluster's instances (idempotent for an existing cluster) and return them."""
+    def launch(self, spec: "ClusterSpec", progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
+        """Create the cluster's instances, or find and reuse them, and return them."""
 
     def host(self, instance: "InstanceRecord") -> "Host":
         """A Host to run commands and move files on this instance."""
 
-    def terminate(self, instances: "list[InstanceRecord]") -> None:
-        """Release the instances and whatever gpuctl created for them; no error if already gone."""
+    def discover(self, cluster: str | None = None, region: str | None = None) -> "list[Resource]":
+        """Everything this provider created for gpuctl (for one cluster, or all), found afresh."""
+
+    def release(self, resources: "list[Resource]", progress: "Callable[[str], None]") -> None:
+        """Delete the resources; already-gone ones are fine."""
 
 
-def get_provider(name: str, home: "object") -> Provider:
+def get_provider(name: str, home: "Path", settings: "Settings") -> Provider:
     """Instantiate the provider registered under `name` (imports its module only now)."""
     try:
         target = PROVIDERS[name]
@@ -45,4 +55,4 @@ def get_provider(name: str, home: "object") -> Provider:
             f"unknown provider {name!r}", f"Known providers: {', '.join(sorted(PROVIDERS))}."
         ) from None
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)(home)
+    return getattr(importlib.import_module(module), attr)(home, settings)

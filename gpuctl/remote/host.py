@@ -67,7 +67,8 @@ class LocalHost:
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=self.root)
+            cwd = self.root if os.path.isdir(self.root) else None  # e.g. killing a removed cluster's tmux
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd)
         except FileNotFoundError:
             raise RemoteError(
                 f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."

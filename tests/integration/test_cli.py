@@ -95,7 +95,8 @@ def test_config_show_names_each_source(gpuctl, isolated, monkeypatch):
     values = {v["key"]: v for v in json.loads(gpuctl("config", "show", "--json").stdout)}
     assert values["local.usd_per_hour"] == {"key": "local.usd_per_hour", "value": 1.25, "source": str(isolated.parent / "work" / "gpuctl.toml")}
     assert values["train.entry"]["source"] == "env GPUCTL_TRAIN__ENTRY"
-    assert values["provider"]["source"] == "default"
+    assert values["provider"] == {"key": "provider", "value": "local", "source": "env GPUCTL_PROVIDER"}
+    assert values["cluster"]["source"] == "default"
     assert "local.usd_per_hour" in gpuctl("config", "show").stdout
 
 
@@ -217,6 +218,12 @@ def test_crashing_script_shows_failed_with_the_tail_of_its_log(gpuctl, make_proj
     assert "gpuctl_run.py" not in run["log_tail"] and "runpy" not in run["log_tail"]
     table = gpuctl("status").stdout
     assert "failed (1)" in table and "ValueError: shapes do not match" in table
+
+
+def test_error_text_is_not_eaten_as_markup(gpuctl, isolated):
+    (isolated.parent / "work" / "gpuctl.toml").write_text("[aws]\nregion = 'us-east-1'\nimage = 'ami-1'\nssh_cidr = 'nope'\n")
+    res = gpuctl("config", "show", code=3)
+    assert "aws.ssh_cidr = 'nope'" in res.stderr and "[aws]" not in res.stdout
 
 
 def test_debug_shows_the_traceback(gpuctl):

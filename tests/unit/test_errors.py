@@ -6,7 +6,7 @@ def test_exit_codes_are_pinned():
     # The README documents these numbers; changing one breaks users' scripts.
     assert {c.name: int(c) for c in ExitCode} == {
         "OK": 0, "INTERNAL": 1, "USAGE": 2, "CONFIG": 3, "NOT_FOUND": 4, "CONFLICT": 5,
-        "PROJECT": 6, "REMOTE": 7, "RUN_FAILED": 8, "INTERRUPTED": 130,
+        "PROJECT": 6, "REMOTE": 7, "RUN_FAILED": 8, "CLOUD": 9, "NO_CAPACITY": 10, "INTERRUPTED": 130,
     }
 
 

@@ -10,24 +10,27 @@ import secrets
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 from gpuctl.remote.host import LocalHost
 from gpuctl.remote.jobs import kill_server
 from gpuctl.settings import Settings
-from gpuctl.types import ClusterSpec, InstanceRecord
+from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
 
 class LocalProvider:
     name = "local"
+    reuses_live_clusters = False
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, settings: Settings):
         self.home = Path(home)
+        self.settings = settings
 
-    def workdir(self, cluster: str) -> Path:
-        return self.home / "clusters" / cluster
+    def _clusters_dir(self) -> Path:
+        return self.home / "clusters"
 
-    def launch(self, spec: ClusterSpec, settings: Settings) -> list[InstanceRecord]:
-        workdir = self.workdir(spec.name)
+    def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = print, wait_ssh: bool = True) -> list[InstanceRecord]:
+        workdir = self._clusters_dir() / spec.name
         workdir.mkdir(parents=True, exist_ok=True)
         return [
             InstanceRecord(
@@ -37,6 +40,7 @@ class LocalProvider:
                 public_ip="127.0.0.1",
                 market="on-demand",
                 usd_per_hour=spec.usd_per_hour,
+                price_source="local.usd_per_hour",
                 launched_at=time.time(),
                 workdir=str(workdir),
             )
@@ -45,7 +49,18 @@ class LocalProvider:
     def host(self, instance: InstanceRecord) -> LocalHost:
         return LocalHost(Path(instance.workdir))
 
-    def terminate(self, instances: list[InstanceRecord]) -> None:
-        for inst in instances:
-            kill_server(self.host(inst))
-            shutil.rmtree(inst.workdir, ignore_errors=True)
+    def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
+        root = self._clusters_dir()
+        dirs = [root / cluster] if cluster else (sorted(root.iterdir()) if root.is_dir() else [])
+        return [
+            Resource(provider="local", kind="workdir", id=str(d), cluster=d.name, state="running")
+            for d in dirs
+            if d.is_dir()
+        ]
+
+    def release(self, resources: list[Resource], progress: Callable[[str], None] = print) -> None:
+        for r in resources:
+            if r.kind == "workdir":
+                kill_server(LocalHost(Path(r.id)))  # ends every job of the cluster
+                shutil.rmtree(r.id, ignore_errors=True)
+                progress(f"removed {r.id}")

@@ -1,0 +1,279 @@
+"""The `aws` provider: EC2 GPU instances from the newest TensorFlow Deep Learning AMI.
+
+Instances, security groups and key pairs are found by their tags, never by local memory, so an
+`up` killed at any moment leaves nothing that `gpuctl status --all` cannot see and
+`gpuctl down --all -y` cannot remove.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuctl.errors import CloudError, NoCapacityError, RemoteError
+from gpuctl.provision.aws import access, catalog
+from gpuctl.provision.aws.launch import LaunchPlan, encode_user_data, launch_one
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.userdata import hard_cap_script
+from gpuctl.settings import Settings
+from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+
+Progress = Callable[[str], None]
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def backoff_wait(check: Callable[[], Any], timeout_s: float, what: str, progress: Progress, hint: str) -> Any:
+    """Poll `check` (truthy = done) with backoff 1, 2, 4 .. 10 s until `timeout_s`; the error names it."""
+    deadline = time.monotonic() + timeout_s
+    delay = 1.0
+    start = time.monotonic()
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() + delay > deadline:
+            raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}", hint)
+        progress(f"waiting for {what} ({time.monotonic() - start:.0f}s)")
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def port_open(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _tag(item: dict[str, Any], key: str) -> str | None:
+    return next((t["Value"] for t in item.get("Tags", []) if t["Key"] == key), None)
+
+
+class AwsProvider:
+    name = "aws"
+    reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
+
+    def __init__(self, home: Path, settings: Settings):
+        self.home = Path(home)
+        self.settings = settings
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        if self._owner is None:
+            self._owner = access.owner_id(self.home)
+        return self._owner
+
+    def _aws(self, region: str | None = None) -> Aws:
+        return Aws(region=region or self.settings.aws.region, profile=self.settings.aws.profile)
+
+    # --- launch ---------------------------------------------------------------------------------
+
+    def launch(self, spec: ClusterSpec, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
+        a = self.settings.aws
+        aws = self._aws(spec.region)
+        existing = self._live_instances(aws, spec.name)
+        if existing:
+            if len(existing) > spec.nodes:
+                ids = ", ".join(i["InstanceId"] for i in existing)
+                raise CloudError(
+                    f"found {len(existing)} instances tagged for cluster {spec.name!r} where {spec.nodes} was asked: {ids} (a leak)",
+                    f"`gpuctl down {spec.name} -y` releases them all; then `gpuctl up` again.",
+                )
+            progress(f"reusing {existing[0]['InstanceId']} ({existing[0]['State']['Name']}), found by its tags")
+            return [self._record(aws, existing[0], spec, None, "recorded at launch")]
+
+        # Check everything that can be checked before creating anything.
+        info = catalog.instance_type_info(aws, spec.instance_type)
+        archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
+        arch = "x86_64" if "x86_64" in archs else archs[0]
+        zones = catalog.zones_offering(aws, spec.instance_type)
+        if not zones:
+            raise NoCapacityError(
+                f"{spec.instance_type} is not offered in any zone of {aws.region}", "Try another region (--region)."
+            )
+        market = spec.market
+        spot = catalog.spot_prices(aws, spec.instance_type) if market == "spot" else {}
+        if market == "spot" and not spot:
+            if not a.fallback_on_demand:
+                raise CloudError(
+                    f"{spec.instance_type} has no spot offering in {aws.region}",
+                    "Launch it on-demand (--on-demand), or let gpuctl fall back (--fallback-on-demand).",
+                )
+            progress(f"{spec.instance_type} has no spot offering in {aws.region}: falling back to on-demand")
+            market = "on-demand"
+        if market == "spot":
+            zones = sorted(zones, key=lambda z: spot.get(z, float("inf")))
+        image = catalog.image_by_id(aws, spec.image) if spec.image else catalog.newest_image(aws, a.image_pattern, arch)
+        progress(f"image {image.get('Name', '?')} ({image['ImageId']}, {image.get('CreationDate', '?')[:10]})")
+        cidr, open_world = access.ssh_cidr(a.ssh_cidr)
+        if open_world:
+            progress(f"WARNING: SSH is open to the whole internet ({cidr}) because you asked for it")
+        vpc = access.default_vpc(aws)
+        subnets = access.zone_subnets(aws, vpc)
+        ordered = {z: subnets[z] for z in zones if z in subnets}
+        if not ordered:
+            raise CloudError(f"the default VPC has no subnet in the zones offering {spec.instance_type}: {', '.join(zones)}")
+
+        # From here on, resources exist; each is tagged as it is created.
+        key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
+        progress(f"key pair {key_name} (private key {key_path}, 0600)")
+        group = access.ensure_security_group(aws, vpc, spec.name, self.owner, cidr)
+        progress(f"security group {group}: SSH from {cidr} only")
+        plan = LaunchPlan(
+            cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=image["ImageId"],
+            root_device=image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
+            subnets=ordered, market=market, max_price=spec.max_price or 0.0,
+            fallback_on_demand=a.fallback_on_demand, disk_gb=spec.disk_gb,
+            user_data=encode_user_data(hard_cap_script(self.settings.guards.max_hours)),
+            token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}",
+        )
+        inst, used = launch_one(aws, plan, progress)
+        iid = inst["InstanceId"]
+        progress(f"launched {iid} ({used}) in {inst['Placement']['AvailabilityZone']}")
+        inst = self.wait_running(aws, iid, progress)
+        zone = inst["Placement"]["AvailabilityZone"]
+        if used == "spot":
+            usd, source = spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
+        else:
+            usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
+        record = self._record(aws, inst, spec, usd, source, image)
+        if wait_ssh and record.public_ip:
+            backoff_wait(
+                lambda: port_open(record.public_ip or "", 22), a.wait_timeout_s, f"SSH on {record.public_ip}:22",
+                progress, "The instance is running; `gpuctl status` shows it. Check the security group and the network.",
+            )
+        return [record]
+
+    def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            res = call(aws.ec2().describe_instances, InstanceIds=[iid])
+            inst = res["Reservations"][0]["Instances"][0]
+            state = inst["State"]["Name"]
+            if state in ("terminated", "shutting-down"):
+                reason = inst.get("StateReason", {}).get("Message", "no reason given")
+                raise CloudError(f"{iid} ended while starting: {reason}", "Try again, or another zone/market.")
+            return inst if state == "running" else None
+
+        return backoff_wait(check, self.settings.aws.wait_timeout_s, f"{iid} to run", progress,
+                            f"{iid} may still start: `gpuctl status --all`; `gpuctl down -y` releases it.")
+
+    def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
+                image: dict[str, Any] | None = None) -> InstanceRecord:
+        return InstanceRecord(
+            id=inst["InstanceId"],
+            cluster=spec.name,
+            state=inst["State"]["Name"],
+            public_ip=inst.get("PublicIpAddress"),
+            private_ip=inst.get("PrivateIpAddress"),
+            zone=inst.get("Placement", {}).get("AvailabilityZone"),
+            market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
+            usd_per_hour=usd if usd is not None else 0.0,
+            price_source=source,
+            launched_at=inst["LaunchTime"].timestamp() if hasattr(inst.get("LaunchTime"), "timestamp") else time.time(),
+            workdir=f"/home/{self.settings.aws.ssh_user}/gpuctl",
+            region=aws.region,
+            instance_type=inst.get("InstanceType"),
+            image_id=inst.get("ImageId"),
+            image_name=(image or {}).get("Name"),
+            ssh_user=self.settings.aws.ssh_user,
+            key_path=str(access.key_path(self.home, spec.name, aws.region)),
+        )
+
+    def _live_instances(self, aws: Aws, cluster: str | None) -> list[dict[str, Any]]:
+        filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+        res = call(aws.ec2().describe_instances, Filters=filters)
+        return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
+
+    def host(self, instance: InstanceRecord):
+        raise RemoteError(
+            f"cannot reach {instance.id} yet: jobs on aws instances need the SSH host (the next gpuctl release)",
+            "Use the local provider for training today (`gpuctl up --provider local`).",
+        )
+
+    # --- discover and release -------------------------------------------------------------------
+
+    def regions(self) -> list[str]:
+        aws = self._aws()
+        return sorted(r["RegionName"] for r in call(aws.ec2().describe_regions)["Regions"])
+
+    def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
+        """Every live instance, security group and key pair tagged for this owner (and cluster)."""
+        regions = [region] if region else ([self._aws().region] if cluster else self.regions())
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = list(pool.map(lambda r: self._discover_region(r, cluster), regions))
+        return [res for batch in found for res in batch]
+
+    def _discover_region(self, region: str, cluster: str | None) -> list[Resource]:
+        aws = self._aws(region)
+        ec2 = aws.ec2()
+        filters = access.owner_filters(self.owner, cluster)
+        out = [
+            Resource(provider="aws", kind="instance", id=i["InstanceId"], region=region,
+                     cluster=_tag(i, access.TAG_CLUSTER), state=i["State"]["Name"])
+            for i in self._live_instances(aws, cluster)
+        ]
+        for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
+            out.append(Resource(provider="aws", kind="security-group", id=g["GroupId"], region=region,
+                                cluster=_tag(g, access.TAG_CLUSTER)))
+        for k in call(ec2.describe_key_pairs, Filters=filters).get("KeyPairs", []):
+            out.append(Resource(provider="aws", kind="key-pair", id=k["KeyName"], region=region,
+                                cluster=_tag(k, access.TAG_CLUSTER)))
+        return out
+
+    def release(self, resources: list[Resource], progress: Progress = _quiet) -> None:
+        """Terminate instances, wait for them, then delete their groups and key pairs. Idempotent."""
+        by_region: dict[str, list[Resource]] = {}
+        for r in resources:
+            by_region.setdefault(r.region or "", []).append(r)
+        for region, items in by_region.items():
+            self._release_region(region, items, progress)
+
+    def _release_region(self, region: str, items: list[Resource], progress: Progress) -> None:
+        from botocore.exceptions import ClientError
+
+        aws = self._aws(region)
+        ec2 = aws.ec2()
+        instances = [r.id for r in items if r.kind == "instance"]
+        if instances:
+            progress(f"terminating {', '.join(instances)} in {region}")
+            call(ec2.terminate_instances, InstanceIds=instances)
+
+            def gone() -> bool:
+                res = call(ec2.describe_instances, InstanceIds=instances)
+                states = [i["State"]["Name"] for r in res["Reservations"] for i in r["Instances"]]
+                return all(s == "terminated" for s in states)
+
+            backoff_wait(gone, self.settings.aws.wait_timeout_s, f"{len(instances)} instance(s) to terminate", progress,
+                         "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
+        for r in items:
+            if r.kind == "security-group":
+                # A group stays "in use" for a while after its instances terminate.
+                def deleted(gid: str = r.id) -> bool:
+                    try:
+                        ec2.delete_security_group(GroupId=gid)
+                    except ClientError as exc:
+                        if error_code(exc) == "DependencyViolation":
+                            return False
+                        if error_code(exc) != "InvalidGroup.NotFound":
+                            raise translate(exc, "DeleteSecurityGroup") from exc
+                    return True
+
+                backoff_wait(deleted, self.settings.aws.wait_timeout_s, f"security group {r.id} to be free", progress,
+                             "Rerun `gpuctl down` in a minute to finish.")
+                progress(f"deleted security group {r.id}")
+            elif r.kind == "key-pair":
+                call(ec2.delete_key_pair, KeyName=r.id)
+                progress(f"deleted key pair {r.id}")
+                if r.cluster:
+                    path = access.key_path(self.home, r.cluster, region)
+                    path.unlink(missing_ok=True)
+                    path.with_suffix(".pub").unlink(missing_ok=True)

@@ -1,0 +1,181 @@
+"""Who may reach an instance: gpuctl's tags, a per-cluster ed25519 key pair (the private half never
+leaves this machine), and a per-cluster security group open for SSH to the caller's address only."""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import ipaddress
+import os
+import secrets
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gpuctl.errors import CloudError, ConfigError
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
+
+TAG_CLUSTER = "gpuctl:cluster"
+TAG_OWNER = "gpuctl:owner"
+TAG_CREATED_BY = "gpuctl:created-by"
+CHECKIP_URL = "https://checkip.amazonaws.com"
+
+
+def owner_id(home: Path) -> str:
+    """Who this gpuctl install is, as `user@host-xxxxxx`; made once and kept under the home.
+
+    `--all` operations touch only resources carrying this owner tag, so two people sharing an
+    AWS account never release each other's instances.
+    """
+    path = home / "owner"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    value = f"{getpass.getuser()}@{socket.gethostname().split('.')[0]}-{secrets.token_hex(3)}"
+    home.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
+    return value
+
+
+def tags(cluster: str, owner: str) -> list[dict[str, str]]:
+    return [
+        {"Key": TAG_CLUSTER, "Value": cluster},
+        {"Key": TAG_OWNER, "Value": owner},
+        {"Key": TAG_CREATED_BY, "Value": "gpuctl"},
+        {"Key": "Name", "Value": f"gpuctl-{cluster}"},
+    ]
+
+
+def tag_spec(resource_type: str, cluster: str, owner: str) -> dict[str, Any]:
+    return {"ResourceType": resource_type, "Tags": tags(cluster, owner)}
+
+
+def owner_filters(owner: str, cluster: str | None = None) -> list[dict[str, Any]]:
+    filters = [
+        {"Name": f"tag:{TAG_CREATED_BY}", "Values": ["gpuctl"]},
+        {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
+    ]
+    if cluster:
+        filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]})
+    return filters
+
+
+def resource_name(cluster: str, owner: str) -> str:
+    """Key pair and security group name: unique per owner, readable in the console."""
+    return f"gpuctl-{cluster}-{hashlib.sha1(owner.encode()).hexdigest()[:8]}"
+
+
+def key_path(home: Path, cluster: str, region: str) -> Path:
+    return home / "keys" / f"{cluster}.{region}.pem"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never world-readable, not even briefly
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def ensure_key_pair(aws: Aws, home: Path, cluster: str, owner: str) -> tuple[str, Path]:
+    """Generate an ed25519 key locally (0600) and import its public half, tagged; reuse both if present."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    ec2 = aws.ec2()
+    name = resource_name(cluster, owner)
+    path = key_path(home, cluster, aws.region)
+    existing = call(ec2.describe_key_pairs, Filters=[{"Name": "key-name", "Values": [name]}]).get("KeyPairs", [])
+    if existing and path.exists():
+        return name, path
+    if existing:  # the private half is gone: that key can never log in again
+        call(ec2.delete_key_pair, KeyName=name)
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    _write_private(path, private)
+    path.with_suffix(".pub").write_bytes(public + b"\n")
+    call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=public, TagSpecifications=[tag_spec("key-pair", cluster, owner)])
+    return name, path
+
+
+def caller_cidr(timeout_s: float = 5.0) -> str | None:
+    """This machine's public address as /32 (or /128), asked of AWS's checkip; None if unknown."""
+    try:
+        with urllib.request.urlopen(CHECKIP_URL, timeout=timeout_s) as resp:  # noqa: S310 - fixed https URL
+            text = resp.read(64).decode().strip()
+        ip = ipaddress.ip_address(text)
+    except (OSError, ValueError):
+        return None
+    return f"{ip}/{32 if ip.version == 4 else 128}"
+
+
+def ssh_cidr(configured: str, detect: bool = True) -> tuple[str, bool]:
+    """(CIDR allowed to SSH in, is_open_to_the_world). Refuses when nothing is known."""
+    if configured:
+        net = ipaddress.ip_network(configured, strict=False)
+        return str(net), net.prefixlen == 0
+    found = caller_cidr() if detect else None
+    if not found:
+        raise ConfigError(
+            "could not detect this machine's public IP address to open SSH to it alone",
+            "Pass --ssh-cidr YOUR.IP.ADDRESS/32 (or set `[aws] ssh_cidr`).",
+        )
+    return found, False
+
+
+def default_vpc(aws: Aws) -> str:
+    vpcs = call(aws.ec2().describe_vpcs, Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+    if not vpcs:
+        raise CloudError(
+            f"no default VPC in {aws.region}",
+            "Create one with `aws ec2 create-default-vpc`, or use another region.",
+        )
+    return vpcs[0]["VpcId"]
+
+
+def zone_subnets(aws: Aws, vpc_id: str) -> dict[str, str]:
+    """Zone -> the VPC's default subnet there (public IPs on launch)."""
+    subnets = call(
+        aws.ec2().describe_subnets,
+        Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "default-for-az", "Values": ["true"]}],
+    ).get("Subnets", [])
+    return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
+
+
+def ensure_security_group(aws: Aws, vpc_id: str, cluster: str, owner: str, cidr: str) -> str:
+    """A group per cluster: SSH from `cidr` only, plus all traffic between the cluster's own nodes."""
+    from botocore.exceptions import ClientError
+
+    ec2 = aws.ec2()
+    name = resource_name(cluster, owner)
+    found = call(
+        ec2.describe_security_groups,
+        Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}],
+    ).get("SecurityGroups", [])
+    if found:
+        return found[0]["GroupId"]
+    group_id = call(
+        ec2.create_security_group,
+        GroupName=name,
+        Description=f"gpuctl cluster {cluster}: SSH from the owner's address only",
+        VpcId=vpc_id,
+        TagSpecifications=[tag_spec("security-group", cluster, owner)],
+    )["GroupId"]
+    v6 = ":" in cidr
+    ssh = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+    ssh["Ipv6Ranges" if v6 else "IpRanges"] = [{("CidrIpv6" if v6 else "CidrIp"): cidr, "Description": "gpuctl SSH"}]
+    try:
+        ec2.authorize_security_group_ingress(
+            GroupId=group_id,
+            IpPermissions=[ssh, {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "cluster nodes"}]}],
+        )
+    except ClientError as exc:
+        if error_code(exc) != "InvalidPermission.Duplicate":
+            raise translate(exc, "AuthorizeSecurityGroupIngress") from exc
+    return group_id

@@ -1,0 +1,163 @@
+"""What EC2 offers: instance types, the zones that offer them, the newest DLAMI, and prices."""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuctl.errors import CloudError, ConfigError
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
+
+# On-demand Linux $/h in us-east-1, used only when the Price List API cannot answer (no
+# permission, no network). Reported as "built-in table (2025-01)" so nobody mistakes it for a quote.
+PRICE_TABLE_DATE = "2025-01"
+ON_DEMAND_USD = {
+    "g4dn.xlarge": 0.526, "g4dn.2xlarge": 0.752, "g4dn.4xlarge": 1.204, "g4dn.8xlarge": 2.176,
+    "g4dn.12xlarge": 3.912, "g4dn.16xlarge": 4.352,
+    "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624, "g5.8xlarge": 2.448,
+    "g5.12xlarge": 5.672, "g5.16xlarge": 4.096, "g5.24xlarge": 8.144, "g5.48xlarge": 16.288,
+    "g6.xlarge": 0.8048, "g6.2xlarge": 0.9776, "g6.4xlarge": 1.3232, "g6.8xlarge": 2.0144,
+    "g6e.xlarge": 1.861, "g6e.2xlarge": 2.24208,
+    "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p3.16xlarge": 24.48,
+    "p4d.24xlarge": 32.7726, "p5.48xlarge": 98.32,
+}
+
+
+def instance_type_info(aws: Aws, instance_type: str) -> dict[str, Any]:
+    """DescribeInstanceTypes for one type; a typo gets a did-you-mean from the region's list."""
+    from botocore.exceptions import ClientError
+
+    ec2 = aws.ec2()
+    try:
+        found = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except ClientError as exc:
+        if error_code(exc) not in ("InvalidInstanceType", "InvalidParameterValue"):
+            raise translate(exc, "DescribeInstanceTypes") from exc
+        found = []
+    if found:
+        return found[0]
+    names: list[str] = []
+    pages = call(lambda: list(ec2.get_paginator("describe_instance_types").paginate()))
+    for page in pages:
+        names += [t["InstanceType"] for t in page["InstanceTypes"]]
+    close = difflib.get_close_matches(instance_type, names, n=1, cutoff=0.6)
+    raise ConfigError(
+        f"unknown instance type {instance_type!r} in {aws.region}",
+        f"Did you mean {close[0]!r}?" if close else "GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, p3.2xlarge, ...",
+    )
+
+
+def zones_offering(aws: Aws, instance_type: str) -> list[str]:
+    res = call(
+        aws.ec2().describe_instance_type_offerings,
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+    )
+    return sorted({o["Location"] for o in res["InstanceTypeOfferings"]})
+
+
+def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
+    """Zone -> latest Linux spot $/h; empty when the type has no spot offering here."""
+    res = call(
+        aws.ec2().describe_spot_price_history,
+        InstanceTypes=[instance_type],
+        ProductDescriptions=["Linux/UNIX"],
+        StartTime=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=6),
+    )
+    latest: dict[str, tuple[Any, float]] = {}
+    for item in res.get("SpotPriceHistory", []):
+        zone, ts, price = item.get("AvailabilityZone"), item.get("Timestamp"), float(item["SpotPrice"])
+        if zone and (zone not in latest or (ts and latest[zone][0] and ts > latest[zone][0])):
+            latest[zone] = (ts, price)
+    return {z: p for z, (_, p) in latest.items()}
+
+
+def newest_image(aws: Aws, pattern: str, architecture: str) -> dict[str, Any]:
+    """The newest available image owned by Amazon whose name matches the DLAMI pattern."""
+    res = call(
+        aws.ec2().describe_images,
+        Owners=["amazon"],
+        Filters=[
+            {"Name": "name", "Values": [pattern]},
+            {"Name": "state", "Values": ["available"]},
+            {"Name": "architecture", "Values": [architecture]},
+        ],
+    )
+    images = sorted(res.get("Images", []), key=lambda i: (i.get("CreationDate", ""), i.get("Name", "")))
+    if not images:
+        raise CloudError(
+            f"no {architecture} image named like {pattern!r} (owner amazon) in {aws.region}",
+            "Check `[aws] image_pattern`, or pin an AMI id with --image.",
+        )
+    return images[-1]
+
+
+def image_by_id(aws: Aws, image_id: str) -> dict[str, Any]:
+    images = call(aws.ec2().describe_images, ImageIds=[image_id]).get("Images", [])
+    if not images:
+        raise CloudError(f"AMI {image_id} not found in {aws.region}", "AMI ids differ per region: look it up in this one.")
+    return images[0]
+
+
+def _region_name(aws: Aws) -> str | None:
+    """'us-east-1' -> 'US East (N. Virginia)', the Price List API's location, from botocore's data."""
+    data = aws.session._session.get_data("endpoints")  # shipped with botocore, no network
+    for partition in data.get("partitions", []):
+        region = partition.get("regions", {}).get(aws.region)
+        if region:
+            return region.get("description", "").replace("Europe", "EU")
+    return None
+
+
+def on_demand_price(aws: Aws, instance_type: str, cache_dir: Path) -> tuple[float, str]:
+    """($/h, source): the Price List API (cached a day), else the dated built-in table."""
+    cache = cache_dir / f"on-demand-{aws.region}-{instance_type}.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if time.time() - cached["at"] < 86400:
+            return cached["usd"], cached["source"] + " (cached)"
+    except (OSError, ValueError, KeyError):
+        pass
+    usd = _price_list(aws, instance_type)
+    if usd is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"at": time.time(), "usd": usd, "source": "AWS Price List API"}))
+        return usd, "AWS Price List API"
+    if instance_type in ON_DEMAND_USD:
+        return ON_DEMAND_USD[instance_type], f"built-in table ({PRICE_TABLE_DATE}, us-east-1)"
+    return 0.0, "unknown (no Price List API answer and not in the built-in table)"
+
+
+def _price_list(aws: Aws, instance_type: str) -> float | None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    location = _region_name(aws)
+    if not location:
+        return None
+    try:
+        pricing = aws.client("pricing", "us-east-1")  # the API lives in a few regions only
+        res = pricing.get_products(
+            ServiceCode="AmazonEC2",
+            Filters=[
+                {"Type": "TERM_MATCH", "Field": k, "Value": v}
+                for k, v in (
+                    ("instanceType", instance_type), ("location", location), ("operatingSystem", "Linux"),
+                    ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"),
+                )
+            ],
+            MaxResults=10,
+        )
+        for raw in res.get("PriceList", []):
+            product = json.loads(raw) if isinstance(raw, str) else raw
+            for term in product.get("terms", {}).get("OnDemand", {}).values():
+                for dim in term.get("priceDimensions", {}).values():
+                    usd = float(dim.get("pricePerUnit", {}).get("USD", 0))
+                    if usd > 0:
+                        return usd
+    except (BotoCoreError, ClientError, ValueError):
+        return None
+    return None

@@ -1,0 +1,131 @@
+"""boto3 sessions and clients, and the translation of botocore errors into gpuctl errors.
+
+Credentials come only from boto3's own chain (profile, env, SSO); gpuctl never stores or copies
+them. boto3 is imported here, lazily, and nowhere above `provision/`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, TypeVar
+
+from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError
+
+T = TypeVar("T")
+
+# Errors that mean "not here, try the next zone or market" rather than "stop".
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "SpotMaxPriceTooLow",
+    "InstanceLimitExceeded",
+    "Unsupported",
+    "VcpuLimitExceeded",
+})
+QUOTA_CODES = frozenset({"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"})
+
+
+def error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def error_message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Message", "")) or str(exc)
+
+
+def quota_hint(instance_type: str, market: str) -> str:
+    """Which Service Quota to raise: EC2 counts vCPUs per instance-family group and market."""
+    group = {"g": "G and VT", "v": "G and VT", "p": "P"}.get(instance_type[:1].lower(), "Standard")
+    name = f"All {group} Spot Instance Requests" if market == "spot" else f"Running On-Demand {group} instances"
+    return f'Raise the EC2 quota "{name}" (vCPUs) in the Service Quotas console for this region.'
+
+
+def translate(exc: BaseException, action: str = "") -> GpuctlError:
+    """One botocore exception -> one gpuctl error with a hint. Unknown ones stay CloudErrors."""
+    from botocore import exceptions as bx
+
+    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return CloudError(
+            "no AWS credentials found",
+            "Run `aws configure` or `aws sso login`, or set AWS_PROFILE (or pass --profile).",
+        )
+    if isinstance(exc, bx.ProfileNotFound):
+        return ConfigError(f"AWS profile not found: {exc}", "List profiles with `aws configure list-profiles`.")
+    if isinstance(exc, bx.NoRegionError):
+        return ConfigError("no AWS region set", "Pass --region, set `[aws] region`, or export AWS_REGION.")
+    if isinstance(exc, bx.TokenRetrievalError) or isinstance(exc, bx.SSOTokenLoadError):
+        return CloudError(f"AWS SSO login needed: {exc}", "Run `aws sso login` (with --profile if you use one).")
+    if isinstance(exc, bx.EndpointConnectionError):
+        return CloudError(f"cannot reach AWS: {exc}", "Check the network, and that the region exists.")
+    code = error_code(exc)
+    msg = error_message(exc)
+    if code in ("ExpiredToken", "ExpiredTokenException", "RequestExpired"):
+        return CloudError("your AWS session token has expired", "Refresh it: `aws sso login`, or new temporary credentials.")
+    if code in ("AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch", "UnrecognizedClientException"):
+        return CloudError(f"AWS rejected the credentials ({code})", "Check AWS_PROFILE / the access keys in use: `aws sts get-caller-identity`.")
+    if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+        m = re.search(r"perform: ([a-z0-9-]+:[A-Za-z0-9]+)", msg)
+        perm = m.group(1) if m else (f"ec2:{action}" if action else "the EC2 action")
+        return CloudError(f"not allowed to call {perm}", f"Grant {perm} to your IAM identity (see docs/aws-iam.md for the full list).")
+    if code.startswith("InvalidAMIID"):
+        return CloudError(f"AMI not found in this region: {msg}", "Check `[aws] image`, or leave it empty to use the newest DLAMI.")
+    return CloudError(f"AWS {action or 'call'} failed: {code or type(exc).__name__}: {msg}".rstrip(": "))
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a boto3 client method; botocore errors become gpuctl errors named after the action."""
+    from botocore import exceptions as bx
+
+    try:
+        return fn(*args, **kwargs)
+    except (bx.BotoCoreError, bx.ClientError) as exc:
+        raise translate(exc, getattr(fn, "__name__", "").title().replace("_", "")) from exc
+
+
+class Aws:
+    """A boto3 session for one region, with retrying clients created on first use."""
+
+    def __init__(self, region: str = "", profile: str = ""):
+        import boto3
+        from botocore import exceptions as bx
+
+        try:
+            self.session = boto3.session.Session(profile_name=profile or None, region_name=region or None)
+        except bx.BotoCoreError as exc:
+            raise translate(exc) from exc
+        self.region = self.session.region_name or ""
+        if not self.region:
+            raise translate(bx.NoRegionError())
+        known = self.session.get_available_regions("ec2")
+        if known and self.region not in known:
+            close = difflib.get_close_matches(self.region, known, n=1)
+            raise ConfigError(
+                f"unknown AWS region {self.region!r}",
+                f"Did you mean {close[0]!r}?" if close else f"Known regions: {', '.join(sorted(known))}.",
+            )
+        if self.session.get_credentials() is None:
+            raise translate(bx.NoCredentialsError())
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        from botocore.config import Config
+
+        key = (service, region or self.region)
+        if key not in self._clients:
+            # "standard" retries cover throttling and 5xx with backoff; capacity errors are not
+            # retried here (they are the caller's cue to try the next zone).
+            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60)
+            self._clients[key] = self.session.client(service, region_name=key[1], config=config)
+        return self._clients[key]
+
+    def ec2(self, region: str | None = None) -> Any:
+        return self.client("ec2", region)
+
+
+__all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "error_code", "quota_hint", "translate"]
