@@ -107,8 +107,8 @@ class GpuctlGroup(click.Group):
 
             err = _console(stderr=True)
             # Messages quote settings like `[aws] region`: escape them, or rich eats them as markup.
-            err.print(f"[bold red]Error:[/bold red] {escape(exc.message)}", markup=True)
-            err.print(f"[bold]Hint:[/bold] {escape(exc.hint)}", markup=True)
+            err.print(f"[bold red]Error:[/bold red] {escape(exc.message)}", markup=True, soft_wrap=True)
+            err.print(f"[bold]Hint:[/bold] {escape(exc.hint)}", markup=True, soft_wrap=True)
             ctx.exit(int(exc.exit_code))
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise

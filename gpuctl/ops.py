@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import ValidationError
 
-from gpuctl.errors import ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
+from gpuctl.errors import ConfigError, ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
 from gpuctl.provision import PROVIDERS, Provider, get_provider
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
@@ -126,13 +126,25 @@ class Gpuctl:
         try:
             instances = provider.launch(spec, progress, wait_ssh)
         except BaseException:
-            if live is None and not provider.reuses_live_clusters:
-                self.ledger.mark_cluster_down(spec.name)
+            if live is None:
+                self._close_if_nothing_exists(provider, spec)
             raise
         for inst in instances:
             self.ledger.put_instance(inst)
         self.ledger.event("up", f"{len(instances)} instance(s) via {s.provider}", cluster=spec.name)
         return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
+
+    def _close_if_nothing_exists(self, provider: Provider, spec: ClusterSpec) -> None:
+        """After a failed launch, drop the ledger's cluster unless the provider holds something of it
+        (then it stays up, so `gpuctl down` and `status` still see it)."""
+        try:
+            leftovers = provider.discover(spec.name, spec.region)
+        except ConfigError:
+            leftovers = []  # e.g. an unknown region: nothing can exist there
+        except GpuctlError:
+            return  # cannot tell: keep the record, `down` will sort it out
+        if not leftovers:
+            self.ledger.mark_cluster_down(spec.name)
 
     def resolve_cluster(self, name: str | None) -> ClusterRecord:
         """The named live cluster, else the default, else the only one; errors say which to pick."""

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuctl.cli import cli as gpuctl_cli
+from tests.aws import aws, moto_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gpuctl.errors import CloudError, NoCapacityError, RemoteError
 from gpuctl.provision.aws import access, catalog
-from gpuctl.provision.aws.launch import LaunchPlan, encode_user_data, launch_one
+from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
 from gpuctl.settings import Settings
@@ -80,7 +80,7 @@ class AwsProvider:
     def launch(self, spec: ClusterSpec, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
         a = self.settings.aws
         aws = self._aws(spec.region)
-        existing = self._live_instances(aws, spec.name)
+        existing = self._live_instances(aws.ec2(), spec.name)
         if existing:
             if len(existing) > spec.nodes:
                 ids = ", ".join(i["InstanceId"] for i in existing)
@@ -133,7 +133,7 @@ class AwsProvider:
             root_device=image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
             subnets=ordered, market=market, max_price=spec.max_price or 0.0,
             fallback_on_demand=a.fallback_on_demand, disk_gb=spec.disk_gb,
-            user_data=encode_user_data(hard_cap_script(self.settings.guards.max_hours)),
+            user_data=hard_cap_script(self.settings.guards.max_hours),
             token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}",
         )
         inst, used = launch_one(aws, plan, progress)
@@ -188,9 +188,9 @@ class AwsProvider:
             key_path=str(access.key_path(self.home, spec.name, aws.region)),
         )
 
-    def _live_instances(self, aws: Aws, cluster: str | None) -> list[dict[str, Any]]:
+    def _live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
         filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
-        res = call(aws.ec2().describe_instances, Filters=filters)
+        res = call(ec2.describe_instances, Filters=filters)
         return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
 
     def host(self, instance: InstanceRecord):
@@ -201,25 +201,27 @@ class AwsProvider:
 
     # --- discover and release -------------------------------------------------------------------
 
-    def regions(self) -> list[str]:
-        aws = self._aws()
-        return sorted(r["RegionName"] for r in call(aws.ec2().describe_regions)["Regions"])
+    def regions(self, aws: Aws) -> list[str]:
+        """Enabled regions of the caller's partition (DescribeRegions lists only enabled ones)."""
+        partition = set(aws.session.get_available_regions("ec2"))
+        names = [r["RegionName"] for r in call(aws.ec2().describe_regions)["Regions"]]
+        return sorted(n for n in names if not partition or n in partition)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         """Every live instance, security group and key pair tagged for this owner (and cluster)."""
-        regions = [region] if region else ([self._aws().region] if cluster else self.regions())
+        aws = self._aws(region)
+        regions = [aws.region] if (region or cluster) else self.regions(aws)
+        clients = {r: aws.ec2(r) for r in regions}  # made here: creating clients is not thread-safe
         with ThreadPoolExecutor(max_workers=8) as pool:
-            found = list(pool.map(lambda r: self._discover_region(r, cluster), regions))
+            found = list(pool.map(lambda r: self._discover_region(clients[r], r, cluster), regions))
         return [res for batch in found for res in batch]
 
-    def _discover_region(self, region: str, cluster: str | None) -> list[Resource]:
-        aws = self._aws(region)
-        ec2 = aws.ec2()
+    def _discover_region(self, ec2: Any, region: str, cluster: str | None) -> list[Resource]:
         filters = access.owner_filters(self.owner, cluster)
         out = [
             Resource(provider="aws", kind="instance", id=i["InstanceId"], region=region,
                      cluster=_tag(i, access.TAG_CLUSTER), state=i["State"]["Name"])
-            for i in self._live_instances(aws, cluster)
+            for i in self._live_instances(ec2, cluster)
         ]
         for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
             out.append(Resource(provider="aws", kind="security-group", id=g["GroupId"], region=region,

@@ -65,7 +65,7 @@ def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
     res = call(
         aws.ec2().describe_spot_price_history,
         InstanceTypes=[instance_type],
-        ProductDescriptions=["Linux/UNIX"],
+        ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
         StartTime=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=6),
     )
     latest: dict[str, tuple[Any, float]] = {}

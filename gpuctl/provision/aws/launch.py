@@ -8,7 +8,6 @@ names the quota to raise.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,7 +31,7 @@ class LaunchPlan:
     max_price: float  # 0 = no cap
     fallback_on_demand: bool
     disk_gb: int
-    user_data: str
+    user_data: str  # the script itself: boto3 base64-encodes RunInstances' UserData
     token_seed: str  # the same `up` retried reuses the same client tokens
 
 
@@ -71,10 +70,6 @@ def run_params(plan: LaunchPlan, zone: str, market: str) -> dict[str, Any]:
             spot["MaxPrice"] = f"{plan.max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     return params
-
-
-def encode_user_data(script: str) -> str:
-    return base64.b64encode(script.encode()).decode()
 
 
 def launch_one(aws: Aws, plan: LaunchPlan, progress: Callable[[str], None]) -> tuple[dict[str, Any], str]:

@@ -1,0 +1,329 @@
+"""The aws provider against a moto server over real HTTP (see tests/aws.py).
+
+moto cannot produce capacity, quota or "no spot offering" answers by itself; those tests change
+the backend of the in-process ThreadedMotoServer, so the errors still travel over HTTP as AWS
+sends them. Bad inputs tried: unknown type (typo), unknown region, no credentials, --max-price
+that is negative, zero or not a number, spot for a type with no spot offering, an unknown AMI id,
+a malformed --ssh-cidr, no --ssh-cidr when the public IP cannot be detected."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import threading
+
+import pytest
+
+from gpuctl.provision.aws import access
+from tests.aws import NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created
+
+UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
+
+
+def tag_dict(item):
+    return {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+
+
+def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
+    res = gpuctl(*UP)
+    assert "Cluster 'default' is up (aws" in res.stdout
+    assert NEWEST_X86[0] in res.stdout and NEWEST_X86[1] in res.stdout  # the newest x86 TF DLAMI, named
+    (inst,) = live_instances(aws)
+    iid = inst["InstanceId"]
+    assert inst["InstanceType"] == "g5.xlarge"
+    assert inst["InstanceLifecycle"] == "spot"
+    assert inst["ImageId"] == NEWEST_X86[0]
+    assert inst["MetadataOptions"]["HttpTokens"] == "required"
+    attr = aws.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
+    assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    tags = tag_dict(inst)
+    owner = (isolated / "owner").read_text().strip()
+    assert tags["gpuctl:cluster"] == "default" and tags["gpuctl:owner"] == owner and tags["gpuctl:created-by"] == "gpuctl"
+
+    vol_ids = [m["Ebs"]["VolumeId"] for m in inst["BlockDeviceMappings"]]
+    volumes = aws.describe_volumes(VolumeIds=vol_ids)["Volumes"]
+    assert volumes and all(v["Encrypted"] for v in volumes)
+    root = next(v for v in volumes if v["Attachments"][0]["Device"] == "/dev/sda1")
+    assert root["Size"] == 100 and root["VolumeType"] == "gp3"
+    assert {"gpuctl:cluster", "gpuctl:owner", "gpuctl:created-by"} <= set(tag_dict(root))
+
+    user_data = aws.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+    script = base64.b64decode(user_data).decode()
+    assert "OnBootSec=480min" in script and "systemctl poweroff" in script  # 8 h hard cap, armed at boot
+    assert "aws_access_key_id" not in script.lower() and "AKIA" not in script
+
+    (group,) = gpuctl_groups(aws)
+    # The group is set on the network interface (moto reports it there, not in SecurityGroups).
+    assert {g["GroupId"] for n in inst["NetworkInterfaces"] for g in n["Groups"]} == {group["GroupId"]}
+    ssh_rules = [p for p in group["IpPermissions"] if p.get("FromPort") == 22]
+    assert [r["CidrIp"] for p in ssh_rules for r in p["IpRanges"]] == ["203.0.113.5/32"]
+    # Nothing else is open to any address; nodes of the cluster may talk to each other.
+    assert all(not p.get("IpRanges") for p in group["IpPermissions"] if p.get("FromPort") != 22)
+    assert any(pair["GroupId"] == group["GroupId"] for p in group["IpPermissions"] for pair in p.get("UserIdGroupPairs", []))
+
+    (key,) = gpuctl_keys(aws)
+    assert inst["KeyName"] == key["KeyName"]
+    private = isolated / "keys" / "default.us-east-1.pem"
+    assert private.stat().st_mode & 0o777 == 0o600
+    assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+
+    status = json.loads(gpuctl("status", "--json").stdout)
+    assert status["clusters"][0]["provider"] == "aws" and status["clusters"][0]["usd_per_hour"] > 0
+    from gpuctl.state import Ledger
+
+    (rec,) = Ledger(isolated).instances("default")
+    assert rec.id == iid and rec.usd_per_hour > 0 and rec.price_source == "spot price history"
+    assert rec.market == "spot" and rec.region == "us-east-1" and rec.zone == inst["Placement"]["AvailabilityZone"]
+
+
+def test_down_releases_everything_and_again_is_a_no_op(gpuctl, aws, isolated):
+    gpuctl(*UP)
+    out = gpuctl("down", "-y").stdout
+    assert "Cluster 'default' is down: released 3 resource(s)" in out
+    nothing_created(aws)
+    assert not list((isolated / "keys").glob("*.pem"))
+    assert "nothing to do" in gpuctl("down", "-y").stdout
+    assert "already down" in gpuctl("down", "default", "-y").stdout
+    # The ledger keeps the cluster's record and its spend.
+    cost = json.loads(gpuctl("cost", "--json").stdout)
+    assert cost["clusters"][0]["state"] == "down"
+
+
+def test_on_demand_uses_the_price_list_or_the_dated_table(gpuctl, aws, isolated):
+    res = gpuctl("up", "--on-demand", "--type", "g5.xlarge", "--ssh-cidr", "198.51.100.0/24", "--no-wait", "-y")
+    (inst,) = live_instances(aws)
+    assert "InstanceLifecycle" not in inst
+    # moto has no Price List API: the built-in table answers, and says so.
+    assert "$1.0060/h (built-in table (2025-01, us-east-1))" in res.stdout
+
+
+def test_up_again_reuses_the_cluster_and_a_leak_is_reported(gpuctl, aws):
+    gpuctl(*UP)
+    again = gpuctl(*UP)
+    assert "was already up; reused" in again.stdout
+    assert len(live_instances(aws)) == 1
+    other = gpuctl("up", "--on-demand", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y", code=5)
+    assert "other settings (market: spot -> on-demand)" in other.stderr
+    # A second instance carrying the cluster's tags (as a crashed older gpuctl might leave).
+    (inst,) = live_instances(aws)
+    aws.run_instances(ImageId=NEWEST_X86[0], InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
+                      TagSpecifications=[{"ResourceType": "instance", "Tags": inst["Tags"]}])
+    leak = gpuctl(*UP, code=9)
+    assert "found 2 instances tagged for cluster 'default' where 1 was asked" in leak.stderr
+    gpuctl("down", "-y")
+    nothing_created(aws)
+
+
+def test_pinned_image_and_options(gpuctl, aws):
+    old = "ami-0d1a00000000000a1"
+    gpuctl("up", "--image", old, "--disk-gb", "250", "--max-hours", "1.5", "--max-price", "0.9", *UP[1:])
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == old
+    vols = aws.describe_volumes(VolumeIds=[m["Ebs"]["VolumeId"] for m in inst["BlockDeviceMappings"]])["Volumes"]
+    assert vols[0]["Size"] == 250
+    ud = aws.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]["Value"]
+    assert "OnBootSec=90min" in base64.b64decode(ud).decode()
+
+
+def test_open_to_the_world_only_when_asked_and_with_a_warning(gpuctl, aws):
+    res = gpuctl("up", "--ssh-cidr", "0.0.0.0/0", "--no-wait", "-y")
+    assert "WARNING: SSH is open to the whole internet (0.0.0.0/0)" in res.stderr
+    (group,) = gpuctl_groups(aws)
+    assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] == ["0.0.0.0/0"]
+
+
+# --- the caller's address ----------------------------------------------------------------------
+
+
+class _CheckIp(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"203.0.113.77\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_ssh_is_opened_to_the_detected_address(gpuctl, aws, monkeypatch):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _CheckIp)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(access, "CHECKIP_URL", f"http://127.0.0.1:{server.server_port}/")
+    try:
+        gpuctl("up", "--no-wait", "-y")
+    finally:
+        server.shutdown()
+    (group,) = gpuctl_groups(aws)
+    assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] == ["203.0.113.77/32"]
+
+
+def test_undetectable_address_is_refused_before_anything_exists(gpuctl, aws, monkeypatch):
+    with __import__("socket").socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(access, "CHECKIP_URL", f"http://127.0.0.1:{port}/")
+    res = gpuctl("up", "--no-wait", "-y", code=3)
+    assert "could not detect this machine's public IP" in res.stderr and "--ssh-cidr" in res.stderr
+    nothing_created(aws)
+
+
+# --- bad inputs: clear error, exit code, nothing created ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        (["--type", "g5.xlargee"], 3, "Did you mean 'g5.xlarge'?"),
+        (["--type", "p9.mega"], 3, "unknown instance type 'p9.mega'"),
+        (["--region", "us-east-9"], 3, "unknown AWS region 'us-east-9'"),
+        (["--max-price", "-1"], 2, "is not a positive number"),
+        (["--max-price", "0"], 2, "is not a positive number"),
+        (["--max-price", "cheap"], 2, "is not a number"),
+        (["--max-hours", "0"], 2, "is not a positive number"),
+        (["--image", "ami-0000000000deadbee"], 9, "ami-0000000000deadbee"),
+        (["--ssh-cidr", "10.0.0.300/32"], 3, "aws.ssh_cidr"),
+        (["--disk-gb", "2"], 3, "aws.disk_gb"),
+    ],
+)
+def test_bad_up_inputs_create_nothing(gpuctl, aws, isolated, args, code, needle):
+    base = ["up", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
+    res = gpuctl(*base, *args, code=code)
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr
+    nothing_created(aws)
+    # Not even in the ledger: no cluster is left up.
+    assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
+
+
+def test_no_credentials(gpuctl, aws, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    res = gpuctl(*UP, code=9)
+    assert "Error: no AWS credentials found" in res.stderr and "aws sso login" in res.stderr
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    nothing_created(aws)
+
+
+def _fail_run_instances(monkeypatch, failing):
+    """Make the moto backend answer RunInstances with an AWS error code for the given zones."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models import EC2Backend
+
+    original = EC2Backend.run_instances
+    seen = []
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        subnet = kwargs["nics"][0]["SubnetId"]
+        zone = self.get_subnet(subnet).availability_zone
+        market = "spot" if kwargs.get("instance_market_options") else "on-demand"
+        seen.append((zone, market))
+        code = failing(zone, market)
+        if code:
+            raise EC2ClientError(code, f"We currently do not have sufficient capacity in {zone} ({code}).")
+        return original(self, image_id, count, user_data, security_group_names, **kwargs)
+
+    monkeypatch.setattr(EC2Backend, "run_instances", run_instances)
+    return seen
+
+
+def test_capacity_errors_move_to_the_next_zone(gpuctl, aws, monkeypatch):
+    seen = _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity" if len(seen) <= 2 else None)
+    res = gpuctl(*UP)
+    assert len(seen) == 3 and len({z for z, _ in seen}) == 3
+    (inst,) = live_instances(aws)
+    assert inst["Placement"]["AvailabilityZone"] == seen[-1][0]
+    assert "InsufficientInstanceCapacity" in res.stderr
+
+
+def test_no_capacity_anywhere_names_every_zone(gpuctl, aws, monkeypatch):
+    seen = _fail_run_instances(monkeypatch, lambda z, m: "SpotMaxPriceTooLow")
+    res = gpuctl(*UP, code=10)
+    zones = sorted({z for z, _ in seen})
+    assert len(zones) >= 2
+    line = next(line for line in res.stderr.splitlines() if line.startswith("Error:"))
+    for z in zones:
+        assert f"{z} spot: SpotMaxPriceTooLow" in line
+    # The key pair and group were created (tagged) before the attempts; down --all finds them.
+    gpuctl("down", "--all", "-y")
+    nothing_created(aws)
+
+
+def test_quota_errors_name_the_quota(gpuctl, aws, monkeypatch):
+    _fail_run_instances(monkeypatch, lambda z, m: "MaxSpotInstanceCountExceeded")
+    res = gpuctl(*UP, code=10)
+    assert 'Raise the EC2 quota "All G and VT Spot Instance Requests"' in res.stderr
+
+
+def test_fallback_on_demand_after_spot_fails_everywhere(gpuctl, aws, monkeypatch):
+    seen = _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity" if m == "spot" else None)
+    gpuctl(*UP, "--fallback-on-demand")
+    (inst,) = live_instances(aws)
+    assert "InstanceLifecycle" not in inst
+    assert seen[-1][1] == "on-demand" and all(m == "spot" for _, m in seen[:-1])
+
+
+def test_no_spot_offering(gpuctl, aws, monkeypatch):
+    from moto.ec2.models import EC2Backend
+
+    monkeypatch.setattr(EC2Backend, "describe_spot_price_history", lambda self, types=None, filters=None: [])
+    res = gpuctl(*UP, code=9)
+    assert "g5.xlarge has no spot offering in us-east-1" in res.stderr and "--fallback-on-demand" in res.stderr
+    nothing_created(aws)
+    gpuctl(*UP, "--fallback-on-demand")
+    assert "InstanceLifecycle" not in live_instances(aws)[0]
+
+
+def test_status_all_finds_what_the_ledger_lost_and_down_all_removes_it(gpuctl, aws, isolated):
+    gpuctl(*UP)
+    gpuctl("up", "--name", "second", *UP[1:])
+    (isolated / "ledger.sqlite3").unlink()  # the laptop's state is gone; the tags are not
+    for suffix in ("-wal", "-shm"):
+        (isolated / f"ledger.sqlite3{suffix}").unlink(missing_ok=True)
+    inv = json.loads(gpuctl("status", "--all", "--json").stdout)
+    kinds = sorted((r["cluster"], r["kind"]) for r in inv["resources"] if r["provider"] == "aws")
+    assert kinds == sorted([(c, k) for c in ("default", "second") for k in ("instance", "key-pair", "security-group")])
+    assert inv["ledger_clusters"] == []
+    assert "NO" in gpuctl("status", "--all").stdout
+    gpuctl("down", "--all", "-y")
+    nothing_created(aws)
+    assert json.loads(gpuctl("status", "--all", "--json").stdout)["resources"] == []
+
+
+# --- kill -9 in the middle of a launch -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["image ", "key pair ", "security group ", "requesting ", "launched "])
+def test_up_killed_at_any_point_leaves_nothing_down_all_cannot_find(gpuctl, aws, stage):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuctl", *UP], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ),
+    )
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:  # progress lines, one per step, flushed
+        seen.append(line.strip())
+        if line.strip().startswith(stage) or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(30)
+    assert any(s.startswith(stage) for s in seen), seen
+    # The kill landed mid-launch: what the steps before it created is really there to clean up.
+    if stage in ("security group ", "requesting ", "launched "):
+        assert gpuctl_keys(aws)
+    if stage in ("requesting ", "launched "):
+        assert gpuctl_groups(aws)
+    if stage == "launched ":
+        assert live_instances(aws)
+    gpuctl("down", "--all", "-y")
+    nothing_created(aws)
+    assert json.loads(gpuctl("status", "--all", "--json").stdout)["resources"] == []
+    # And the ledger agrees: no cluster is left up.
+    assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
