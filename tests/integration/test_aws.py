@@ -327,3 +327,11 @@ def test_up_killed_at_any_point_leaves_nothing_down_all_cannot_find(gpuctl, aws,
     assert json.loads(gpuctl("status", "--all", "--json").stdout)["resources"] == []
     # And the ledger agrees: no cluster is left up.
     assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
+
+
+def test_train_on_aws_says_what_is_missing(gpuctl, aws, quick_project):
+    gpuctl(*UP)
+    res = gpuctl("train", quick_project, code=7)
+    assert "jobs on aws instances need the SSH host" in res.stderr
+    gpuctl("down", "-y")
+    nothing_created(aws)

@@ -1,0 +1,152 @@
+"""The aws provider's pure parts: error translation, quota hints, waiting, the user data script,
+and the Price List parse and cache (botocore's Stubber: moto has no Price List API)."""
+
+import socket
+import subprocess
+import time
+
+import pytest
+from botocore.exceptions import ClientError, NoCredentialsError
+
+from gpuctl.errors import CloudError, ConfigError, ExitCode
+from gpuctl.provision.aws import backoff_wait, catalog, port_open
+from gpuctl.provision.aws.launch import LaunchPlan, run_params
+from gpuctl.provision.aws.session import quota_hint, translate
+from gpuctl.provision.aws.userdata import hard_cap_script
+
+
+def client_error(code, message, op="RunInstances"):
+    return ClientError({"Error": {"Code": code, "Message": message}}, op)
+
+
+def test_unauthorized_names_the_iam_action():
+    msg = ("You are not authorized to perform this operation. User: arn:aws:iam::123:user/bob is not "
+           "authorized to perform: ec2:RunInstances on resource: arn:aws:ec2:us-east-1:123:instance/*")
+    err = translate(client_error("UnauthorizedOperation", msg))
+    assert isinstance(err, CloudError) and err.exit_code == ExitCode.CLOUD
+    assert err.message == "not allowed to call ec2:RunInstances" and "Grant ec2:RunInstances" in err.hint
+    # Without the action in the message, the operation gpuctl called names it.
+    assert translate(client_error("UnauthorizedOperation", "denied"), "CreateSecurityGroup").message == \
+        "not allowed to call ec2:CreateSecurityGroup"
+
+
+@pytest.mark.parametrize("code", ["ExpiredToken", "RequestExpired", "ExpiredTokenException"])
+def test_expired_token(code):
+    err = translate(client_error(code, "The security token included in the request is expired"))
+    assert err.message == "your AWS session token has expired" and "aws sso login" in err.hint
+
+
+def test_no_credentials_and_unknown_codes():
+    assert translate(NoCredentialsError()).message == "no AWS credentials found"
+    err = translate(client_error("InvalidAMIID.NotFound", "The image id '[ami-1]' does not exist"))
+    assert "AMI not found" in err.message
+    other = translate(client_error("SomethingNew", "odd"), "RunInstances")
+    assert other.message == "AWS RunInstances failed: SomethingNew: odd"
+
+
+def test_quota_hints_by_family_and_market():
+    assert '"All G and VT Spot Instance Requests"' in quota_hint("g5.xlarge", "spot")
+    assert '"Running On-Demand G and VT instances"' in quota_hint("g4dn.xlarge", "on-demand")
+    assert '"All P Spot Instance Requests"' in quota_hint("p3.2xlarge", "spot")
+    assert '"Running On-Demand Standard instances"' in quota_hint("c5.large", "on-demand")
+
+
+def test_backoff_wait_times_out_naming_what_and_how_long():
+    calls = []
+    with pytest.raises(CloudError) as info:
+        backoff_wait(lambda: calls.append(1), 1.5, "the moon", lambda _: None, "look up")
+    assert info.value.message == "timed out after 2s waiting for the moon"
+    assert len(calls) == 2  # 1 s, then a 2 s wait would pass the deadline
+    assert backoff_wait(lambda: "done", 1, "x", lambda _: None, "") == "done"
+
+
+def test_port_open_on_loopback():
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert port_open("127.0.0.1", port)
+    assert not port_open("127.0.0.1", port, timeout_s=0.5)
+
+
+def test_user_data_is_valid_bash_and_arms_the_cap():
+    script = hard_cap_script(6.5)
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert "OnBootSec=390min" in script and "shutdown -h +390" in script
+    assert "/var/lib/gpuctl/hard-cap" in script
+
+
+def test_run_params_are_safe_for_both_markets():
+    plan = LaunchPlan(cluster="c", owner="o", instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
+                      key_name="k", security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market="spot",
+                      max_price=0.5, fallback_on_demand=False, disk_gb=50, user_data="#!/bin/bash", token_seed="t")
+    spot = run_params(plan, "us-east-1a", "spot")
+    assert spot["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
+        "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "0.5000"}}
+    ondemand = run_params(plan, "us-east-1a", "on-demand")
+    assert "InstanceMarketOptions" not in ondemand
+    for p in (spot, ondemand):
+        assert p["MetadataOptions"]["HttpTokens"] == "required"
+        assert p["InstanceInitiatedShutdownBehavior"] == "terminate"
+        assert p["BlockDeviceMappings"][0]["Ebs"] == {"VolumeSize": 50, "VolumeType": "gp3", "Encrypted": True,
+                                                      "DeleteOnTermination": True}
+        assert {t["ResourceType"] for t in p["TagSpecifications"]} == {"instance", "volume"}
+    assert spot["ClientToken"] != ondemand["ClientToken"]
+    assert run_params(plan, "us-east-1a", "spot")["ClientToken"] == spot["ClientToken"]  # a retry reuses it
+
+
+class _FakeAws:
+    """Just enough of session.Aws for catalog.on_demand_price: a real boto3 session and client."""
+
+    def __init__(self):
+        import boto3
+
+        self.session = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="y", region_name="eu-west-1")
+        self.region = "eu-west-1"
+        self.pricing = self.session.client("pricing", region_name="us-east-1")
+
+    def client(self, service, region=None):
+        assert service == "pricing"
+        return self.pricing
+
+
+def test_price_list_answer_is_parsed_and_cached_a_day(tmp_path):
+    import json
+
+    from botocore.stub import ANY, Stubber
+
+    aws = _FakeAws()
+    product = {"product": {"attributes": {"instanceType": "g5.xlarge"}}, "terms": {"OnDemand": {"X.Y": {
+        "priceDimensions": {"X.Y.Z": {"unit": "Hrs", "pricePerUnit": {"USD": "1.1230000000"}}}}}}}
+    with Stubber(aws.pricing) as stub:
+        stub.add_response("get_products", {"PriceList": [json.dumps(product)]},
+                          {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 10})
+        assert catalog.on_demand_price(aws, "g5.xlarge", tmp_path) == (1.123, "AWS Price List API")
+        stub.assert_no_pending_responses()
+        # Within a day the cache answers; the stub has no more responses, so a call would fail.
+        assert catalog.on_demand_price(aws, "g5.xlarge", tmp_path) == (1.123, "AWS Price List API (cached)")
+    cache = tmp_path / "on-demand-eu-west-1-g5.xlarge.json"
+    data = json.loads(cache.read_text())
+    data["at"] = time.time() - 90000
+    cache.write_text(json.dumps(data))
+    with Stubber(aws.pricing) as stub:
+        stub.add_client_error("get_products", "AccessDeniedException", "no pricing:GetProducts")
+        assert catalog.on_demand_price(aws, "g5.xlarge", tmp_path) == (1.006, "built-in table (2025-01, us-east-1)")
+    assert catalog._region_name(aws) == "EU (Ireland)"
+
+
+def test_unknown_type_not_in_table_says_unknown(tmp_path):
+    from botocore.stub import Stubber
+
+    aws = _FakeAws()
+    with Stubber(aws.pricing) as stub:
+        stub.add_client_error("get_products", "ThrottlingException", "slow down")
+        usd, source = catalog.on_demand_price(aws, "zz9.huge", tmp_path)
+    assert usd == 0.0 and source.startswith("unknown")
+
+
+def test_config_error_for_bad_cidr_setting(tmp_path):
+    from gpuctl.settings import load_settings
+
+    with pytest.raises(ConfigError, match="aws.ssh_cidr"):
+        load_settings(env={"GPUCTL_AWS__SSH_CIDR": "1.2.3.4/33"}, cwd=tmp_path)
