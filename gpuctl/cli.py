@@ -127,7 +127,9 @@ def _ops(ctx: click.Context, **flags: Any):
     from gpuctl.ops import Gpuctl
     from gpuctl.state import gpuctl_home
 
-    return Gpuctl(gpuctl_home(), flags=flags)
+    ops = Gpuctl(gpuctl_home(), flags=flags)
+    ctx.call_on_close(ops.close)  # SSH connections end with the command
+    return ops
 
 
 @click.group(cls=GpuctlGroup, context_settings=CONTEXT)
@@ -176,7 +178,9 @@ def _progress(line: str) -> None:
 @click.option("--disk-gb", type=int, help="Encrypted gp3 root volume size (setting `aws.disk_gb`).")
 @click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
 @click.option("--max-hours", type=PositiveFloat(), help="Power off this many hours after boot (setting `guards.max_hours`).")
-@click.option("--usd-per-hour", type=float, help="Local provider's price per hour (setting `local.usd_per_hour`).")
+@click.option("--usd-per-hour", type=float, help="Price per hour for local/ssh clusters (reports only).")
+@click.option("--host", "hosts", multiple=True, help="ssh provider: user@host[:port]; repeat for more hosts.")
+@click.option("--identity", help="ssh provider: private key file (default: ssh-agent and ~/.ssh keys).")
 @click.option("--no-wait", is_flag=True, help="Return once the instance runs, without waiting for SSH.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
 @json_option
@@ -184,16 +188,23 @@ def _progress(line: str) -> None:
 def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
        max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
        image: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
-       usd_per_hour: float | None, no_wait: bool, yes: bool, as_json: bool) -> None:
+       usd_per_hour: float | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
+       as_json: bool) -> None:
     """Create a cluster (or reuse it) and make it the default for later commands."""
     flags = {
         "cluster": name, "provider": provider, "aws.instance_type": instance_type,
         "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
         "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
         "aws.image": image, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
-        "local.usd_per_hour": usd_per_hour,
+        "ssh.hosts": list(hosts) or None, "ssh.identity": identity,
     }
+    if hosts and provider is None:
+        flags["provider"] = "ssh"  # --host only makes sense for the ssh provider
     ops = _ops(ctx, **flags)
+    pre = ops.settings().settings
+    rate_key = "ssh.usd_per_hour" if pre.provider == "ssh" else "local.usd_per_hour"
+    if usd_per_hour is not None:
+        ops.flags[rate_key] = usd_per_hour
     s = ops.settings().settings
     if s.provider == "local" and s.local.usd_per_hour > 0:
         _confirm(yes, f"start local cluster {s.cluster!r} billed at {usd(s.local.usd_per_hour)}/h")
@@ -217,29 +228,30 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
     click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
 
 
-@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+@cli.command(context_settings=CONTEXT)
 @click.argument("path", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
+@click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
 @click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
+@click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
 @json_option
 @click.pass_context
-def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, entry: str | None,
-          budget: float | None, wait: bool, as_json: bool) -> None:
+def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
+          entry: str | None, budget: float | None, allow_cpu: bool, wait: bool, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
     ops = _ops(ctx, **{"train.entry": entry, "guards.budget_usd": budget})
-    result = ops.train(path, cluster=cluster, args=args)
+    result = ops.train(path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu, progress=_progress)
     run = result.run
     if as_json and not wait:
         return emit_json(result)
-    sync = result.code_sync
-    click.echo(
-        f"Pushed {sync.files_copied} of {sync.files_total} files ({sync.bytes_copied:,} bytes) in {sync.seconds:.2f}s.",
-        err=wait,
-    )
-    click.echo(f"Run {run.run_id} started on {run.cluster} (tmux session {result.session}).", err=wait)
+    for label, st in (("code", result.code_sync), ("data", result.data_sync)):
+        if st is not None:
+            click.echo(f"Pushed {label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes "
+                       f"sent in {st.seconds:.2f}s.", err=wait)
+    click.echo(f"Run {run.run_id} started on {run.cluster} ({result.host}, tmux session {result.session}).", err=wait)
     if not wait:
         click.echo(f"Follow it: gpuctl logs -f {run.run_id}")
         return
@@ -253,6 +265,112 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
             f"See the whole log: gpuctl logs {final.run_id}; the run stays listed in `gpuctl status`.",
         )
     click.echo(f"Run {final.run_id} succeeded. Cost report: gpuctl cost", err=True)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--cluster", help="Cluster to push to (default: the default cluster).")
+@click.option("--data", type=click.Path(path_type=Path), help="Also push this data directory.")
+@json_option
+@click.pass_context
+def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None, as_json: bool) -> None:
+    """Push PATH (and --data) to the cluster without starting anything."""
+    result = _ops(ctx).sync(path, cluster=cluster, data=data)
+    if as_json:
+        return emit_json(result)
+    for label, st, where in (("code", result.code, result.code_dir), ("data", result.data, result.data_dir)):
+        if st is not None:
+            click.echo(f"{label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes sent, "
+                       f"{st.files_deleted} deleted, {st.seconds:.2f}s -> {where}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--dest", type=click.Path(path_type=Path), default=Path("gpuctl-runs"), show_default=True,
+              help="Local directory to put the run's directory in.")
+@click.pass_context
+def pull(ctx: click.Context, run: str | None, dest: Path) -> None:
+    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance."""
+    result = _ops(ctx).pull(run, dest)
+    click.echo(f"Pulled {result.files} file(s) of {result.run_id} into {result.dest}")
+
+
+@cli.command("exec", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@json_option
+@click.pass_context
+def exec_(ctx: click.Context, command: tuple[str, ...], cluster: str | None, as_json: bool) -> None:
+    """Run a command on every host of the cluster, in parallel: gpuctl exec -- nvidia-smi"""
+    results = _ops(ctx).exec(command, cluster=cluster)
+    if as_json:
+        return emit_json(results)
+    for r in results:
+        prefix = f"[{r.host}] " if len(results) > 1 else ""
+        for line in r.stdout.splitlines():
+            click.echo(prefix + line)
+        for line in r.stderr.splitlines():
+            click.echo(prefix + line, err=True)
+    worst = max((r.returncode for r in results), default=0)
+    if worst:
+        ctx.exit(worst)
+
+
+@cli.command("ssh", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.pass_context
+def ssh_(ctx: click.Context, command: tuple[str, ...], cluster: str | None) -> None:
+    """A shell on the cluster's first host (or run COMMAND there), with gpuctl's key and host key checks."""
+    import subprocess
+
+    argv, cwd = _ops(ctx).shell_argv(cluster, list(command) or None)
+    ctx.exit(subprocess.call(argv, cwd=cwd))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
+@click.pass_context
+def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
+    """Attach to a run's live tmux session (detach with Ctrl-b d; the run keeps going)."""
+    import shlex
+    import subprocess
+
+    argv, cwd = _ops(ctx).attach_argv(run)
+    if print_only:
+        click.echo(shlex.join(argv))
+        return
+    ctx.exit(subprocess.call(argv, cwd=cwd))
+
+
+@cli.command("ssh-config", context_settings=CONTEXT)
+@click.option("--install", is_flag=True, help="Also add an Include line for it to ~/.ssh/config.")
+@click.pass_context
+def ssh_config(ctx: click.Context, install: bool) -> None:
+    """Write an ssh config for the live clusters, so plain `ssh CLUSTER` works."""
+    result = _ops(ctx).ssh_config(install=install)
+    click.echo(f"Wrote {result.path} ({', '.join(result.hosts) or 'no hosts'}).")
+    if result.included_from:
+        click.echo(f"Included from {result.included_from}: `ssh {result.hosts[0] if result.hosts else 'CLUSTER'}` works.")
+    elif not install:
+        click.echo(f"Add `Include {result.path}` at the top of ~/.ssh/config, or rerun with --install.")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--port", type=int, default=6006, show_default=True, help="Local port to open TensorBoard on.")
+@click.pass_context
+def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
+    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""
+    import subprocess
+
+    argv, url = _ops(ctx).tensorboard(cluster, port)
+    click.echo(f"TensorBoard: {url}   (nothing is opened to the internet; Ctrl-C to stop forwarding)")
+    try:
+        ctx.exit(subprocess.call(argv) if argv else 0)
+    except KeyboardInterrupt:
+        ctx.exit(0)
 
 
 @cli.command(context_settings=CONTEXT)

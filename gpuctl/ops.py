@@ -11,6 +11,7 @@ import os
 import posixpath
 import re
 import secrets
+import shlex
 import sqlite3
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
 from gpuctl.provision import PROVIDERS, Provider, get_provider
-from gpuctl.remote import jobs
+from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, Settings, load_settings
 from gpuctl.state import Ledger
@@ -36,11 +37,16 @@ from gpuctl.types import (
     DownResult,
     EpochReport,
     EpochRow,
+    ExecResult,
+    PullResult,
+    SyncResult,
+    SyncStats,
     InstanceRecord,
     RunCost,
     RunRecord,
     RunStatus,
     SettingValue,
+    SshConfigResult,
     StatusReport,
     TrainResult,
     UpResult,
@@ -68,6 +74,7 @@ class Gpuctl:
         self.flags = dict(flags or {})
         self.env = os.environ if env is None else env
         self._ledger: Ledger | None = None
+        self._open_hosts: dict[str, Host] = {}
 
     @property
     def ledger(self) -> Ledger:
@@ -82,11 +89,29 @@ class Gpuctl:
         return get_provider(name, self.home, settings or self.settings().settings)
 
     def _host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
+        """The cluster's first instance and a Host for it; one connection per command, reused."""
+        return self._hosts(cluster)[0]
+
+    def _hosts(self, cluster: ClusterRecord) -> list[tuple[InstanceRecord, Host]]:
         instances = self.ledger.instances(cluster.name)
         if not instances:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", "Run `gpuctl down` then `gpuctl up`.")
-        inst = instances[0]
-        return inst, self._provider(cluster.provider).host(inst)
+        provider = None
+        out = []
+        for inst in instances:
+            if inst.id not in self._open_hosts:
+                provider = provider or self._provider(cluster.provider)
+                self._open_hosts[inst.id] = provider.host(inst)
+            out.append((inst, self._open_hosts[inst.id]))
+        return out
+
+    def close(self) -> None:
+        """Close the connections this command opened."""
+        for host in self._open_hosts.values():
+            close = getattr(host, "close", None)
+            if close:
+                close()
+        self._open_hosts.clear()
 
     # --- config ---------------------------------------------------------------------------------
 
@@ -172,8 +197,7 @@ class Gpuctl:
 
     # --- train ----------------------------------------------------------------------------------
 
-    def train(self, project: Path, cluster: str | None = None, args: tuple[str, ...] = ()) -> TrainResult:
-        """Push the project, write the run's config, and start the payload under tmux."""
+    def _project(self, project: Path) -> Path:
         project = Path(project)
         if not project.is_dir():
             raise ProjectError(
@@ -181,7 +205,36 @@ class Gpuctl:
                 else f"{str(project)!r} is not a directory",
                 "Pass the directory that holds your training script, e.g. `gpuctl train examples/cifar10`.",
             )
-        project = project.resolve()
+        return project.resolve()
+
+    def _data_dir(self, data: Path | None) -> Path | None:
+        if data is None:
+            return None
+        if not Path(data).is_dir():
+            raise ProjectError(f"data directory {str(data)!r} does not exist",
+                               "Pass --data DIR with a directory of training data, or leave it out.")
+        return Path(data).resolve()
+
+    def _push(self, host: Host, project: Path, data: Path | None) -> tuple[SyncStats, SyncStats | None, str, str | None]:
+        """Push code and (separately, so a code push never touches it) data; their remote dirs."""
+        code_dir = posixpath.join(host.root, "code", _slug(project.name))
+        code = host.push(project, code_dir)
+        if data is None:
+            return code, None, code_dir, None
+        data_dir = posixpath.join(host.root, "data", _slug(data.name))
+        return code, host.push(data, data_dir), code_dir, data_dir
+
+    def sync(self, project: Path, cluster: str | None = None, data: Path | None = None) -> SyncResult:
+        """Push the project (and data) to the cluster's first host without starting anything."""
+        project, data = self._project(project), self._data_dir(data)
+        _, host = self._host(self.resolve_cluster(cluster))
+        code, data_stats, code_dir, data_dir = self._push(host, project, data)
+        return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
+
+    def train(self, project: Path, cluster: str | None = None, args: tuple[str, ...] = (), data: Path | None = None,
+              allow_cpu: bool = False, progress: Progress = _quiet) -> TrainResult:
+        """Push the project, check the machine, write the run's config, start the payload under tmux."""
+        project = self._project(project)
         s = self.settings(project_dir=project).settings
         entry = s.train.entry
         if not (project / entry).is_file():
@@ -189,26 +242,28 @@ class Gpuctl:
                 f"no entry point: {project / entry} does not exist",
                 "Add train.py to the project, or set `[train] entry = \"your_script.py\"` in its gpuctl.toml.",
             )
+        data = self._data_dir(data)
         record = self.resolve_cluster(cluster)
         inst, host = self._host(record)
 
         run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        code_dir = posixpath.join(host.root, "code", _slug(project.name))
         payload_dir = posixpath.join(host.root, "payload")
         paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
-        run = RunRecord(
-            run_id=run_id,
-            cluster=record.name,
-            project=str(project),
-            entry=entry,
-            args=tuple(args),
-            state="starting",
-            started_at=time.time(),
-            usd_per_hour=inst.usd_per_hour,
-            run_dir=paths.run_dir,
-        )
-        sync = host.push(project, code_dir)
+        sync, data_sync, code_dir, data_dir = self._push(host, project, data)
         host.push(PAYLOAD_DIR, payload_dir)
+        report = None
+        if record.provider != "local":  # this machine is what it is; a remote one is checked first
+            report = preflight.preflight(host, payload_dir)
+            progress(f"preflight on {host.label}: {preflight.summary(report)}")
+            refusal = preflight.verdict(report, allow_cpu)
+            if refusal:
+                raise RemoteError(f"not starting on {host.label}: {refusal}",
+                                  "Pass --allow-cpu to train on the CPU anyway, or set `remote.python` to the "
+                                  "Python that has TensorFlow with GPU support.")
+        run = RunRecord(
+            run_id=run_id, cluster=record.name, project=str(project), entry=entry, args=tuple(args),
+            state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour, run_dir=paths.run_dir,
+        )
         config = {
             "run_id": run_id,
             "entry": entry,
@@ -221,8 +276,10 @@ class Gpuctl:
         config_path = posixpath.join(paths.run_dir, "run.json")
         host.write_text(config_path, json.dumps(config, indent=2))
         self.ledger.put_run(run)
-        python = s.remote.python or host.python
+        python = (report or {}).get("executable") or host.python
         env = {"GPUCTL_RUN_ID": run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs}
+        if data_dir:
+            env["GPUCTL_DATA_DIR"] = data_dir
         try:
             jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args], env, paths)
         except BaseException:
@@ -231,7 +288,103 @@ class Gpuctl:
         run = run.model_copy(update={"state": "running"})
         self.ledger.put_run(run)
         self.ledger.event("train", f"started {entry} in {project}", cluster=record.name, run_id=run_id)
-        return TrainResult(run=run, code_sync=sync, session=run_id)
+        return TrainResult(run=run, code_sync=sync, data_sync=data_sync, session=run_id, host=host.label)
+
+    def pull(self, run_id: str | None, dest: Path) -> PullResult:
+        """Bring a run's outputs, reports and log back from its instance."""
+        run = self.find_run(run_id)
+        cluster = self.ledger.live_cluster(run.cluster)
+        if cluster is None:
+            raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
+                                f"Its log and reports are kept: gpuctl logs {run.run_id}; gpuctl cost {run.run_id}")
+        _, host = self._host(cluster)
+        target = Path(dest) / run.run_id
+        files = host.pull_tree(run.run_dir, target)
+        return PullResult(run_id=run.run_id, dest=str(target), files=files)
+
+    def exec(self, command: tuple[str, ...], cluster: str | None = None) -> list[ExecResult]:
+        """Run a command on every host of the cluster, in parallel."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not command:
+            raise ConfigError("no command given", "Put the command after --, e.g. `gpuctl exec -- nvidia-smi`.")
+        pairs = self._hosts(self.resolve_cluster(cluster))
+        with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+            results = list(pool.map(lambda p: p[1].run(list(command), check=False), pairs))
+        return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
+                for (_, h), r in zip(pairs, results)]
+
+    # --- interactive access ---------------------------------------------------------------------
+
+    def shell_argv(self, cluster: str | None, command: list[str] | None) -> tuple[list[str], str | None]:
+        """(argv, cwd) for a shell, or `command`, on the cluster's first host."""
+        record = self.resolve_cluster(cluster)
+        _, host = self._host(record)
+        if record.provider == "local":
+            return (command or [os.environ.get("SHELL", "/bin/sh")]), host.root
+        remote = shlex.join(["cd", host.root]) + "; " + (shlex.join(command) if command else 'exec "$SHELL" -l')
+        return host.ssh_argv("-t" if command is None else "-T", f"{host.ep.user}@{host.ep.host}", remote), None
+
+    def attach_argv(self, run_id: str | None) -> tuple[list[str], str | None]:
+        run = self.find_run(run_id)
+        cluster = self.ledger.live_cluster(run.cluster)
+        if cluster is None:
+            raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
+                                f"Its log is kept: gpuctl logs {run.run_id}")
+        _, host = self._host(cluster)
+        tmux = ["tmux", "-L", host.tmux_socket, "attach-session", "-t", f"={run.run_id}"]
+        if cluster.provider == "local":
+            return tmux, None
+        return host.ssh_argv("-t", f"{host.ep.user}@{host.ep.host}", shlex.join(tmux)), None
+
+    def ssh_config(self, install: bool = False) -> SshConfigResult:
+        """Write $GPUCTL_HOME/ssh_config with a Host entry per live remote host; optionally Include it."""
+        from gpuctl.remote.ssh import known_hosts_path
+
+        lines = ["# Written by `gpuctl ssh-config`; rewritten each time. Do not edit.", ""]
+        names = []
+        for c in self.ledger.clusters(include_down=False):
+            insts = [i for i in self.ledger.instances(c.name) if c.provider != "local" and i.public_ip]
+            for n, inst in enumerate(insts):
+                alias = c.name if n == 0 else f"{c.name}-{n}"
+                names.append(alias)
+                lines += [f"Host {alias}", f"    HostName {inst.public_ip}", f"    User {inst.ssh_user}",
+                          f"    Port {inst.port or 22}",
+                          f"    UserKnownHostsFile {known_hosts_path(self.home)}", "    StrictHostKeyChecking yes"]
+                if inst.key_path:
+                    lines += [f"    IdentityFile {inst.key_path}", "    IdentitiesOnly yes"]
+                lines.append("")
+        path = self.home / "ssh_config"
+        path.write_text("\n".join(lines))
+        included = None
+        if install:
+            user_cfg = Path(self.env.get("HOME", str(Path.home()))) / ".ssh" / "config"
+            include = f"Include {path}"
+            text = user_cfg.read_text() if user_cfg.exists() else ""
+            if include not in text.splitlines():
+                user_cfg.parent.mkdir(mode=0o700, exist_ok=True)
+                # Include must come before any Host block to apply to every host.
+                user_cfg.write_text(include + "\n" + text)
+                os.chmod(user_cfg, 0o600)
+            included = str(user_cfg)
+        return SshConfigResult(path=str(path), hosts=tuple(names), included_from=included)
+
+    def tensorboard(self, cluster: str | None, port: int) -> tuple[list[str] | None, str]:
+        """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
+        record = self.resolve_cluster(cluster)
+        _, host = self._host(record)
+        remote_port = port if record.provider == "local" else 6006
+        if not jobs.session_alive(host, "tensorboard"):
+            paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
+            cmd = [host.python, "-m", "tensorboard.main", "--logdir", posixpath.join(host.root, "runs"),
+                   "--host", "127.0.0.1", "--port", str(remote_port)]
+            jobs.start_job(host, "tensorboard", host.root, cmd, {}, paths)
+        url = f"http://127.0.0.1:{port}/"
+        if record.provider == "local":
+            return None, url
+        # Bound to 127.0.0.1 on the instance: reachable only through this SSH tunnel.
+        return host.ssh_argv("-N", "-L", f"127.0.0.1:{port}:127.0.0.1:{remote_port}",
+                             f"{host.ep.user}@{host.ep.host}"), url
 
     # --- runs: refresh, wait, logs --------------------------------------------------------------
 
@@ -487,6 +640,13 @@ def cluster_spec(s: Settings) -> ClusterSpec:
     """What `up` asks the provider for, from the settings."""
     if s.provider == "local":
         return ClusterSpec(name=s.cluster, provider="local", usd_per_hour=s.local.usd_per_hour,
+                           launch_token=secrets.token_hex(8))
+    if s.provider == "ssh":
+        if not s.ssh.hosts:
+            raise ConfigError("the ssh provider needs at least one host",
+                              "Pass --host user@host[:port] (repeat it for more), or set `[ssh] hosts`.")
+        return ClusterSpec(name=s.cluster, provider="ssh", instance_type="ssh", usd_per_hour=s.ssh.usd_per_hour,
+                           hosts=tuple(s.ssh.hosts), identity=s.ssh.identity or None, nodes=len(s.ssh.hosts),
                            launch_token=secrets.token_hex(8))
     a = s.aws
     return ClusterSpec(

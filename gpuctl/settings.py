@@ -88,17 +88,35 @@ class AwsSettings(_Section):
         return v
 
 
+class SshSettings(_Section):
+    hosts: list[str] = Field(default_factory=list, description="user@host[:port] of each machine of an ssh cluster.")
+    identity: str = Field("", description="Private key for the ssh provider; empty = ssh-agent and ~/.ssh keys.")
+    usd_per_hour: float = Field(0.0, ge=0, description="What an hour of these machines costs you (for reports).")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        from gpuctl.remote.ssh import Endpoint
+
+        for h in v:
+            Endpoint.parse(h)  # ValueError says which one is wrong
+        return v
+
+
 class RemoteSettings(_Section):
     python: str = Field("", description="Python on the instance that runs the payload; empty = find it.")
+    workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts.")
+    connect_timeout_s: float = Field(120.0, gt=0, description="How long to keep trying to connect over SSH.")
 
 
 class Settings(_Section):
-    provider: str = Field("aws", description="Where `gpuctl up` puts clusters: aws, local.")
+    provider: str = Field("aws", description="Where `gpuctl up` puts clusters: aws, ssh, local.")
     cluster: str = Field("default", description="Name `gpuctl up` gives a cluster when --name is not passed.")
     local: LocalSettings = LocalSettings()
     train: TrainSettings = TrainSettings()
     guards: GuardSettings = GuardSettings()
     aws: AwsSettings = AwsSettings()
+    ssh: SshSettings = SshSettings()
     remote: RemoteSettings = RemoteSettings()
 
     @field_validator("provider")

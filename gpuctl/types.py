@@ -35,6 +35,8 @@ class ClusterSpec(_Frozen):
     # Random per `up` of this cluster; seeds RunInstances client tokens so a retried `up`
     # cannot start a second instance for the same request.
     launch_token: str = ""
+    hosts: tuple[str, ...] = ()  # ssh provider: user@host[:port] of each machine
+    identity: Optional[str] = None  # ssh provider: private key path
 
 
 class InstanceRecord(_Frozen):
@@ -59,6 +61,7 @@ class InstanceRecord(_Frozen):
     price_source: Optional[str] = None
     ssh_user: Optional[str] = None
     key_path: Optional[str] = None
+    port: Optional[int] = None
 
 
 class Resource(_Frozen):
@@ -151,7 +154,29 @@ class UpResult(_Frozen):
 class TrainResult(_Frozen):
     run: RunRecord
     code_sync: SyncStats
+    data_sync: Optional[SyncStats] = None
     session: str
+    host: str = "local"
+
+
+class SyncResult(_Frozen):
+    code: SyncStats
+    data: Optional[SyncStats] = None
+    code_dir: str
+    data_dir: Optional[str] = None
+
+
+class PullResult(_Frozen):
+    run_id: str
+    dest: str
+    files: int
+
+
+class ExecResult(_Frozen):
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
 
 
 class ClusterCost(_Frozen):
@@ -231,3 +256,9 @@ class Inventory(_Frozen):
     resources: tuple[Resource, ...]
     ledger_clusters: tuple[str, ...]  # live clusters in the ledger
     notes: tuple[str, ...] = ()  # providers that could not be searched, and why
+
+
+class SshConfigResult(_Frozen):
+    path: str
+    hosts: tuple[str, ...]
+    included_from: Optional[str] = None

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 PROVIDERS: dict[str, str] = {
     "aws": "gpuctl.provision.aws:AwsProvider",
     "local": "gpuctl.provision.local:LocalProvider",
+    "ssh": "gpuctl.provision.ssh:SshProvider",
 }
 
 

@@ -44,6 +44,9 @@ class Host(Protocol):
     def remove_tree(self, path: str) -> None:
         """Delete a directory on the host, if present."""
 
+    def pull_tree(self, path: str, local: Path) -> int:
+        """Copy a directory from the host to `local`; the number of files copied."""
+
 
 def check_result(res: CommandResult, label: str) -> CommandResult:
     if res.returncode != 0:
@@ -106,3 +109,9 @@ class LocalHost:
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def pull_tree(self, path: str, local: Path) -> int:
+        if not os.path.isdir(path):
+            return 0
+        shutil.copytree(path, local, dirs_exist_ok=True)
+        return sum(len(files) for _, _, files in os.walk(local))

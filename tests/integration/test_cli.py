@@ -22,7 +22,7 @@ def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolat
     res = gpuctl("train", quick_project, "--wait", "--", "--epochs", "3", "--name", "x y")
     assert "args: ['--epochs', '3', '--name', 'x y']" in res.stdout
     assert "done" in res.stdout
-    assert "Pushed 1 of 1 files" in res.stderr
+    assert "Pushed code: 1 of 1 files" in res.stderr
 
     status = json.loads(gpuctl("status", "--json").stdout)
     assert status["clusters"][0]["name"] == "default" and status["clusters"][0]["is_default"]

@@ -9,7 +9,8 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from gpuctl.errors import CloudError, ConfigError, ExitCode
-from gpuctl.provision.aws import backoff_wait, catalog, port_open
+from gpuctl.provision.aws import backoff_wait, catalog
+from gpuctl.remote.ssh import tcp_reachable as port_open
 from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
 from gpuctl.provision.aws.userdata import hard_cap_script

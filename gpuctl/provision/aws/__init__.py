@@ -7,7 +7,6 @@ Instances, security groups and key pairs are found by their tags, never by local
 
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ from gpuctl.provision.aws import access, catalog
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
+from gpuctl.remote.ssh import tcp_reachable
 from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
@@ -43,14 +43,6 @@ def backoff_wait(check: Callable[[], Any], timeout_s: float, what: str, progress
         progress(f"waiting for {what} ({time.monotonic() - start:.0f}s)")
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
-
-
-def port_open(host: str, port: int, timeout_s: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _tag(item: dict[str, Any], key: str) -> str | None:
@@ -148,7 +140,7 @@ class AwsProvider:
         record = self._record(aws, inst, spec, usd, source, image)
         if wait_ssh and record.public_ip:
             backoff_wait(
-                lambda: port_open(record.public_ip or "", 22), a.wait_timeout_s, f"SSH on {record.public_ip}:22",
+                lambda: tcp_reachable(record.public_ip or "", 22), a.wait_timeout_s, f"SSH on {record.public_ip}:22",
                 progress, "The instance is running; `gpuctl status` shows it. Check the security group and the network.",
             )
         return [record]

@@ -1,0 +1,156 @@
+"""Real OpenSSH test hosts: one network namespace per host, each with its own IP (10.251.N.2, a
+veth pair to this machine), its own /tmp (so its own tmux) and its own /srv (gpuctl's work dir in
+these tests, a small tmpfs so "disk full" is real), running /usr/sbin/sshd in the foreground.
+Traffic stays inside namespaces the tests create. Needs root (as CI and this workplace run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUBNET = "10.251."
+WORKDIR = "/srv/gpuctl"
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check)
+
+
+@dataclass
+class TestHost:
+    index: int
+    base: Path  # this host's files on this machine (outside /tmp, which the host does not see)
+    tag: str
+    srv_size: str = "256m"
+    proc: subprocess.Popen | None = None
+    pubkey: str = ""
+    extra_config: list[str] = field(default_factory=list)
+
+    @property
+    def ns(self) -> str:
+        return f"gpuctl-{self.tag}-{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return f"{SUBNET}{self.index}.2"
+
+    @property
+    def veth(self) -> str:
+        return f"gv{self.tag[-6:]}{self.index}"[:15]
+
+    @property
+    def address(self) -> str:
+        return f"root@{self.ip}"
+
+    def create(self, client_pub: str) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        _run("ip", "netns", "add", self.ns)
+        _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
+        _run("ip", "addr", "add", f"{SUBNET}{self.index}.1/30", "dev", self.veth)
+        _run("ip", "link", "set", self.veth, "up")
+        for cmd in (["ip", "addr", "add", f"{self.ip}/30", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                    ["ip", "link", "set", "lo", "up"]):
+            _run("ip", "netns", "exec", self.ns, *cmd)
+        (self.base / "authorized_keys").write_text(client_pub)
+        self.new_host_key()
+
+    def new_host_key(self) -> None:
+        key = self.base / "ssh_host_ed25519_key"
+        key.unlink(missing_ok=True)
+        key.with_suffix(".pub").unlink(missing_ok=True)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        self.pubkey = key.with_suffix(".pub").read_text().strip()
+
+    def start(self) -> None:
+        cfg = self.base / "sshd_config"
+        cfg.write_text("\n".join([
+            f"ListenAddress {self.ip}", "Port 22",
+            f"HostKey {self.base / 'ssh_host_ed25519_key'}",
+            f"AuthorizedKeysFile {self.base / 'authorized_keys'}",
+            f"PidFile {self.base / 'sshd.pid'}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "UsePAM no", "StrictModes no", "AllowTcpForwarding yes", "X11Forwarding no", "PrintMotd no",
+            "Subsystem sftp internal-sftp", "LogLevel VERBOSE", *self.extra_config,
+        ]) + "\n")
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        inner = (
+            f"mount -t tmpfs -o size=64m tmpfs /tmp && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
+            f"exec /usr/sbin/sshd -D -e -f {cfg}"
+        )
+        log = open(self.base / "sshd.log", "ab")
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((self.ip, 22), timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"sshd for {self.ns} exited: {(self.base / 'sshd.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+        raise RuntimeError(f"sshd for {self.ns} did not listen")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            # Kill everything in the host's namespace: sshd and the jobs it started (tmux, python).
+            pids = _run("ip", "netns", "pids", self.ns, check=False).stdout.split()
+            for pid in pids:
+                _run("kill", "-9", pid, check=False)
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self, srv_size: str | None = None) -> None:
+        self.stop()
+        if srv_size:
+            self.srv_size = srv_size
+        self.start()
+
+    def unreachable(self) -> None:
+        """Packets to this host go nowhere (its link is down): connecting times out."""
+        _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "down")
+
+    def run(self, command: str) -> subprocess.CompletedProcess:
+        """A shell command inside the host's namespaces (its /srv, its /tmp), as the host sees them."""
+        assert self.proc is not None
+        target = self.proc.pid
+        # The sshd process (child of `ip netns exec ... sh`) holds the mount namespace.
+        for pid in _run("ip", "netns", "pids", self.ns).stdout.split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"sshd" in cmdline:
+                target = int(pid)
+                break
+        return _run("nsenter", "-t", str(target), "-m", "-n", "sh", "-c", command, check=False)
+
+    def destroy(self) -> None:
+        self.stop()
+        _run("ip", "link", "del", self.veth, check=False)
+        _run("ip", "netns", "del", self.ns, check=False)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def client_key(base: Path) -> Path:
+    key = base / "client_ed25519"
+    if not key.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+    os.chmod(key, 0o600)
+    return key
+
+
+def available() -> str | None:
+    """Why test hosts cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "the SSH test hosts need root (network and mount namespaces); run the tests as root"
+    for tool in ("ip", "unshare", "nsenter", "ssh-keygen", "/usr/sbin/sshd", "rsync"):
+        if not shutil.which(tool):
+            return f"{tool} is missing: ./scripts/test installs it"
+    return None
