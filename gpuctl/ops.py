@@ -154,7 +154,13 @@ class Gpuctl:
             if live is None:
                 self._close_if_nothing_exists(provider, spec)
             raise
-        for inst in instances:
+        known = {i.id: i for i in self.ledger.instances(spec.name)} if live is not None else {}
+        for n, inst in enumerate(instances):
+            if inst.id in known:  # reused: the price and launch time recorded at launch stay
+                old = known[inst.id]
+                inst = inst.model_copy(update={"usd_per_hour": old.usd_per_hour, "price_source": old.price_source,
+                                               "launched_at": old.launched_at})
+                instances[n] = inst
             self.ledger.put_instance(inst)
         self.ledger.event("up", f"{len(instances)} instance(s) via {s.provider}", cluster=spec.name)
         return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
@@ -375,6 +381,10 @@ class Gpuctl:
         _, host = self._host(record)
         remote_port = port if record.provider == "local" else 6006
         if not jobs.session_alive(host, "tensorboard"):
+            probe = host.run([host.python, "-c", "import tensorboard"], check=False)
+            if probe.returncode != 0:
+                raise RemoteError(f"TensorBoard is not installed for {host.python} on {host.label}",
+                                  f"Install it there: `{host.python} -m pip install tensorboard`.")
             paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
             cmd = [host.python, "-m", "tensorboard.main", "--logdir", posixpath.join(host.root, "runs"),
                    "--host", "127.0.0.1", "--port", str(remote_port)]

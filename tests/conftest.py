@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuctl.cli import cli as gpuctl_cli
+from tests import sshd
 from tests.aws import aws, moto_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,3 +103,46 @@ print("done", flush=True)
 def quick_project(make_project):
     return make_project("quick", {"train.py": QUICK_TRAIN})
 
+
+
+class SshLab:
+    def __init__(self, key, hosts):
+        self.key = key
+        self.hosts = hosts
+
+
+@pytest.fixture(scope="session")
+def ssh_lab():
+    """Two real sshd test hosts for the session (see tests/sshd.py)."""
+    reason = sshd.available()
+    if reason:
+        pytest.fail(reason)
+    sshd.cleanup_stale()
+    base = Path(f"/var/tmp/gpuctl-test-hosts-{os.getpid()}")
+    key = sshd.client_key(base)
+    hosts = [sshd.TestHost(i, base / f"h{i}", tag=str(os.getpid())) for i in (1, 2)]
+    try:
+        for h in hosts:
+            h.create(key.with_suffix(".pub").read_text())
+            h.start()
+        yield SshLab(key, hosts)
+    finally:
+        for h in hosts:
+            h.destroy()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def ssh(ssh_lab, monkeypatch):
+    """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl at them."""
+    for h in ssh_lab.hosts:
+        if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
+            h.restart()
+        else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
+            h.run("tmux -L gpuctl kill-server 2>/dev/null; rm -rf /srv/gpuctl")
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
+    return ssh_lab

@@ -31,6 +31,7 @@ class TestHost:
     proc: subprocess.Popen | None = None
     pubkey: str = ""
     extra_config: list[str] = field(default_factory=list)
+    hidden: tuple[str, ...] = ()  # programs this host does not have (bind-mounted away)
 
     @property
     def ns(self) -> str:
@@ -79,9 +80,10 @@ class TestHost:
             "Subsystem sftp internal-sftp", "LogLevel VERBOSE", *self.extra_config,
         ]) + "\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        hide = "".join(f"mount --bind /dev/null {p} && " for p in self.hidden)
         inner = (
             f"mount -t tmpfs -o size=64m tmpfs /tmp && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
-            f"exec /usr/sbin/sshd -D -e -f {cfg}"
+            f"{hide}exec /usr/sbin/sshd -D -e -f {cfg}"
         )
         log = open(self.base / "sshd.log", "ab")
         self.proc = subprocess.Popen(
@@ -108,10 +110,12 @@ class TestHost:
             self.proc.wait(10)
         self.proc = None
 
-    def restart(self, srv_size: str | None = None) -> None:
+    def restart(self, srv_size: str | None = None, hidden: tuple[str, ...] = ()) -> None:
+        """A fresh host: new /tmp and /srv (so no tmux server, no files), same IP and host key."""
         self.stop()
-        if srv_size:
-            self.srv_size = srv_size
+        self.srv_size = srv_size or "256m"
+        self.hidden = hidden
+        _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up")
         self.start()
 
     def unreachable(self) -> None:
@@ -135,6 +139,20 @@ class TestHost:
         _run("ip", "link", "del", self.veth, check=False)
         _run("ip", "netns", "del", self.ns, check=False)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def cleanup_stale() -> None:
+    """Namespaces and links left by an earlier, killed test run."""
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("gpuctl-"):
+            for pid in _run("ip", "netns", "pids", name, check=False).stdout.split():
+                _run("kill", "-9", pid, check=False)
+            _run("ip", "netns", "del", name, check=False)
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        dev = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if dev.startswith("gv"):
+            _run("ip", "link", "del", dev, check=False)
 
 
 def client_key(base: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -22,6 +23,12 @@ from pathlib import Path
 from gpuctl.types import SyncStats
 
 MANIFEST = ".gpuctl-manifest.json"
+
+
+def manifest_path(dest: str) -> str:
+    """Beside the pushed tree, not in it: the job (and its data loaders) never see gpuctl's files."""
+    dest = dest.rstrip("/")
+    return posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}{MANIFEST}")
 IGNORE_FILES = (".gitignore", ".gpuctlignore")
 # Never worth shipping to a GPU box; a project's own ignore files can re-include with `!`.
 DEFAULT_IGNORES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".ipynb_checkpoints/", MANIFEST)
@@ -129,9 +136,9 @@ def push_local(src: Path, dest: Path) -> SyncStats:
     rules = IgnoreRules.for_project(src)
     current = scan(src, rules)
     dest.mkdir(parents=True, exist_ok=True)
-    manifest_path = dest / MANIFEST
+    manifest = Path(manifest_path(str(dest)))
     try:
-        previous = {k: tuple(v) for k, v in json.loads(manifest_path.read_text()).items()}
+        previous = {k: tuple(v) for k, v in json.loads(manifest.read_text()).items()}
     except (OSError, ValueError):
         previous = {}
 
@@ -155,9 +162,9 @@ def push_local(src: Path, dest: Path) -> SyncStats:
         except FileNotFoundError:
             pass
 
-    tmp_manifest = manifest_path.with_suffix(".tmp")
+    tmp_manifest = manifest.with_suffix(".tmp")
     tmp_manifest.write_text(json.dumps({k: list(v) for k, v in current.items()}))
-    os.replace(tmp_manifest, manifest_path)
+    os.replace(tmp_manifest, manifest)
     return SyncStats(
         files_total=len(current),
         files_copied=copied,
@@ -168,7 +175,7 @@ def push_local(src: Path, dest: Path) -> SyncStats:
 
 
 def _remote_manifest(host, dest: str) -> dict[str, tuple[int, int]]:
-    data = host.read_bytes(f"{dest}/{MANIFEST}")
+    data = host.read_bytes(manifest_path(dest))
     try:
         return {k: tuple(v) for k, v in json.loads(data or b"{}").items()}
     except ValueError:
@@ -212,7 +219,10 @@ def push_remote(host, src: Path, dest: str) -> SyncStats:
         out = proc.stdout.decode("utf-8", "replace")
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
-            raise RemoteError(f"push to {host.label} failed (rsync exit {proc.returncode}): {err.splitlines()[-1] if err else ''}",
+            lines = err.splitlines() or [""]
+            # rsync ends with a generic "error in file IO"; the cause is on an earlier line.
+            cause = next((ln for ln in lines if "No space left" in ln), lines[-1])
+            raise RemoteError(f"push to {host.label} failed (rsync exit {proc.returncode}): {cause.strip()}",
                               _disk_hint(err))
         copied = _stat(out, "Number of regular files transferred")
         sent = _stat(out, "Total bytes sent")
@@ -230,7 +240,7 @@ def push_remote(host, src: Path, dest: str) -> SyncStats:
     gone = sorted(previous.keys() - current.keys())
     for i in range(0, len(gone), 500):  # batched: one command per 500 deletions, not one per file
         host.run(["rm", "-f", "--", *[f"{dest}/{rel}" for rel in gone[i : i + 500]]])
-    host.write_text(f"{dest}/{MANIFEST}", json.dumps({k: list(v) for k, v in current.items()}))
+    host.write_text(manifest_path(dest), json.dumps({k: list(v) for k, v in current.items()}))
     return SyncStats(files_total=len(current), files_copied=copied, bytes_copied=sent,
                      files_deleted=len(gone), seconds=time.perf_counter() - t0)
 

@@ -7,6 +7,7 @@ Instances, security groups and key pairs are found by their tags, never by local
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +18,7 @@ from gpuctl.provision.aws import access, catalog
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
-from gpuctl.remote.ssh import tcp_reachable
+from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
@@ -138,11 +139,13 @@ class AwsProvider:
         else:
             usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
         record = self._record(aws, inst, spec, usd, source, image)
-        if wait_ssh and record.public_ip:
-            backoff_wait(
-                lambda: tcp_reachable(record.public_ip or "", 22), a.wait_timeout_s, f"SSH on {record.public_ip}:22",
-                progress, "The instance is running; `gpuctl status` shows it. Check the security group and the network.",
-            )
+        if wait_ssh:
+            # Log in once: proves SSH works with the cluster's key, and pins the host key.
+            host = self.host(record, progress)
+            host.run(["mkdir", "-p", record.workdir], cwd=False)
+            record = record.model_copy(update={"workdir": host.root})
+            host.close()
+            progress(f"SSH works: {host.label}, host key pinned")
         return [record]
 
     def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
@@ -171,7 +174,7 @@ class AwsProvider:
             usd_per_hour=usd if usd is not None else 0.0,
             price_source=source,
             launched_at=inst["LaunchTime"].timestamp() if hasattr(inst.get("LaunchTime"), "timestamp") else time.time(),
-            workdir=f"/home/{self.settings.aws.ssh_user}/gpuctl",
+            workdir=self.settings.remote.workdir,
             region=aws.region,
             instance_type=inst.get("InstanceType"),
             image_id=inst.get("ImageId"),
@@ -185,11 +188,27 @@ class AwsProvider:
         res = call(ec2.describe_instances, Filters=filters)
         return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
 
-    def host(self, instance: InstanceRecord):
-        raise RemoteError(
-            f"cannot reach {instance.id} yet: jobs on aws instances need the SSH host (the next gpuctl release)",
-            "Use the local provider for training today (`gpuctl up --provider local`).",
-        )
+    def endpoint(self, instance: InstanceRecord) -> Endpoint:
+        """Where to SSH: the instance's public IP, port 22.
+
+        GPUCTL_TEST_ENDPOINTS ("IP=HOST[:PORT],...") exists for the end-to-end tests alone: moto's
+        instances have made-up IPs, so the tests map one to a real sshd test host.
+        """
+        host, port = instance.public_ip or "", 22
+        for pair in filter(None, os.environ.get("GPUCTL_TEST_ENDPOINTS", "").split(",")):
+            ip, _, target = pair.partition("=")
+            if ip == host:
+                target_ep = Endpoint.parse(target, default_user=instance.ssh_user or "ubuntu")
+                host, port = target_ep.host, target_ep.port
+        if not host:
+            raise RemoteError(f"{instance.id} has no public IP address", "Check the subnet gives public IPs.")
+        return Endpoint(user=instance.ssh_user or self.settings.aws.ssh_user, host=host, port=port)
+
+    def host(self, instance: InstanceRecord, progress: Progress | None = None) -> SshHost:
+        r = self.settings.remote
+        # A new instance's sshd may accept the key only once cloud-init installed it: retry auth too.
+        return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
+                       connect_timeout_s=r.connect_timeout_s, retry_auth=True, progress=progress)
 
     # --- discover and release -------------------------------------------------------------------
 

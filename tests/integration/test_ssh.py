@@ -1,0 +1,253 @@
+"""The ssh provider and SshHost against real OpenSSH sshd test hosts (tests/sshd.py): one network
+namespace each, own IP, own /tmp (tmux) and /srv (gpuctl's work dir, a tmpfs).
+
+Bad inputs tried: an unreachable host (timeout naming host and port), a refused client key, a
+changed host key, a full disk during a push, a host without tmux, a host without python3, a
+host whose Python has no TensorFlow, and a malformed --host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import time
+import urllib.request
+
+import pytest
+
+from tests.integration.test_payload_tf import MODEL
+
+TF_TRAIN = textwrap.dedent(MODEL) + textwrap.dedent("""
+    import os, sys
+    model.fit(x, y, batch_size=16, epochs=int(sys.argv[sys.argv.index("--epochs") + 1]), verbose=2)
+    with open(os.path.join(os.environ["GPUCTL_OUTPUT_DIR"], "model.txt"), "w") as fh:
+        fh.write("weights")
+    print("data dir:", os.listdir(os.environ.get("GPUCTL_DATA_DIR", ".")))
+""")
+
+
+def up_ssh(gpuctl, lab, *hosts, name="box", code=0, extra=()):
+    hosts = hosts or (lab.hosts[0],)
+    args = ["up", "--provider", "ssh", "--name", name, "--identity", str(lab.key), *extra]
+    for h in hosts:
+        args += ["--host", h.address]
+    return gpuctl(*args, code=code)
+
+
+def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project, tmp_path):
+    host = ssh.hosts[0]
+    out = up_ssh(gpuctl, ssh).stderr
+    assert f"{host.address}:22: reachable, host key pinned" in out
+    proj = make_project("tiny tf 'proj'", {"train.py": TF_TRAIN})
+    data = tmp_path / "my data"
+    data.mkdir()
+    (data / "shard-0.bin").write_bytes(b"\0" * 1000)
+    res = gpuctl("train", proj, "--data", data, "--allow-cpu", "--wait", "--", "--epochs", "2")
+    assert "preflight on root@" in res.stderr and "TensorFlow 2." in res.stderr
+    assert "data dir: ['shard-0.bin']" in res.stdout
+    run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+    assert run["state"] == "succeeded" and run["epoch"] == 2 and run["epochs_planned"] == 2
+    cost = json.loads(gpuctl("cost", "--json").stdout)["runs"][0]
+    assert [e["epoch"] for e in cost["epochs"]] == [1, 2] and all(e["examples_per_s"] > 0 for e in cost["epochs"])
+    assert "Epoch 2/2" in gpuctl("logs", run["run_id"]).stdout
+    # The job really ran on the host: its files are in the host's own /srv.
+    assert host.run(f"cat /srv/gpuctl/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
+    pulled = gpuctl("pull", run["run_id"], "--dest", tmp_path / "back").stdout
+    assert "Pulled" in pulled
+    assert (tmp_path / "back" / run["run_id"] / "outputs" / "model.txt").read_text() == "weights"
+    gpuctl("down", "-y")
+    assert "Epoch 2/2" in gpuctl("logs", run["run_id"]).stdout  # kept after down
+    assert host.run("tmux -L gpuctl ls").returncode != 0  # gpuctl's jobs are gone from the host
+
+
+def test_incremental_push_and_quoting_over_ssh(gpuctl, ssh, make_project):
+    up_ssh(gpuctl, ssh)
+    files = {f"pkg/mod_{i}.py": f"X = {i}\n" for i in range(200)}
+    files["we ird $(touch pwned) `x` 'q' ünï.py"] = "print('odd name ok')\n"
+    files["train.py"] = "import sys\nprint('ARGS', sys.argv[1:])\nexec(open(\"we ird $(touch pwned) `x` 'q' ünï.py\").read())\n"
+    proj = make_project("quote 'me' $(x)", files)
+    first = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
+    assert first["files_copied"] == 202
+    noop = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
+    assert noop["files_copied"] == 0 and noop["bytes_copied"] < first["bytes_copied"] / 3
+    (proj / "pkg" / "mod_7.py").write_text("X = 'seven'\n")
+    one = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
+    assert one["files_copied"] == 1
+    (proj / "pkg" / "mod_8.py").unlink()
+    gone = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
+    assert gone["files_deleted"] == 1
+    nasty = ["a b", "$(touch pwned2)", "`touch pwned3`", "it's", "ünï"]
+    res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", *nasty)
+    assert f"ARGS {nasty!r}" in res.stdout and "odd name ok" in res.stdout
+    assert ssh.hosts[0].run("find / -xdev -name 'pwned*' 2>/dev/null; find /srv /tmp -name 'pwned*'").stdout.strip() == ""
+
+
+def test_tar_fallback_when_the_host_has_no_rsync(gpuctl, ssh, make_project):
+    ssh.hosts[0].restart(hidden=("/usr/bin/rsync",))
+    up_ssh(gpuctl, ssh)
+    proj = make_project("norsync", {"train.py": "print('hi')\n", "a/b.txt": "b"})
+    first = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
+    assert first["files_copied"] == 2
+    assert json.loads(gpuctl("sync", proj, "--json").stdout)["code"]["files_copied"] == 0
+    assert ssh.hosts[0].run("cat /srv/gpuctl/code/norsync/a/b.txt").stdout == "b"
+
+
+def test_one_connection_per_command_not_per_file(gpuctl, ssh, make_project):
+    up_ssh(gpuctl, ssh)
+    proj = make_project("many", {f"f{i}.txt": str(i) for i in range(300)} | {"train.py": "pass\n"})
+    log = ssh.hosts[0].base / "sshd.log"
+    before = log.read_text().count("Accepted publickey")
+    gpuctl("sync", proj)
+    # One paramiko connection, plus one for rsync: never one per file.
+    assert log.read_text().count("Accepted publickey") - before <= 2
+
+
+def test_exec_fans_out_over_every_host(gpuctl, ssh):
+    up_ssh(gpuctl, ssh, *ssh.hosts)
+    results = json.loads(gpuctl("exec", "--json", "--", "sh", "-c", "hostname -I").stdout)
+    assert sorted(r["stdout"].strip() for r in results) == sorted(h.ip for h in ssh.hosts)
+    assert all(r["returncode"] == 0 for r in results)
+    failing = gpuctl("exec", "--", "false", code=1)
+    assert failing.exit_code == 1
+
+
+def test_ssh_config_makes_plain_ssh_work(gpuctl, ssh, isolated):
+    up_ssh(gpuctl, ssh)
+    out = gpuctl("ssh-config", "--install").stdout
+    assert "Wrote" in out and "box" in out
+    user_cfg = isolated.parent / "user" / ".ssh" / "config"
+    assert user_cfg.read_text().startswith(f"Include {isolated / 'ssh_config'}")
+    res = subprocess.run(["ssh", "-F", str(user_cfg), "-o", "BatchMode=yes", "box", "hostname -I"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ssh.hosts[0].ip
+    gpuctl("ssh-config", "--install")  # again: the Include line is not added twice
+    assert user_cfg.read_text().count("Include") == 1
+    assert gpuctl("ssh", "--", "cat", "/proc/net/fib_trie").exit_code == 0
+
+
+def test_attach_command_targets_the_runs_session(gpuctl, ssh, make_project):
+    up_ssh(gpuctl, ssh)
+    proj = make_project("sleepy", {"train.py": "import time\ntime.sleep(30)\n"})
+    run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json").stdout)["run"]["run_id"]
+    argv = gpuctl("attach", run_id, "--print").stdout
+    assert f"tmux -L gpuctl attach-session -t ={run_id}" in argv and "StrictHostKeyChecking=yes" in argv
+    assert ssh.hosts[0].run(f"tmux -L gpuctl has-session -t ={run_id}").returncode == 0
+    gpuctl("down", "-y")
+
+
+def test_tensorboard_is_forwarded_to_localhost_only(gpuctl, ssh):
+    up_ssh(gpuctl, ssh)
+    proc = subprocess.Popen([str(__import__("tests.conftest", fromlist=["REPO"]).REPO / ".venv/bin/gpuctl"),
+                             "tensorboard", "--port", "16006"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:16006/", timeout=3) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "TensorBoard did not answer through the tunnel: " + \
+                    ssh.hosts[0].run("tail -20 /srv/gpuctl/tensorboard/output.log").stdout
+                time.sleep(1)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # On the host it listens on 127.0.0.1 only: nothing is opened to the network.
+    listening = ssh.hosts[0].run("cat /proc/net/tcp").stdout
+    assert "0100007F:1776" in listening  # 127.0.0.1:6006
+    assert "00000000:1776" not in listening
+
+
+# --- bad inputs ---------------------------------------------------------------------------------
+
+
+def error_line(res):
+    return next(line for line in res.stderr.splitlines() if line.startswith("Error:"))
+
+
+def test_unreachable_host_times_out_naming_host_and_port(gpuctl, ssh, monkeypatch):
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "3")
+    ssh.hosts[1].unreachable()
+    t0 = time.monotonic()
+    res = up_ssh(gpuctl, ssh, ssh.hosts[1], code=7)
+    assert time.monotonic() - t0 < 30
+    assert f"cannot connect to {ssh.hosts[1].address}:22: timed out after 3s" in error_line(res)
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "down"
+
+
+def test_refused_key(gpuctl, ssh, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    res = gpuctl("up", "--provider", "ssh", "--host", ssh.hosts[0].address, "--identity", str(other), code=7)
+    assert f"{ssh.hosts[0].address}:22 refused the key {other}" in error_line(res)
+    assert "--identity" in res.stderr
+
+
+def test_changed_host_key_is_refused(gpuctl, ssh):
+    up_ssh(gpuctl, ssh)
+    host = ssh.hosts[0]
+    host.new_host_key()
+    host.restart()
+    res = gpuctl("exec", "--", "true", code=7)
+    assert f"the host key of {host.address}:22 has CHANGED" in error_line(res)
+    assert "known_hosts" in res.stderr
+    # `down` still closes the cluster here, but says plainly that it could not reach the host.
+    down = gpuctl("down", "-y")
+    assert "not reachable, its gpuctl jobs may still run" in down.stderr and "CHANGED" in down.stderr
+
+
+def test_disk_full_during_a_push_keeps_the_previous_tree(gpuctl, ssh, make_project):
+    ssh.hosts[0].restart(srv_size="1m")
+    up_ssh(gpuctl, ssh)
+    proj = make_project("fills", {"train.py": "print('v1')\n", "lib.py": "V = 1\n"})
+    gpuctl("sync", proj)
+    (proj / "lib.py").write_text("V = 2\n")
+    (proj / "big.bin").write_bytes(b"x" * 3_000_000)
+    res = gpuctl("sync", proj, code=7)
+    assert "No space left on device" in error_line(res) and "disk is full" in res.stderr
+    host = ssh.hosts[0]
+    tree = "/srv/gpuctl/code/fills"
+    manifest = json.loads(host.run("cat /srv/gpuctl/code/.fills.gpuctl-manifest.json").stdout)
+    assert sorted(manifest) == ["lib.py", "train.py"]  # the previous push's record stands
+    assert host.run(f"cat {tree}/train.py").stdout == "print('v1')\n"
+    assert host.run(f"cat {tree}/lib.py").stdout in ("V = 1\n", "V = 2\n")  # whole, old or new
+    assert host.run(f"ls -a {tree}").stdout.split().count("big.bin") == 0  # no half file
+
+
+def _session_path_of(lab, host, program):
+    """Where a login over SSH finds `program` (root's shell startup files may add to PATH)."""
+    res = subprocess.run(["ssh", "-i", str(lab.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                          "-o", "BatchMode=yes", host.address, f"command -v {program}; which -a {program}"],
+                         capture_output=True, text=True, timeout=30)
+    return tuple(sorted({p for p in res.stdout.split() if p.startswith("/")}))
+
+
+@pytest.mark.parametrize("program", ["tmux", "python3"])
+def test_missing_tools_say_what_to_install(gpuctl, ssh, program):
+    host = ssh.hosts[0]
+    hide = _session_path_of(ssh, host, program)
+    assert hide, f"{program} not found on the test host to begin with"
+    host.restart(hidden=hide)
+    res = up_ssh(gpuctl, ssh, code=7)
+    assert f"{program} missing on {host.address}:22" in error_line(res)
+    assert f"apt-get install {program}" in res.stderr
+
+
+def test_no_tensorflow_on_the_host_is_refused(gpuctl, ssh, make_project, monkeypatch):
+    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")  # discovery falls back to python3, which has no TF
+    up_ssh(gpuctl, ssh)
+    proj = make_project("p", {"train.py": "print(1)\n"})
+    res = gpuctl("train", proj, code=7)
+    assert "TensorFlow is not usable by /" in error_line(res) and "No module named 'tensorflow'" in error_line(res)
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
+
+
+def test_malformed_host_is_a_config_error(gpuctl, ssh):
+    res = gpuctl("up", "--provider", "ssh", "--host", "root@host:99999", code=3)
+    assert "ssh.hosts" in error_line(res)
+    res = gpuctl("up", "--provider", "ssh", code=3)
+    assert "needs at least one host" in error_line(res)
