@@ -191,13 +191,13 @@ class AwsProvider:
     def endpoint(self, instance: InstanceRecord) -> Endpoint:
         """Where to SSH: the instance's public IP, port 22.
 
-        GPUCTL_TEST_ENDPOINTS ("IP=HOST[:PORT],...") exists for the end-to-end tests alone: moto's
-        instances have made-up IPs, so the tests map one to a real sshd test host.
+        GPUCTL_TEST_ENDPOINTS ("IP=HOST[:PORT],..."; IP may be *) exists for the end-to-end tests
+        alone: moto's instances have made-up IPs, so the tests map them to a real sshd test host.
         """
         host, port = instance.public_ip or "", 22
         for pair in filter(None, os.environ.get("GPUCTL_TEST_ENDPOINTS", "").split(",")):
             ip, _, target = pair.partition("=")
-            if ip == host:
+            if ip in (host, "*"):
                 target_ep = Endpoint.parse(target, default_user=instance.ssh_user or "ubuntu")
                 host, port = target_ep.host, target_ep.port
         if not host:

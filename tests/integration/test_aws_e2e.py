@@ -1,0 +1,54 @@
+"""The AWS path end to end: a moto-launched instance, mapped to a real sshd test host by the
+test-only seam GPUCTL_TEST_ENDPOINTS, then up -> train (real TF payload, 2 epochs) -> logs ->
+cost -> down."""
+
+import json
+import threading
+import time
+
+from tests.aws import live_instances, nothing_created
+from tests.integration.test_ssh import TF_TRAIN
+
+
+def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch, isolated):
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
+    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
+    authorized = host.base / "authorized_keys"
+    lab_key = authorized.read_text()
+    pub = isolated / "keys" / "default.us-east-1.pub"
+
+    def cloud_init():
+        # As on a real instance, the cluster's key is accepted only some time after boot:
+        # `up` must keep retrying until it is.
+        deadline = time.monotonic() + 60
+        while not pub.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)
+        authorized.write_text(lab_key + pub.read_text())
+
+    installer = threading.Thread(target=cloud_init, daemon=True)
+    installer.start()
+    try:
+        res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
+        installer.join(60)
+        assert "waiting for SSH on root@" in res.stderr and "SSH works" in res.stderr
+        (inst,) = live_instances(aws)
+        proj = make_project("e2e", {"train.py": TF_TRAIN})
+        out = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "2")
+        assert "Epoch 2/2" in out.stdout
+        run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+        assert run["state"] == "succeeded" and run["cluster"] == "default"
+        assert "Epoch 1/2" in gpuctl("logs", run["run_id"]).stdout
+        cost = json.loads(gpuctl("cost", "--json").stdout)
+        (rc,) = cost["runs"]
+        assert [e["epoch"] for e in rc["epochs"]] == [1, 2]
+        assert rc["usd_per_hour"] > 0 and all(e["epoch_cost_usd"] > 0 for e in rc["epochs"])
+        assert cost["clusters"][0]["provider"] == "aws"
+        assert host.run(f"cat /srv/gpuctl/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
+        gpuctl("down", "-y")
+        nothing_created(aws)
+        assert aws.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
+        assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][1]["epoch"] == 2
+    finally:
+        authorized.write_text(lab_key)
