@@ -35,6 +35,9 @@ class Host(Protocol):
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         """Write a file atomically, creating parent directories."""
 
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write a file atomically, creating parent directories."""
+
     def push(self, src: Path, dest: str) -> SyncStats:
         """Incrementally mirror a local directory to `dest` on the host."""
 
@@ -90,10 +93,13 @@ class LocalHost:
             return None
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.write_bytes(path, text.encode("utf-8"), mode)
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(data)
         os.chmod(tmp, mode)
         os.replace(tmp, p)
 

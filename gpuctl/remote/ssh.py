@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import select
 import shlex
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -140,6 +141,7 @@ class SshHost:
         self.root = ""  # set below, once $HOME is known
         self._client = connect(ep, home, identity, connect_timeout_s, retry_auth, progress)
         self._sftp: Any = None
+        self.has_rsync: bool | None = None  # learnt on the first push
         if workdir.startswith("~"):
             remote_home = self.run(["sh", "-c", 'printf %s "$HOME"'], cwd=False).stdout.strip()
             workdir = remote_home + workdir[1:]
@@ -201,7 +203,10 @@ class SshHost:
     def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
         try:
             with self.sftp.open(path, "rb") as fh:
-                fh.seek(offset)
+                if offset:
+                    fh.seek(offset)
+                else:
+                    fh.prefetch()  # pipelined reads: one round trip's wait, not one per 32 KB
                 return fh.read()
         except FileNotFoundError:
             return None
@@ -210,13 +215,38 @@ class SshHost:
                 return None
             raise RemoteError(f"cannot read {path} on {self.label}: {exc}") from None
 
+    def makedirs(self, path: str) -> None:
+        """mkdir -p over SFTP: no remote shell (whose startup files can cost 100 ms a command)."""
+        missing = []
+        while path and path != "/":
+            try:
+                self.sftp.stat(path)
+                break
+            except FileNotFoundError:
+                missing.append(path)
+                path = posixpath.dirname(path)
+            except OSError as exc:
+                if getattr(exc, "errno", None) != 2:
+                    raise RemoteError(f"cannot create {path} on {self.label}: {exc}") from None
+                missing.append(path)
+                path = posixpath.dirname(path)
+        for d in reversed(missing):
+            try:
+                self.sftp.mkdir(d)
+            except OSError as exc:
+                raise RemoteError(f"cannot create {d} on {self.label}: {exc}", "Is the disk full, or the path not writable?") from None
+
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.write_bytes(path, text.encode("utf-8"), mode)
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         parent = posixpath.dirname(path)
-        self.run(["mkdir", "-p", parent])
+        self.makedirs(parent)
         tmp = posixpath.join(parent, f".{posixpath.basename(path)}.tmp")
         try:
             with self.sftp.open(tmp, "wb") as fh:
-                fh.write(text.encode())
+                fh.set_pipelined(True)
+                fh.write(data)
             self.sftp.chmod(tmp, mode)
             self.sftp.posix_rename(tmp, path)
         except OSError as exc:
@@ -247,10 +277,10 @@ class SshHost:
         import stat
         import subprocess
 
-        from gpuctl.remote.sync import _has_rsync, _rsync_host
+        from gpuctl.remote.sync import _rsync_host
 
         local.mkdir(parents=True, exist_ok=True)
-        if _has_rsync(self):
+        if self.has_rsync is not False and shutil.which("rsync"):
             proc = subprocess.run(
                 ["rsync", "-a", "--stats", "-e", shlex.join(self.ssh_argv()),
                  f"{self.ep.user}@{_rsync_host(self.ep.host)}:{path}/", f"{local}/"],

@@ -17,12 +17,25 @@ import shlex
 import shutil
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuctl.types import SyncStats
 
-MANIFEST = ".gpuctl-manifest.json"
+MANIFEST = ".gpuctl-manifest"
+
+
+def encode_manifest(files: dict[str, tuple[int, int]]) -> bytes:
+    """zlib-compressed JSON: a 3000-file manifest is ~40 KB instead of ~150 KB on every push."""
+    return zlib.compress(json.dumps({k: list(v) for k, v in files.items()}).encode(), 6)
+
+
+def decode_manifest(data: bytes | None) -> dict[str, tuple[int, int]]:
+    try:
+        return {k: tuple(v) for k, v in json.loads(zlib.decompress(data or b"")).items()}
+    except (ValueError, zlib.error):
+        return {}
 
 
 def manifest_path(dest: str) -> str:
@@ -137,10 +150,7 @@ def push_local(src: Path, dest: Path) -> SyncStats:
     current = scan(src, rules)
     dest.mkdir(parents=True, exist_ok=True)
     manifest = Path(manifest_path(str(dest)))
-    try:
-        previous = {k: tuple(v) for k, v in json.loads(manifest.read_text()).items()}
-    except (OSError, ValueError):
-        previous = {}
+    previous = decode_manifest(manifest.read_bytes() if manifest.exists() else None)
 
     copied = nbytes = 0
     for rel, sig in current.items():
@@ -163,7 +173,7 @@ def push_local(src: Path, dest: Path) -> SyncStats:
             pass
 
     tmp_manifest = manifest.with_suffix(".tmp")
-    tmp_manifest.write_text(json.dumps({k: list(v) for k, v in current.items()}))
+    tmp_manifest.write_bytes(encode_manifest(current))
     os.replace(tmp_manifest, manifest)
     return SyncStats(
         files_total=len(current),
@@ -175,19 +185,24 @@ def push_local(src: Path, dest: Path) -> SyncStats:
 
 
 def _remote_manifest(host, dest: str) -> dict[str, tuple[int, int]]:
-    data = host.read_bytes(manifest_path(dest))
+    return decode_manifest(host.read_bytes(manifest_path(dest)))
+
+
+# What the remote shell says when it cannot run rsync at all.
+REMOTE_RSYNC_MISSING = re.compile(r"rsync: (command )?not found|rsync: Permission denied")
+
+
+def _disk_full(host, dest: str) -> str:
+    """'No space left on device (...)' when the destination's filesystem is (nearly) full."""
+    res = host.run(["df", "-Pk", dest], check=False)
     try:
-        return {k: tuple(v) for k, v in json.loads(data or b"{}").items()}
-    except ValueError:
-        return {}
-
-
-def _has_rsync(host) -> bool:
-    import shutil as _sh
-
-    if not _sh.which("rsync"):
-        return False
-    return host.run(["sh", "-c", "command -v rsync"], check=False).returncode == 0
+        fields = res.stdout.strip().splitlines()[-1].split()
+        size_kb, avail_kb = int(fields[1]), int(fields[3])
+    except (IndexError, ValueError):
+        return ""
+    if avail_kb < max(1024, size_kb // 100):
+        return f"No space left on device ({avail_kb} KB free of {size_kb} KB where {dest} lives)"
+    return ""
 
 
 def _disk_hint(text: str) -> str:
@@ -198,7 +213,9 @@ def _disk_hint(text: str) -> str:
 def push_remote(host, src: Path, dest: str) -> SyncStats:
     """Mirror `src` to `dest` on an SSH host: rsync over SSH where both ends have it, else one tar
     stream over the existing connection. Each file lands whole (rsync writes a temporary file
-    and renames it), the manifest is written last, and only files gpuctl pushed before are deleted."""
+    and renames it), the manifest is written last, and only files gpuctl pushed before are deleted.
+    Besides rsync's own connection, a push costs SFTP requests only: no remote shell."""
+    import shutil as _sh
     import subprocess
 
     from gpuctl.errors import RemoteError
@@ -206,9 +223,10 @@ def push_remote(host, src: Path, dest: str) -> SyncStats:
     t0 = time.perf_counter()
     rules = IgnoreRules.for_project(src)
     current = scan(src, rules)
-    host.run(["mkdir", "-p", dest])
+    host.makedirs(dest)
     previous = _remote_manifest(host, dest)
-    if _has_rsync(host):
+    copied = sent = -1
+    if host.has_rsync is not False and _sh.which("rsync"):
         # rsync's own quick check (size + mtime) decides what to send; --files-from keeps it to
         # exactly the files the ignore rules allow.
         proc = subprocess.run(
@@ -216,17 +234,22 @@ def push_remote(host, src: Path, dest: str) -> SyncStats:
              f"{src}/", f"{host.ep.user}@{_rsync_host(host.ep.host)}:{dest}/"],
             input="\0".join(current).encode(), capture_output=True,
         )
-        out = proc.stdout.decode("utf-8", "replace")
-        if proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace").strip()
+        err = proc.stderr.decode("utf-8", "replace").strip()
+        if proc.returncode in (12, 126, 127) and REMOTE_RSYNC_MISSING.search(err):
+            host.has_rsync = False  # the host has none: tar from now on
+        elif proc.returncode != 0:
             lines = err.splitlines() or [""]
-            # rsync ends with a generic "error in file IO"; the cause is on an earlier line.
-            cause = next((ln for ln in lines if "No space left" in ln), lines[-1])
+            # rsync ends with a generic "error in file IO"; the cause is on an earlier line, or
+            # lost when the receiver dies first: then ask the disk itself.
+            cause = next((ln for ln in lines if "No space left" in ln), "") or _disk_full(host, dest) or lines[-1]
             raise RemoteError(f"push to {host.label} failed (rsync exit {proc.returncode}): {cause.strip()}",
-                              _disk_hint(err))
-        copied = _stat(out, "Number of regular files transferred")
-        sent = _stat(out, "Total bytes sent")
-    else:
+                              _disk_hint(cause + err))
+        else:
+            host.has_rsync = True
+            out = proc.stdout.decode("utf-8", "replace")
+            copied = _stat(out, "Number of regular files transferred")
+            sent = _stat(out, "Total bytes sent")
+    if copied < 0:
         changed = [rel for rel, sig in current.items() if previous.get(rel) != sig]
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -240,7 +263,9 @@ def push_remote(host, src: Path, dest: str) -> SyncStats:
     gone = sorted(previous.keys() - current.keys())
     for i in range(0, len(gone), 500):  # batched: one command per 500 deletions, not one per file
         host.run(["rm", "-f", "--", *[f"{dest}/{rel}" for rel in gone[i : i + 500]]])
-    host.write_text(manifest_path(dest), json.dumps({k: list(v) for k, v in current.items()}))
+    # rsync needs the manifest only for deletions (the set of paths); tar needs the signatures.
+    if host.has_rsync is False or previous.keys() != current.keys():
+        host.write_bytes(manifest_path(dest), encode_manifest(current))
     return SyncStats(files_total=len(current), files_copied=copied, bytes_copied=sent,
                      files_deleted=len(gone), seconds=time.perf_counter() - t0)
 

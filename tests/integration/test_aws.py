@@ -328,10 +328,3 @@ def test_up_killed_at_any_point_leaves_nothing_down_all_cannot_find(gpuctl, aws,
     # And the ledger agrees: no cluster is left up.
     assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
 
-
-def test_train_on_aws_says_what_is_missing(gpuctl, aws, quick_project):
-    gpuctl(*UP)
-    res = gpuctl("train", quick_project, code=7)
-    assert "jobs on aws instances need the SSH host" in res.stderr
-    gpuctl("down", "-y")
-    nothing_created(aws)

@@ -211,7 +211,11 @@ def test_disk_full_during_a_push_keeps_the_previous_tree(gpuctl, ssh, make_proje
     assert "No space left on device" in error_line(res) and "disk is full" in res.stderr
     host = ssh.hosts[0]
     tree = "/srv/gpuctl/code/fills"
-    manifest = json.loads(host.run("cat /srv/gpuctl/code/.fills.gpuctl-manifest.json").stdout)
+    import base64
+
+    from gpuctl.remote.sync import decode_manifest
+
+    manifest = decode_manifest(base64.b64decode(host.run("base64 -w0 /srv/gpuctl/code/.fills.gpuctl-manifest").stdout))
     assert sorted(manifest) == ["lib.py", "train.py"]  # the previous push's record stands
     assert host.run(f"cat {tree}/train.py").stdout == "print('v1')\n"
     assert host.run(f"cat {tree}/lib.py").stdout in ("V = 1\n", "V = 2\n")  # whole, old or new

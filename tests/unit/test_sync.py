@@ -2,7 +2,7 @@
 
 import os
 
-from gpuctl.remote.sync import IgnoreRules, manifest_path, push_local
+from gpuctl.remote.sync import IgnoreRules, decode_manifest, manifest_path, push_local
 
 
 def tree(root, files):
@@ -35,8 +35,9 @@ def test_push_is_incremental_and_keeps_job_outputs(tmp_path):
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == sorted(
         [".gitignore", ".gpuctlignore", "lib/model.py", "train.py"]
     )
-    assert manifest_path(str(dest)) == str(tmp_path / ".dest.gpuctl-manifest.json")
-    assert (tmp_path / ".dest.gpuctl-manifest.json").is_file()
+    assert manifest_path(str(dest)) == str(tmp_path / ".dest.gpuctl-manifest")
+    assert sorted(decode_manifest((tmp_path / ".dest.gpuctl-manifest").read_bytes())) == [
+        ".gitignore", ".gpuctlignore", "lib/model.py", "train.py"]
 
     again = push_local(src, dest)
     assert (again.files_copied, again.bytes_copied, again.files_deleted) == (0, 0, 0)
