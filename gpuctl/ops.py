@@ -296,13 +296,17 @@ class Gpuctl:
         self.ledger.event("train", f"started {entry} in {project}", cluster=record.name, run_id=run_id)
         return TrainResult(run=run, code_sync=sync, data_sync=data_sync, session=run_id, host=host.label)
 
-    def pull(self, run_id: str | None, dest: Path) -> PullResult:
-        """Bring a run's outputs, reports and log back from its instance."""
+    def _run_on_live_cluster(self, run_id: str | None) -> tuple[RunRecord, ClusterRecord]:
         run = self.find_run(run_id)
         cluster = self.ledger.live_cluster(run.cluster)
         if cluster is None:
             raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
                                 f"Its log and reports are kept: gpuctl logs {run.run_id}; gpuctl cost {run.run_id}")
+        return run, cluster
+
+    def pull(self, run_id: str | None, dest: Path) -> PullResult:
+        """Bring a run's outputs, reports and log back from its instance."""
+        run, cluster = self._run_on_live_cluster(run_id)
         _, host = self._host(cluster)
         target = Path(dest) / run.run_id
         files = host.pull_tree(run.run_dir, target)
@@ -332,11 +336,7 @@ class Gpuctl:
         return host.ssh_argv("-t" if command is None else "-T", f"{host.ep.user}@{host.ep.host}", remote), None
 
     def attach_argv(self, run_id: str | None) -> tuple[list[str], str | None]:
-        run = self.find_run(run_id)
-        cluster = self.ledger.live_cluster(run.cluster)
-        if cluster is None:
-            raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
-                                f"Its log is kept: gpuctl logs {run.run_id}")
+        run, cluster = self._run_on_live_cluster(run_id)
         _, host = self._host(cluster)
         tmux = ["tmux", "-L", host.tmux_socket, "attach-session", "-t", f"={run.run_id}"]
         if cluster.provider == "local":

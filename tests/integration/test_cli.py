@@ -54,12 +54,17 @@ def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolat
     second = gpuctl("train", quick_project, "--json")
     assert json.loads(second.stdout)["code_sync"]["files_copied"] == 0
 
+    back = isolated.parent / "back"
+    assert "Pulled" in gpuctl("pull", run["run_id"], "--dest", back).stdout
+    assert (back / run["run_id"] / "epochs.jsonl").read_text().count("\n") == 3
     down = gpuctl("down", "-y").stdout
     assert "Cluster 'default' is down" in down
     assert not (isolated / "clusters" / "default").exists()
     # Reports and logs outlive the cluster.
     assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][2]["epoch"] == 3
     assert "done" in gpuctl("logs", run["run_id"]).stdout
+    assert "which is down" in gpuctl("pull", run["run_id"], code=4).stderr
+    assert "which is down" in gpuctl("attach", run["run_id"], code=4).stderr
     assert "nothing to do" in gpuctl("down", "-y").stdout
     assert "already down" in gpuctl("down", "default", "-y").stdout
 
