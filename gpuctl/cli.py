@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ from pydantic import BaseModel
 from gpuctl import __version__
 from gpuctl.errors import ConfirmationRequired, ExitCode, GpuctlError, RunFailedError
 from gpuctl.types import DownResult
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as _escape
+
+    return _escape(text)
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -236,14 +243,18 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
 @click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
 @click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
+@click.option("--down/--no-down", "down_after", default=None,
+              help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
-          entry: str | None, budget: float | None, allow_cpu: bool, wait: bool, as_json: bool) -> None:
+          entry: str | None, budget: float | None, allow_cpu: bool, down_after: bool | None, wait: bool,
+          as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
     ops = _ops(ctx, **{"train.entry": entry, "guards.budget_usd": budget})
-    result = ops.train(path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu, progress=_progress)
+    result = ops.train(path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu, progress=_progress,
+                       down_after_run=down_after)
     run = result.run
     if as_json and not wait:
         return emit_json(result)
@@ -403,6 +414,18 @@ def status(ctx: click.Context, everything: bool, as_json: bool) -> None:
     for c in report.clusters:
         t.add_row(c.name + (" *" if c.is_default else ""), c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.usd))
     out.print(t)
+    now = time.time()
+    for c in report.clusters:
+        g = c.guard or {}
+        if g.get("error"):
+            out.print(f"  {c.name}: watchdog not reachable: {escape(g['error'])}")
+        elif g.get("fired"):
+            f = g["fired"]
+            out.print(f"  {c.name}: guard FIRED: {f['reason']} at {time.strftime('%H:%M:%S', time.localtime(f['at']))}"
+                      f" ({escape(f['detail'])}) -> {f['action']}")
+        elif g.get("fires_at"):
+            soon = ", ".join(f"{k} in {duration(v - now)}" for k, v in sorted(g["fires_at"].items(), key=lambda kv: kv[1] or 0) if v)
+            out.print(f"  {c.name}: guards: {soon or 'none counting'}" + (f"; stalled: {', '.join(g['stalled'])}" if g.get("stalled") else ""))
     if report.runs:
         out.print()
         t = _table("run", "cluster", "state", "epoch", "elapsed", "$ so far", "last metrics")
@@ -420,9 +443,14 @@ def status(ctx: click.Context, everything: bool, as_json: bool) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("run", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--guard", "guard_log", is_flag=True, help="The watchdog's decisions instead (of --cluster).")
+@click.option("--cluster", help="With --guard: the cluster (default: the default cluster).")
 @click.pass_context
-def logs(ctx: click.Context, run: str | None, follow: bool) -> None:
+def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, cluster: str | None) -> None:
     """Print a run's output (default: the latest run)."""
+    if guard_log:
+        click.echo(_ops(ctx).guard_log(cluster), nl=False)
+        return
     for chunk in _ops(ctx).logs(run, follow=follow):
         click.echo(chunk, nl=False)
 
@@ -511,6 +539,73 @@ def down(ctx: click.Context, name: str | None, everything: bool, yes: bool, as_j
         f"{len(result.released)} resource(s), {len(result.released_instances)} of them instances or work dirs; "
         f"stopped {len(result.stopped_runs)} run(s). Reports stay: gpuctl cost"
     )
+
+
+@cli.group(context_settings=CONTEXT)
+def guard() -> None:
+    """The spend guards that run on the instance: show or change them."""
+
+
+def _render_guard(report: Any) -> None:
+    cfg, st = report.config, report.state
+    now = time.time()
+    click.echo(f"Cluster {report.cluster!r}: on fire -> {cfg.get('on_fire', '?')}"
+               f" ({cfg.get('poweroff_command') if cfg.get('on_fire') == 'poweroff' else 'gpuctl jobs only'})")
+    rows = [
+        ("idle", cfg.get("idle_s"), "no job, idle GPU, no SSH session"),
+        ("stall", cfg.get("stall_s"), f"job hung -> {cfg.get('on_stall', 'warn')}"),
+        ("budget", cfg.get("budget_usd"), f"${st.get('spent_usd', 0):.4f} spent so far"),
+        ("run-done", cfg.get("grace_s") if cfg.get("down_after_run") else 0, "after the run (train --down)"),
+        ("hard-cap", cfg.get("hard_cap_at"), "max_hours after launch"),
+    ]
+    for name, limit, what in rows:
+        if not limit:
+            click.echo(f"  {name:<9} off")
+            continue
+        at = (st.get("fires_at") or {}).get(name)
+        when = f"fires in {duration(at - now)}" if at and at > now else ("due" if at else "not counting")
+        shown = usd(limit) if name == "budget" else (time.strftime('%H:%M', time.localtime(limit)) if name == "hard-cap"
+                                                       else duration(limit))
+        click.echo(f"  {name:<9} {shown:<10} {when:<22} {what}")
+    fired = st.get("fired")
+    if fired:
+        click.echo(f"  FIRED: {fired['reason']} at {time.strftime('%H:%M:%S', time.localtime(fired['at']))}: "
+                   f"{fired['detail']} -> {fired['action']}")
+
+
+@guard.command("show", context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@json_option
+@click.pass_context
+def guard_show(ctx: click.Context, cluster: str | None, as_json: bool) -> None:
+    """Each guard, its limit, and the time until it fires."""
+    report = _ops(ctx).guard_show(cluster)
+    if as_json:
+        return emit_json(report)
+    _render_guard(report)
+
+
+@guard.command("set", context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--idle", help="e.g. 30m; 0 = off")
+@click.option("--stall", help="e.g. 20m; 0 = off")
+@click.option("--on-stall", type=click.Choice(["warn", "fire"]))
+@click.option("--budget", type=float, help="dollars of uptime; 0 = off")
+@click.option("--max-hours", type=PositiveFloat(), help="hard cap, hours after launch")
+@click.option("--down-after-run/--no-down-after-run", default=None)
+@click.option("--grace", help="e.g. 2m")
+@click.option("--check-interval", help="e.g. 60s")
+@click.option("--on-fire", type=click.Choice(["poweroff", "stop-jobs"]))
+@json_option
+@click.pass_context
+def guard_set(ctx: click.Context, cluster: str | None, as_json: bool, **values: Any) -> None:
+    """Change the limits of a live cluster: gpuctl guard set --idle 30m --max-hours 6 --budget 20"""
+    names = {"budget": "budget_usd"}  # flag -> setting, where they differ
+    flags = {f"guards.{names.get(k, k)}": v for k, v in values.items()}
+    report = _ops(ctx, **flags).guard_set(cluster)
+    if as_json:
+        return emit_json(report)
+    _render_guard(report)
 
 
 @cli.group(context_settings=CONTEXT)

@@ -21,12 +21,13 @@ from pydantic import ValidationError
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
 from gpuctl.provision import PROVIDERS, Provider, get_provider
-from gpuctl.remote import jobs, preflight
+from gpuctl.remote import guard, jobs, preflight
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, Settings, load_settings
 from gpuctl.state import Ledger
 from gpuctl.types import (
     FINAL_RUN_STATES,
+    GuardReport,
     Inventory,
     Resource,
     ClusterCost,
@@ -163,6 +164,10 @@ class Gpuctl:
                 instances[n] = inst
             self.ledger.put_instance(inst)
         self.ledger.event("up", f"{len(instances)} instance(s) via {s.provider}", cluster=spec.name)
+        if s.provider != "local" and wait_ssh:
+            progress(f"watchdog: {self._install_guard(self.settings(), cluster)}")
+        elif s.provider != "local":
+            progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
         return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
 
     def _close_if_nothing_exists(self, provider: Provider, spec: ClusterSpec) -> None:
@@ -238,10 +243,11 @@ class Gpuctl:
         return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
 
     def train(self, project: Path, cluster: str | None = None, args: tuple[str, ...] = (), data: Path | None = None,
-              allow_cpu: bool = False, progress: Progress = _quiet) -> TrainResult:
+              allow_cpu: bool = False, progress: Progress = _quiet, down_after_run: bool | None = None) -> TrainResult:
         """Push the project, check the machine, write the run's config, start the payload under tmux."""
         project = self._project(project)
-        s = self.settings(project_dir=project).settings
+        loaded = self.settings(project_dir=project)
+        s = loaded.settings
         entry = s.train.entry
         if not (project / entry).is_file():
             raise ProjectError(
@@ -293,6 +299,8 @@ class Gpuctl:
             raise
         run = run.model_copy(update={"state": "running"})
         self.ledger.put_run(run)
+        how = self._install_guard(loaded, record, down_after_run)
+        progress(f"watchdog: {how}")
         self.ledger.event("train", f"started {entry} in {project}", cluster=record.name, run_id=run_id)
         return TrainResult(run=run, code_sync=sync, data_sync=data_sync, session=run_id, host=host.label)
 
@@ -323,6 +331,81 @@ class Gpuctl:
             results = list(pool.map(lambda p: p[1].run(list(command), check=False), pairs))
         return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
                 for (_, h), r in zip(pairs, results)]
+
+    # --- guards ---------------------------------------------------------------------------------
+
+    def _guard_config(self, loaded: LoadedSettings, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
+                      existing: dict[str, Any], down_after_run: bool | None = None) -> dict[str, Any]:
+        """The watchdog's config from the settings; values the user never set keep what the host has
+        (so a `guard set` survives the next `train`)."""
+        g = loaded.settings.guards
+        fresh: dict[str, tuple[str, Any]] = {  # config key -> (setting, value)
+            "idle_s": ("guards.idle", g.seconds("idle")),
+            "stall_s": ("guards.stall", g.seconds("stall")),
+            "on_stall": ("guards.on_stall", g.on_stall),
+            "grace_s": ("guards.grace", g.seconds("grace")),
+            "check_interval_s": ("guards.check_interval", g.seconds("check_interval")),
+            "gpu_idle_percent": ("guards.gpu_idle_percent", g.gpu_idle_percent),
+            "budget_usd": ("guards.budget_usd", g.budget_usd),
+            "down_after_run": ("guards.down_after_run", g.down_after_run),
+            "on_fire": ("guards.on_fire", g.on_fire or ("poweroff" if cluster.provider == "aws" else "stop-jobs")),
+            "poweroff_command": ("guards.poweroff_command", g.poweroff_command),
+            "hard_cap_at": ("guards.max_hours",
+                            inst.launched_at + g.max_hours * 3600 if cluster.provider == "aws" else None),
+        }
+        cfg = dict(existing)
+        for key, (setting, value) in fresh.items():
+            if key not in cfg or loaded.sources.get(setting, "default") != "default":
+                cfg[key] = value
+        if down_after_run is not None:
+            cfg["down_after_run"] = down_after_run
+        if cfg.get("down_after_run") and (down_after_run or not existing.get("down_after_run")):
+            cfg["down_after_run_since"] = time.time()
+        cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
+                   usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name)
+        return cfg
+
+    def _install_guard(self, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None) -> str:
+        inst, host = self._host(cluster)
+        payload_dir = posixpath.join(host.root, "payload")
+        host.push(PAYLOAD_DIR, payload_dir)
+        cfg = self._guard_config(loaded, cluster, inst, host, guard.read_config(host), down_after_run)
+        return guard.install(host, cfg, host.python, payload_dir)
+
+    def guard_show(self, cluster: str | None = None) -> GuardReport:
+        record = self.resolve_cluster(cluster)
+        _, host = self._host(record)
+        return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host))
+
+    def guard_set(self, cluster: str | None = None) -> GuardReport:
+        """Apply the guard flags to a live cluster. Everything is validated before the host is touched."""
+        loaded = self.settings()  # raises ConfigError on a bad duration, budget or interval
+        record = self.resolve_cluster(cluster)
+        inst, host = self._host(record)
+        existing = guard.read_config(host)
+        if not existing:
+            raise RemoteError(f"no watchdog on cluster {record.name!r} yet", "It is installed by `gpuctl train` "
+                              "(and by `gpuctl up` on remote clusters).")
+        cfg = self._guard_config(loaded, record, inst, host, existing)
+        # Cross-check the merged values as the settings model would (e.g. idle vs check interval).
+        interval = cfg["check_interval_s"]
+        for name in ("idle_s", "stall_s"):
+            if 0 < cfg[name] < interval:
+                raise ConfigError(f"guards.{name[:-2]} ({cfg[name]:g}s) is shorter than the check interval "
+                                  f"({interval:g}s) in force on {record.name}",
+                                  "Raise it, or lower --check-interval in the same command.")
+        if loaded.sources.get("guards.max_hours", "default") != "default" and record.provider == "aws":
+            if not guard.set_hard_cap(host, loaded.settings.guards.max_hours):
+                self.ledger.event("guard", "boot-time hard cap timer not found; the watchdog enforces max_hours",
+                                  cluster=record.name)
+        guard.write_config(host, cfg)
+        self.ledger.event("guard", "set " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.sources.items())
+                                                    if k.startswith("guards.")), cluster=record.name)
+        return GuardReport(cluster=record.name, config=cfg, state=guard.state(host))
+
+    def guard_log(self, cluster: str | None = None) -> str:
+        _, host = self._host(self.resolve_cluster(cluster))
+        return guard.decisions(host)
 
     # --- interactive access ---------------------------------------------------------------------
 
@@ -439,6 +522,8 @@ class Gpuctl:
         planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
         if planned and planned != run.epochs_planned:
             update["epochs_planned"] = planned
+        if state == "failed" and code == 143:
+            state = "stopped"  # SIGTERM: stopped by `down` or a guard, after its graceful exit
         if state != run.state:
             update["state"] = state
             update["exit_code"] = code
@@ -515,12 +600,22 @@ class Gpuctl:
         cost = ClusterCost(name=c.name, provider=c.provider, state=c.state, uptime_s=uptime, usd_per_hour=rate, usd=usd)
         return cost, len(instances)
 
+    def _guard_status(self, cluster: ClusterRecord) -> dict[str, Any] | None:
+        """What the watchdog last saw and when each guard fires; never fails `status`."""
+        try:
+            _, host = self._host(cluster)
+            st = guard.state(host)
+        except GpuctlError as exc:
+            return {"error": exc.message}
+        return st or None
+
     def status(self) -> StatusReport:
         now = time.time()
         clusters = []
         for c in self.ledger.clusters():
             cost, n = self._cluster_cost(c, now)
-            clusters.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n))
+            clusters.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
+                                          guard=self._guard_status(c) if c.state == "up" and n else None))
         runs = []
         for r in self._refreshed_runs():
             epochs = self.ledger.epochs(r.run_id)

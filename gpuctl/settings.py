@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuctl.errors import ConfigError
 from gpuctl.types import SettingValue
@@ -53,13 +53,66 @@ class TrainSettings(_Section):
         return v
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'45s', '30m', '6h', '1h30m', '2d', or plain seconds ('90'); '0' or 'off' = 0 (disabled)."""
+    import re
+
+    t = str(text).strip().lower().replace(" ", "")
+    if t in ("0", "off", "none", ""):
+        return 0.0
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ValueError(f"{text!r} is not a duration; use e.g. 45s, 30m, 6h, 1h30m")
+    return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+
+
+def _duration(v: str) -> str:
+    parse_duration(v)
+    return v
+
+
 class GuardSettings(_Section):
     max_hours: float = Field(
         8.0, gt=0, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
     )
     budget_usd: float = Field(
-        0.0, ge=0, description="Stop a run gracefully once its epochs have cost this much; 0 = no cap."
+        0.0, ge=0, description="Stop a run gracefully once its epochs (payload) or the uptime (watchdog) cost this much; 0 = no cap."
     )
+    idle: str = Field("30m", description="Shut down after this long with no job, an idle GPU and no SSH session; 0 = never.")
+    stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")
+    on_stall: Literal["warn", "fire"] = Field("warn", description="warn: say so in the log and status; fire: shut down.")
+    down_after_run: bool = Field(False, description="Shut down a grace period after the run ends, success or failure.")
+    grace: str = Field("2m", description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
+    check_interval: str = Field("60s", description="How often the watchdog looks.")
+    gpu_idle_percent: float = Field(5.0, ge=0, le=100, description="GPU utilisation under this counts as idle.")
+    on_fire: Literal["", "poweroff", "stop-jobs"] = Field(
+        "", description="What shutting down means; empty: poweroff on aws, stop-jobs on ssh and local."
+    )
+    poweroff_command: str = Field("sudo shutdown -h now", min_length=1, description="How `poweroff` is done.")
+
+    _check_durations = field_validator("idle", "stall", "grace", "check_interval")(classmethod(lambda cls, v: _duration(v)))
+
+    @model_validator(mode="after")
+    def _interval_fits(self) -> "GuardSettings":
+        interval = parse_duration(self.check_interval)
+        if interval <= 0:
+            raise ValueError("check_interval must be longer than 0")
+        for name in ("idle", "stall"):
+            limit = parse_duration(getattr(self, name))
+            if 0 < limit < interval:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) is shorter than check_interval ({self.check_interval}); "
+                    "the watchdog could not notice it in time"
+                )
+        return self
+
+    def seconds(self, name: str) -> float:
+        return parse_duration(getattr(self, name))
 
 
 class AwsSettings(_Section):
@@ -268,11 +321,16 @@ def load_settings(
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        source = sources.get(key, "default")
-        raise ConfigError(
-            f"invalid setting {key} = {merged.get(key)!r} (from {source}): {err['msg']}",
-            f"Fix it in {source}; settings.example.toml documents {key}.",
-        ) from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if key in merged or "." in key:
+            source = sources.get(key, "default")
+            raise ConfigError(
+                f"invalid setting {key} = {merged.get(key)!r} (from {source}): {msg}",
+                f"Fix it in {source}; settings.example.toml documents {key}.",
+            ) from None
+        # A rule across several keys of a section: name where each of them came from.
+        where = ", ".join(f"{k} from {v}" for k, v in sources.items() if k.startswith(key + ".")) or "defaults"
+        raise ConfigError(f"invalid [{key}] settings: {msg}", f"Check {where}.") from None
     return LoadedSettings(settings=settings, sources=sources)
 
 

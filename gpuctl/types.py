@@ -191,6 +191,7 @@ class ClusterCost(_Frozen):
 class ClusterStatus(ClusterCost):
     is_default: bool
     instances: int
+    guard: Optional[dict[str, Any]] = None  # the watchdog's latest state.json
 
 
 class RunStatus(_Frozen):
@@ -262,3 +263,9 @@ class SshConfigResult(_Frozen):
     path: str
     hosts: tuple[str, ...]
     included_from: Optional[str] = None
+
+
+class GuardReport(_Frozen):
+    cluster: str
+    config: dict[str, Any]
+    state: dict[str, Any]

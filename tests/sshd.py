@@ -1,4 +1,4 @@
-"""Real OpenSSH test hosts: one network namespace per host, each with its own IP (10.251.N.2, a
+"""Real OpenSSH test hosts: one network namespace per host, each with its own IP (10.251.X.Y, a
 veth pair to this machine), its own /tmp (so its own tmux) and its own /srv (gpuctl's work dir in
 these tests, a small tmpfs so "disk full" is real), running /usr/sbin/sshd in the foreground.
 Traffic stays inside namespaces the tests create. Needs root (as CI and this workplace run).
@@ -38,8 +38,17 @@ class TestHost:
         return f"gpuctl-{self.tag}-{self.index}"
 
     @property
+    def _octet(self) -> int:
+        # Concurrent test runs (a CI run beside a developer's) get different subnets.
+        return int("".join(c for c in self.tag if c.isdigit()) or "0") % 250
+
+    @property
     def ip(self) -> str:
-        return f"{SUBNET}{self.index}.2"
+        return f"{SUBNET}{self._octet}.{4 * self.index + 2}"
+
+    @property
+    def gateway(self) -> str:
+        return f"{SUBNET}{self._octet}.{4 * self.index + 1}"
 
     @property
     def veth(self) -> str:
@@ -53,7 +62,7 @@ class TestHost:
         self.base.mkdir(parents=True, exist_ok=True)
         _run("ip", "netns", "add", self.ns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
-        _run("ip", "addr", "add", f"{SUBNET}{self.index}.1/30", "dev", self.veth)
+        _run("ip", "addr", "add", f"{self.gateway}/30", "dev", self.veth)
         _run("ip", "link", "set", self.veth, "up")
         for cmd in (["ip", "addr", "add", f"{self.ip}/30", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"]):
@@ -127,12 +136,24 @@ class TestHost:
         assert self.proc is not None
         target = self.proc.pid
         # The sshd process (child of `ip netns exec ... sh`) holds the mount namespace.
-        for pid in _run("ip", "netns", "pids", self.ns).stdout.split():
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"sshd" in cmdline:
-                target = int(pid)
-                break
+        for pid in self.pids(rb"sshd"):
+            target = pid
+            break
         return _run("nsenter", "-t", str(target), "-m", "-n", "sh", "-c", command, check=False)
+
+    def pids(self, pattern: bytes) -> list[int]:
+        """Processes in this host's namespace whose command line matches `pattern` (a regex)."""
+        import re
+
+        out = []
+        for pid in _run("ip", "netns", "pids", self.ns, check=False).stdout.split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue  # it just exited
+            if re.search(pattern, cmdline):
+                out.append(int(pid))
+        return out
 
     def destroy(self) -> None:
         self.stop()
@@ -142,17 +163,21 @@ class TestHost:
 
 
 def cleanup_stale() -> None:
-    """Namespaces and links left by an earlier, killed test run."""
+    """Namespaces and links left by an earlier test run that was killed (its pid is gone);
+    those of a run still going (a CI run beside a developer's) are left alone."""
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith("gpuctl-"):
-            for pid in _run("ip", "netns", "pids", name, check=False).stdout.split():
-                _run("kill", "-9", pid, check=False)
-            _run("ip", "netns", "del", name, check=False)
-    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        dev = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if dev.startswith("gv"):
-            _run("ip", "link", "del", dev, check=False)
+        parts = name.split("-")
+        if not (name.startswith("gpuctl-") and len(parts) == 3):
+            continue
+        digits = "".join(c for c in parts[1] if c.isdigit())
+        if digits and Path(f"/proc/{digits}").exists():
+            continue  # its test run is alive
+        for pid in _run("ip", "netns", "pids", name, check=False).stdout.split():
+            _run("kill", "-9", pid, check=False)
+        _run("ip", "netns", "del", name, check=False)
+        veth = f"gv{parts[1][-6:]}{parts[2]}"[:15]
+        _run("ip", "link", "del", veth, check=False)
 
 
 def client_key(base: Path) -> Path:

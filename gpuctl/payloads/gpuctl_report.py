@@ -15,6 +15,13 @@ import time
 
 SCHEMA_VERSION = 1
 CONFIG_FILE = "run.json"
+# Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for.
+STATE = {"in_fit": False, "stop_requested": False}
+
+
+def stop_requested():
+    """True once gpuctl asked this run to stop (for scripts with their own training loop)."""
+    return STATE["stop_requested"]
 
 
 def run_config():
@@ -181,6 +188,8 @@ def reporter_class(callback_base):
 
         def on_train_batch_end(self, batch, logs=None):
             self._steps += 1
+            if STATE["stop_requested"]:
+                self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
             end = time.time()

@@ -107,7 +107,11 @@ def install_fit_hook(tf):
                         x, batch_size, kwargs.get("validation_split") or 0.0, kwargs.get("steps_per_epoch")
                     )
                     reporter.expect(n, bs)
-                return original(self, x, y, batch_size, *args, **kwargs)
+                gpuctl_report.STATE["in_fit"] = True
+                try:
+                    return original(self, x, y, batch_size, *args, **kwargs)
+                finally:
+                    gpuctl_report.STATE["in_fit"] = False
 
             fit._gpuctl_wrapped = True
             return fit
@@ -115,6 +119,22 @@ def install_fit_hook(tf):
         model_cls.fit = make(original, reporter_cls)
         wrapped += 1
     return wrapped
+
+
+def install_sigterm():
+    """SIGTERM (gpuctl down, a guard's budget) ends training at the next batch, not mid-step:
+    `fit` returns and the script's own code after it (saving, checkpointing) runs. A second
+    SIGTERM, or one outside `fit`, exits at once."""
+    import signal
+
+    def on_term(signum, frame):
+        if gpuctl_report.STATE["in_fit"] and not gpuctl_report.STATE["stop_requested"]:
+            gpuctl_report.STATE["stop_requested"] = True
+            log("SIGTERM: stopping training after this batch")
+            return
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def main(argv):
@@ -134,6 +154,7 @@ def main(argv):
     if tf is not None:
         configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
         install_fit_hook(tf)
+    install_sigterm()
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(entry))
@@ -146,7 +167,8 @@ def main(argv):
             tb = tb.tb_next
         traceback.print_exception(etype, value, tb)
         return 1
-    return 0
+    # Stopped by SIGTERM: the script finished its own way, but the run did not complete.
+    return 143 if gpuctl_report.STATE["stop_requested"] else 0
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
     ]
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
     lines += [
-        f"{shlex.join(command)} 2>&1 | tee -a {q(paths.log)}",
+        # tee ignores TERM: a job stopped gracefully can still print while it checkpoints.
+        f"{shlex.join(command)} 2>&1 | (trap '' TERM; exec tee -a {q(paths.log)})",
         "finish \"${PIPESTATUS[0]}\"",
     ]
     return "\n".join(lines) + "\n"

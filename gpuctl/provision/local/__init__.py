@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from gpuctl.remote import guard
 from gpuctl.remote.host import LocalHost
 from gpuctl.remote.jobs import kill_server
 from gpuctl.settings import Settings
@@ -61,6 +62,8 @@ class LocalProvider:
     def release(self, resources: list[Resource], progress: Callable[[str], None] = print) -> None:
         for r in resources:
             if r.kind == "workdir":
-                kill_server(LocalHost(Path(r.id)))  # ends every job of the cluster
+                host = LocalHost(Path(r.id))
+                guard.uninstall(host)  # its cron entry, if any, must not revive it
+                kill_server(host)  # ends every job of the cluster
                 shutil.rmtree(r.id, ignore_errors=True)
                 progress(f"removed {r.id}")

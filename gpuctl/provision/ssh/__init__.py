@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuctl.errors import GpuctlError, RemoteError
+from gpuctl.remote import guard
 from gpuctl.remote.jobs import kill_server
 from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.settings import Settings
@@ -101,6 +102,7 @@ class SshProvider:
                     progress(f"{rec.id}: not reachable, its gpuctl jobs may still run ({exc.message})")
                     continue
                 try:
+                    guard.uninstall(host)  # the host stays up: its cron entry must not revive the watchdog
                     kill_server(host)  # gpuctl's own tmux server: every gpuctl job there, nothing else
                     progress(f"{rec.id}: gpuctl's jobs ended; its files stay in {rec.workdir}")
                 finally:

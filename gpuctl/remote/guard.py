@@ -1,0 +1,120 @@
+"""Installing and talking to the watchdog (payloads/gpuctl_watchdog.py) on a host.
+
+Where systemd runs (the Deep Learning AMIs) the watchdog is a service with Restart=always.
+Elsewhere it runs in a restart loop in a session of gpuctl's own tmux server, and a cron entry,
+where crontab exists, brings the session back if the whole tmux server dies. Either way it
+needs nothing from the client once installed.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from typing import Any
+
+GUARD_DIR = "guard"
+WATCHDOG = "gpuctl_watchdog.py"
+SESSION = "gpuctl-watchdog"
+CRON_MARK = "# gpuctl-watchdog"
+
+
+def guard_dir(host: Any) -> str:
+    return posixpath.join(host.root, GUARD_DIR)
+
+
+def config_path(host: Any) -> str:
+    return posixpath.join(guard_dir(host), "config.json")
+
+
+def read_config(host: Any) -> dict[str, Any]:
+    try:
+        return json.loads(host.read_bytes(config_path(host)) or b"{}")
+    except ValueError:
+        return {}
+
+
+def write_config(host: Any, cfg: dict[str, Any]) -> None:
+    host.write_text(config_path(host), json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
+    q = shlex.quote
+    loop = (f"while :; do {q(python)} {q(posixpath.join(payload_dir, WATCHDOG))} {q(config_path(host))} "
+            f">> {q(posixpath.join(guard_dir(host), 'watchdog.out'))} 2>&1; sleep 2; done")
+    tmux = f"tmux -L {q(host.tmux_socket)}"
+    return (
+        "#!/bin/sh\n"
+        "# Written by gpuctl: start the watchdog's session unless it runs. Cron calls this every minute.\n"
+        f"{tmux} has-session -t ={SESSION} 2>/dev/null && exit 0\n"
+        f"cd {q(host.root)} && exec {tmux} new-session -d -s {SESSION} {q(loop)}\n"
+    )
+
+
+def _systemd_unit(host: Any, python: str, payload_dir: str, user: str) -> str:
+    return (
+        "[Unit]\nDescription=gpuctl watchdog: ends the spend when idle, hung, over budget or done\n"
+        "[Service]\n"
+        f"ExecStart={python} {posixpath.join(payload_dir, WATCHDOG)} {config_path(host)}\n"
+        f"User={user}\nRestart=always\nRestartSec=2\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
+def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> str:
+    """Write the config and make sure the watchdog runs; how it runs ("systemd" or "tmux...")."""
+    write_config(host, cfg)
+    probe = host.run(["sh", "-c",
+                      '[ -d /run/systemd/system ] && command -v systemctl >/dev/null && '
+                      '{ [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; } && id -un'], check=False)
+    user = probe.stdout.strip()
+    if probe.returncode == 0 and user:
+        unit = posixpath.join(guard_dir(host), "gpuctl-watchdog.service")
+        host.write_text(unit, _systemd_unit(host, python, payload_dir, user))
+        sudo = "" if user == "root" else "sudo -n "
+        host.run(["sh", "-c", f"{sudo}install -m 0644 {shlex.quote(unit)} /etc/systemd/system/gpuctl-watchdog.service"
+                              f" && {sudo}systemctl daemon-reload && {sudo}systemctl enable --now gpuctl-watchdog.service"])
+        return "systemd service gpuctl-watchdog (Restart=always)"
+    ensure = posixpath.join(guard_dir(host), "ensure.sh")
+    host.write_text(ensure, _ensure_script(host, python, payload_dir), mode=0o755)
+    host.run(["sh", ensure])
+    line = f"* * * * * sh {shlex.quote(ensure)} {CRON_MARK} {host.root}"
+    cron = host.run(["sh", "-c", "command -v crontab >/dev/null && { crontab -l 2>/dev/null | grep -vF "
+                     f"{shlex.quote(CRON_MARK + ' ' + host.root)}; echo {shlex.quote(line)}; }} | crontab -"],
+                    check=False)
+    return "tmux session gpuctl-watchdog" + (", revived by cron" if cron.returncode == 0 else " (no crontab here)")
+
+
+def uninstall(host: Any) -> None:
+    """Stop the watchdog for good (before `down` releases a host that stays up)."""
+    host.run(["sh", "-c",
+              f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vF {shlex.quote(CRON_MARK + ' ' + host.root)}"
+              " | crontab - ; "
+              f"tmux -L {shlex.quote(host.tmux_socket)} kill-session -t ={SESSION} 2>/dev/null; "
+              "if [ -f /etc/systemd/system/gpuctl-watchdog.service ]; then "
+              "S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now gpuctl-watchdog.service; fi; true"],
+             check=False)
+
+
+def state(host: Any) -> dict[str, Any]:
+    """The watchdog's latest picture (state.json), or {} before its first look."""
+    try:
+        return json.loads(host.read_bytes(posixpath.join(guard_dir(host), "state.json")) or b"{}")
+    except ValueError:
+        return {}
+
+
+def decisions(host: Any) -> str:
+    return (host.read_bytes(posixpath.join(guard_dir(host), "decisions.log")) or b"").decode("utf-8", "replace")
+
+
+def set_hard_cap(host: Any, max_hours: float) -> bool:
+    """Move the boot-time timer (armed by user data) to `max_hours` after boot, where it exists."""
+    minutes = max(1, int(round(max_hours * 60)))
+    script = (
+        "[ -f /etc/systemd/system/gpuctl-hard-cap.timer ] || exit 3; S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; "
+        "$S mkdir -p /etc/systemd/system/gpuctl-hard-cap.timer.d && "
+        f"printf '[Timer]\\nOnBootSec=\\nOnBootSec={minutes}min\\n' | $S tee /etc/systemd/system/gpuctl-hard-cap.timer.d/gpuctl.conf >/dev/null && "
+        "$S systemctl daemon-reload && $S systemctl restart gpuctl-hard-cap.timer"
+    )
+    return host.run(["sh", "-c", script], check=False).returncode == 0
