@@ -54,6 +54,7 @@ from gpuctl.types import (
 )
 
 PAYLOAD_DIR = Path(__file__).parent / "payloads"
+STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
 Progress = Callable[[str], None]
 
 
@@ -93,7 +94,7 @@ class Gpuctl:
         """The cluster's first instance and a Host for it; one connection per command, reused."""
         return self._hosts(cluster)[0]
 
-    def _hosts(self, cluster: ClusterRecord) -> list[tuple[InstanceRecord, Host]]:
+    def _hosts(self, cluster: ClusterRecord, connect_timeout_s: float | None = None) -> list[tuple[InstanceRecord, Host]]:
         instances = self.ledger.instances(cluster.name)
         if not instances:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", "Run `gpuctl down` then `gpuctl up`.")
@@ -102,7 +103,7 @@ class Gpuctl:
         for inst in instances:
             if inst.id not in self._open_hosts:
                 provider = provider or self._provider(cluster.provider)
-                self._open_hosts[inst.id] = provider.host(inst)
+                self._open_hosts[inst.id] = provider.host(inst, connect_timeout_s)
             out.append((inst, self._open_hosts[inst.id]))
         return out
 
@@ -603,19 +604,43 @@ class Gpuctl:
     def _guard_status(self, cluster: ClusterRecord) -> dict[str, Any] | None:
         """What the watchdog last saw and when each guard fires; never fails `status`."""
         try:
-            _, host = self._host(cluster)
+            timeout = min(STATUS_CONNECT_TIMEOUT_S, self.settings().settings.remote.connect_timeout_s)
+            _, host = self._hosts(cluster, connect_timeout_s=timeout)[0]
             st = guard.state(host)
         except GpuctlError as exc:
             return {"error": exc.message}
         return st or None
 
+    def reconcile(self, cluster: ClusterRecord) -> ClusterRecord:
+        """Bring a cloud cluster's instance states from the provider into the ledger; a cluster
+        whose instances all ended (a guard's poweroff, a spot interruption) is closed at that time."""
+        reconcile = getattr(self._provider(cluster.provider), "reconcile", None)
+        instances = self.ledger.instances(cluster.name)
+        if reconcile is None or not instances:
+            return cluster
+        fresh = reconcile(instances)
+        for old, new in zip(instances, fresh):
+            if new != old:
+                self.ledger.put_instance(new)
+                self.ledger.event("instance-" + new.state, new.state_reason or "", cluster=cluster.name)
+        ended = [i.terminated_at for i in fresh if i.state in ("terminated", "shutting-down")]
+        if len(ended) == len(fresh):
+            self.ledger.mark_cluster_down(cluster.name, max(t or time.time() for t in ended))
+            return cluster.model_copy(update={"state": "down"})
+        return cluster
+
     def status(self) -> StatusReport:
         now = time.time()
         clusters = []
         for c in self.ledger.clusters():
+            if c.state == "up":
+                self.reconcile(c)
+        for c in self.ledger.clusters():
             cost, n = self._cluster_cost(c, now)
+            reasons = {i.state_reason for i in self.ledger.instances(c.name) if i.state_reason} if n else set()
             clusters.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
-                                          guard=self._guard_status(c) if c.state == "up" and n else None))
+                                          guard=self._guard_status(c) if c.state == "up" and n else None,
+                                          note="; ".join(sorted(reasons)) or None))
         runs = []
         for r in self._refreshed_runs():
             epochs = self.ledger.epochs(r.run_id)
@@ -638,6 +663,8 @@ class Gpuctl:
 
     def cost(self, run_ids: tuple[str, ...] = ()) -> CostReport:
         """Every cluster's spend, and every run's (or only the named runs') epochs and projection."""
+        for c in self.ledger.clusters(include_down=False):
+            self.reconcile(c)
         runs = [self.refresh_run(self.find_run(r)) for r in run_ids] if run_ids else self._refreshed_runs()
         now = time.time()
         clusters = tuple(self._cluster_cost(c, now)[0] for c in self.ledger.clusters())

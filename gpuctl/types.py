@@ -62,6 +62,7 @@ class InstanceRecord(_Frozen):
     ssh_user: Optional[str] = None
     key_path: Optional[str] = None
     port: Optional[int] = None
+    state_reason: Optional[str] = None  # why it stopped or ended, as the provider says
 
 
 class Resource(_Frozen):
@@ -192,6 +193,7 @@ class ClusterStatus(ClusterCost):
     is_default: bool
     instances: int
     guard: Optional[dict[str, Any]] = None  # the watchdog's latest state.json
+    note: Optional[str] = None  # e.g. why its instances ended
 
 
 class RunStatus(_Frozen):

@@ -74,6 +74,10 @@ def aws(moto_server, monkeypatch, tmp_path):
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "AWS_EC2_METADATA_DISABLED": "true",
         "GPUCTL_PROVIDER": "aws",
+        # moto's instances have made-up public IPs: SSH to them (status reading the watchdog) is
+        # sent to a closed loopback port instead, and given up on after a second.
+        "GPUCTL_TEST_ENDPOINTS": "*=127.0.0.1:9",
+        "GPUCTL_REMOTE__CONNECT_TIMEOUT_S": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(NETGUARD), os.environ.get("PYTHONPATH")])),
     }
     for k, v in env.items():

@@ -1,6 +1,7 @@
 """Real OpenSSH test hosts: one network namespace per host, each with its own IP (10.251.X.Y, a
-veth pair to this machine), its own /tmp (so its own tmux) and its own /srv (gpuctl's work dir in
-these tests, a small tmpfs so "disk full" is real), running /usr/sbin/sshd in the foreground.
+veth pair to this machine), its own tmux socket directory (/tmp/tmux-0, so its own tmux) and its
+own /srv (gpuctl's work dir in these tests, a small tmpfs so "disk full" is real), running
+/usr/sbin/sshd in the foreground.
 Traffic stays inside namespaces the tests create. Needs root (as CI and this workplace run).
 """
 
@@ -90,8 +91,11 @@ class TestHost:
         ]) + "\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         hide = "".join(f"mount --bind /dev/null {p} && " for p in self.hidden)
+        # Only tmux's socket directory is private, not all of /tmp: the repository (and its .venv,
+        # the Python the jobs run with) may itself live under /tmp, as in CI's clone.
+        Path("/tmp/tmux-0").mkdir(mode=0o700, exist_ok=True)
         inner = (
-            f"mount -t tmpfs -o size=64m tmpfs /tmp && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
+            f"mount -t tmpfs -o mode=700 tmpfs /tmp/tmux-0 && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
             f"{hide}exec /usr/sbin/sshd -D -e -f {cfg}"
         )
         log = open(self.base / "sshd.log", "ab")

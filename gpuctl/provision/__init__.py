@@ -37,8 +37,8 @@ class Provider(Protocol):
     def launch(self, spec: "ClusterSpec", progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
         """Create the cluster's instances, or find and reuse them, and return them."""
 
-    def host(self, instance: "InstanceRecord") -> "Host":
-        """A Host to run commands and move files on this instance."""
+    def host(self, instance: "InstanceRecord", connect_timeout_s: float | None = None) -> "Host":
+        """A Host to run commands and move files on this instance (connect within the timeout)."""
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> "list[Resource]":
         """Everything this provider created for gpuctl (for one cluster, or all), found afresh."""

@@ -328,3 +328,23 @@ def test_up_killed_at_any_point_leaves_nothing_down_all_cannot_find(gpuctl, aws,
     # And the ledger agrees: no cluster is left up.
     assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
 
+
+
+def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, aws):
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    # What a guard's poweroff leads to: EC2 terminates the instance (shutdown behaviour terminate).
+    aws.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    ended = aws.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]
+    status = json.loads(gpuctl("status", "--json").stdout)
+    (cluster,) = status["clusters"]
+    assert cluster["state"] == "down" and cluster["note"]
+    launched = inst["LaunchTime"].timestamp()
+    import re
+    import datetime as dt
+
+    m = re.search(r"\((.*) (?:GMT|UTC)\)", ended["StateTransitionReason"])
+    at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    assert cluster["uptime_s"] == pytest.approx(at - launched, abs=1.0)  # billing closed at EC2's time
+    gpuctl("down", "--all", "-y")
+    nothing_created(aws)

@@ -17,7 +17,7 @@ from gpuctl.errors import CloudError, NoCapacityError, RemoteError
 from gpuctl.provision.aws import access, catalog
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.provision.aws.userdata import hard_cap_script
+from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
 from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
@@ -44,6 +44,18 @@ def backoff_wait(check: Callable[[], Any], timeout_s: float, what: str, progress
         progress(f"waiting for {what} ({time.monotonic() - start:.0f}s)")
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def _transition_time(inst: dict[str, Any]) -> float | None:
+    """EC2 says when an instance stopped in StateTransitionReason: 'User initiated (2026-11-30 04:00:00 GMT)'
+    (moto writes UTC)."""
+    import datetime as dt
+    import re
+
+    m = re.search(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)", inst.get("StateTransitionReason", ""))
+    if not m:
+        return None
+    return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
 def _tag(item: dict[str, Any], key: str) -> str | None:
@@ -141,11 +153,18 @@ class AwsProvider:
         record = self._record(aws, inst, spec, usd, source, image)
         if wait_ssh:
             # Log in once: proves SSH works with the cluster's key, and pins the host key.
-            host = self.host(record, progress)
+            host = self.host(record, progress=progress)
             host.run(["mkdir", "-p", record.workdir], cwd=False)
             record = record.model_copy(update={"workdir": host.root})
-            host.close()
             progress(f"SSH works: {host.label}, host key pinned")
+            cap = host.read_bytes(HARD_CAP_MARK)
+            if cap:
+                at, _, how = cap.decode().strip().partition(" ")
+                progress(f"hard cap armed ({how}): powers off at {time.strftime('%Y-%m-%d %H:%M', time.localtime(float(at)))}")
+            else:
+                progress(f"WARNING: the boot-time hard cap is not confirmed yet ({HARD_CAP_MARK} missing; cloud-init "
+                         "may still be running); the watchdog enforces max_hours as well")
+            host.close()
         return [record]
 
     def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
@@ -204,11 +223,45 @@ class AwsProvider:
             raise RemoteError(f"{instance.id} has no public IP address", "Check the subnet gives public IPs.")
         return Endpoint(user=instance.ssh_user or self.settings.aws.ssh_user, host=host, port=port)
 
-    def host(self, instance: InstanceRecord, progress: Progress | None = None) -> SshHost:
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,
+             progress: Progress | None = None) -> SshHost:
         r = self.settings.remote
         # A new instance's sshd may accept the key only once cloud-init installed it: retry auth too.
         return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
-                       connect_timeout_s=r.connect_timeout_s, retry_auth=True, progress=progress)
+                       connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress)
+
+    def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
+        """The instances as EC2 sees them now: state, and when and why they ended.
+
+        A guard's poweroff terminates the instance (shutdown behaviour terminate); this is how the
+        client learns it, and the ledger closes the billing period at EC2's time, not the client's.
+        """
+        by_region: dict[str, list[InstanceRecord]] = {}
+        for inst in instances:
+            by_region.setdefault(inst.region or "", []).append(inst)
+        out = []
+        for region, items in by_region.items():
+            ec2 = self._aws(region or None).ec2()
+            try:
+                res = call(ec2.describe_instances, InstanceIds=[i.id for i in items])
+                seen = {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
+            except CloudError:
+                seen = {}  # long gone: AWS forgets terminated instances after about an hour
+            for inst in items:
+                live = seen.get(inst.id)
+                state = live["State"]["Name"] if live else "terminated"
+                if state == inst.state:
+                    out.append(inst)
+                    continue
+                ended = None
+                if state in ("terminated", "shutting-down", "stopped"):
+                    ended = _transition_time(live) if live else None
+                reason = (live or {}).get("StateReason", {}).get("Message") if live else "no longer known to EC2"
+                out.append(inst.model_copy(update={
+                    "state": state, "state_reason": reason,
+                    "terminated_at": (ended or time.time()) if state in ("terminated", "shutting-down") else None,
+                }))
+        return out
 
     # --- discover and release -------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ class LocalProvider:
             )
         ]
 
-    def host(self, instance: InstanceRecord) -> LocalHost:
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> LocalHost:
         return LocalHost(Path(instance.workdir))
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:

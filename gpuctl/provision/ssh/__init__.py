@@ -39,10 +39,10 @@ class SshProvider:
         return self.home / "ssh-clusters"
 
     def connect(self, ep: Endpoint, identity: str | None, workdir: str | None = None,
-                progress: Callable[[str], None] | None = None) -> SshHost:
+                progress: Callable[[str], None] | None = None, connect_timeout_s: float | None = None) -> SshHost:
         r = self.settings.remote
         return SshHost(ep, self.home, identity, workdir or r.workdir, python=r.python,
-                       connect_timeout_s=r.connect_timeout_s, progress=progress)
+                       connect_timeout_s=connect_timeout_s or r.connect_timeout_s, progress=progress)
 
     def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
         endpoints = [Endpoint.parse(h) for h in spec.hosts]
@@ -74,9 +74,9 @@ class SshProvider:
         (self._registry() / f"{spec.name}.json").write_text(json.dumps([r.model_dump() for r in records]))
         return records
 
-    def host(self, instance: InstanceRecord) -> SshHost:
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> SshHost:
         ep = Endpoint(user=instance.ssh_user or "", host=instance.public_ip or "", port=instance.port or 22)
-        return self.connect(ep, instance.key_path, instance.workdir)
+        return self.connect(ep, instance.key_path, instance.workdir, connect_timeout_s=connect_timeout_s)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._registry()
