@@ -1,5 +1,5 @@
 """The ssh provider and SshHost against real OpenSSH sshd test hosts (tests/sshd.py): one network
-namespace each, own IP, own /tmp (tmux) and /srv (gpuctl's work dir, a tmpfs).
+namespace each, own IP, own tmux socket directory and own /srv (gpuctl's work dir, a tmpfs).
 
 Bad inputs tried: an unreachable host (timeout naming host and port), a refused client key, a
 changed host key, a full disk during a push, a host without tmux, a host without python3, a
