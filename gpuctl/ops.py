@@ -77,6 +77,7 @@ class Gpuctl:
         self.env = os.environ if env is None else env
         self._ledger: Ledger | None = None
         self._open_hosts: dict[str, Host] = {}
+        self._settings: dict[tuple[str, str], LoadedSettings] = {}
 
     @property
     def ledger(self) -> Ledger:
@@ -85,7 +86,11 @@ class Gpuctl:
         return self._ledger
 
     def settings(self, project_dir: Path | None = None) -> LoadedSettings:
-        return load_settings(self.flags, project_dir=project_dir, env=self.env)
+        """The settings for this command (cached: a command asks often, files and flags stay put)."""
+        key = (json.dumps(self.flags, sort_keys=True, default=str), str(project_dir))
+        if key not in self._settings:
+            self._settings[key] = load_settings(self.flags, project_dir=project_dir, env=self.env)
+        return self._settings[key]
 
     def _provider(self, name: str, settings: Settings | None = None) -> Provider:
         return get_provider(name, self.home, settings or self.settings().settings)

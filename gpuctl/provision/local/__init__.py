@@ -30,7 +30,8 @@ class LocalProvider:
     def _clusters_dir(self) -> Path:
         return self.home / "clusters"
 
-    def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = print, wait_ssh: bool = True) -> list[InstanceRecord]:
+    def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = lambda _: None,
+               wait_ssh: bool = True) -> list[InstanceRecord]:
         workdir = self._clusters_dir() / spec.name
         workdir.mkdir(parents=True, exist_ok=True)
         return [
@@ -59,7 +60,7 @@ class LocalProvider:
             if d.is_dir()
         ]
 
-    def release(self, resources: list[Resource], progress: Callable[[str], None] = print) -> None:
+    def release(self, resources: list[Resource], progress: Callable[[str], None] = lambda _: None) -> None:
         for r in resources:
             if r.kind == "workdir":
                 host = LocalHost(Path(r.id))
