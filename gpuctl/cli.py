@@ -461,28 +461,70 @@ RECENT_RUNS = 3
 @cli.command(context_settings=CONTEXT)
 @click.argument("runs", nargs=-1)
 @click.option("--all", "show_all", is_flag=True, help=f"Epoch tables for every run (default: the {RECENT_RUNS} newest).")
+@click.option("--compare", is_flag=True, help="Put the named RUNS side by side (two or more).")
+@click.option("--csv", "as_csv", is_flag=True, help="One CSV row per epoch of every run reported.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG: cumulative $ by epoch and by time.")
 @json_option
 @click.pass_context
-def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, as_json: bool) -> None:
+def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: bool, as_csv: bool,
+         plot_path: Path | None, as_json: bool) -> None:
     """Spend per cluster and per run, one row per epoch, with the projected total.
 
     Name RUNS to report only those.
     """
-    report = _ops(ctx).cost(runs)
+    ops = _ops(ctx)
+    if plot_path is not None:
+        from gpuctl.plot import check_target
+
+        check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
+    report = ops.compare(runs) if compare else ops.cost(runs)
+    if plot_path is not None:
+        from gpuctl.plot import plot
+
+        drawn = plot(report, plot_path)
+        click.echo(f"Wrote {plot_path} ({drawn} run(s)).", err=True)
     if as_json:
         return emit_json(report)
+    if as_csv:
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["run_id", "cluster", "instance_type", "market", "epoch", "seconds", "examples",
+                         "examples_per_s", "epoch_cost_usd", "cumulative_usd"])
+        for r in report.runs:
+            for e in r.epochs:
+                writer.writerow([r.run_id, r.cluster, r.instance_type or "", r.market or "", e.epoch, f"{e.seconds:.3f}",
+                                 e.examples if e.examples is not None else "",
+                                 f"{e.examples_per_s:.3f}" if e.examples_per_s else "",
+                                 f"{e.epoch_cost_usd:.6f}", f"{e.cumulative_usd:.6f}"])
+        return
     out = _console()
-    t = _table("cluster", "provider", "state", "uptime", "$/h", "$")
+    if compare:
+        t = _table("", *[r.run_id for r in report.runs])
+        for label, get in (
+            ("instance type", lambda r: r.instance_type or "-"), ("market", lambda r: r.market or "-"),
+            ("$/h", lambda r: usd(r.usd_per_hour)), ("epochs", lambda r: f"{r.epochs_done}/{r.epochs_planned or '?'}"),
+            ("epoch time", lambda r: duration(r.mean_epoch_s)), ("$/epoch", lambda r: usd(r.mean_epoch_usd)),
+            ("examples/s", lambda r: _num(r.examples_per_s)), ("$/M examples", lambda r: usd(r.usd_per_million_examples)),
+            ("projected total", lambda r: usd(r.projected_total_usd)),
+        ):
+            t.add_row(label, *[get(r) for r in report.runs])
+        out.print(t)
+        return
+    t = _table("cluster", "provider", "state", "uptime", "$/h", "$ compute", "$ storage", "$", "$ idle", "$ spot saved")
     for c in report.clusters:
-        t.add_row(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.usd))
+        t.add_row(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.compute_usd),
+                  usd(c.storage_usd), usd(c.usd), usd(c.idle_usd), usd(c.spot_savings_usd))
     out.print(t)
     if not report.runs:
         return
     out.print()
-    t = _table("run", "cluster", "state", "epochs", "mean epoch", "$ spent", "$ projected")
+    t = _table("run", "cluster", "state", "epochs", "mean epoch", "ex/s", "$/M ex", "$ spent", "$ projected", "finish")
     for r in report.runs:
+        finish = time.strftime("%H:%M", time.localtime(r.projected_finish_at)) if r.projected_finish_at else "-"
         t.add_row(r.run_id, r.cluster, r.state, f"{r.epochs_done}/{r.epochs_planned or '?'}",
-                  duration(r.mean_epoch_s), usd(r.spent_usd), usd(r.projected_total_usd))
+                  duration(r.mean_epoch_s), _num(r.examples_per_s), usd(r.usd_per_million_examples),
+                  usd(r.spent_usd), usd(r.projected_total_usd), finish)
     out.print(t)
     detailed = report.runs if (show_all or runs) else report.runs[-RECENT_RUNS:]
     for r in detailed:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import ValidationError
 
+from gpuctl import billing
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, NoClusterError, NotFoundError, ProjectError, RemoteError
 from gpuctl.provision import PROVIDERS, Provider, get_provider
 from gpuctl.remote import guard, jobs, preflight
@@ -596,14 +597,28 @@ class Gpuctl:
         return [self.refresh_run(r) for r in self.ledger.runs()]
 
     def _cluster_cost(self, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
+        """Uptime and dollars: EC2's rules (per second, 60 s minimum, spot piecewise, EBS storage) for
+        cloud instances; seconds x the set rate for local and ssh machines."""
         instances = self.ledger.instances(c.name)
-        uptime = usd = rate = 0.0
+        uptime = compute = storage = rate = savings = 0.0
         for inst in instances:
-            seconds = max(0.0, (inst.terminated_at or c.terminated_at or now) - inst.launched_at)
+            end = inst.terminated_at or c.terminated_at or now
+            seconds = max(0.0, end - inst.launched_at)
             uptime = max(uptime, seconds)
-            usd += seconds * inst.usd_per_hour / 3600.0
             rate += inst.usd_per_hour
-        cost = ClusterCost(name=c.name, provider=c.provider, state=c.state, uptime_s=uptime, usd_per_hour=rate, usd=usd)
+            if c.provider == "aws":
+                steps = list(inst.price_steps) or [(inst.launched_at, inst.usd_per_hour)]
+                usd = billing.compute_cost([(inst.launched_at, end)], steps)
+                compute += usd
+                storage += billing.storage_cost(c.spec.disk_gb, inst.launched_at, end)
+                if inst.market == "spot" and inst.on_demand_usd_per_hour:
+                    billed = billing.billed_seconds(inst.launched_at, end)
+                    savings += billed * inst.on_demand_usd_per_hour / 3600.0 - usd
+            else:
+                compute += seconds * inst.usd_per_hour / 3600.0
+        cost = ClusterCost(name=c.name, provider=c.provider, state=c.state, uptime_s=uptime, usd_per_hour=rate,
+                           usd=compute + storage, compute_usd=compute, storage_usd=storage,
+                           spot_savings_usd=savings if savings else None)
         return cost, len(instances)
 
     def _guard_status(self, cluster: ClusterRecord) -> dict[str, Any] | None:
@@ -627,6 +642,7 @@ class Gpuctl:
         for old, new in zip(instances, fresh):
             if new != old:
                 self.ledger.put_instance(new)
+            if new.state != old.state:
                 self.ledger.event("instance-" + new.state, new.state_reason or "", cluster=cluster.name)
         ended = [i.terminated_at for i in fresh if i.state in ("terminated", "shutting-down")]
         if len(ended) == len(fresh):
@@ -666,18 +682,38 @@ class Gpuctl:
             )
         return StatusReport(clusters=tuple(clusters), runs=tuple(runs))
 
+    def _with_machine(self, rc: RunCost) -> RunCost:
+        """Which machine a run's dollars bought: its cluster's instance type and market."""
+        try:
+            inst = self.ledger.instances(rc.cluster)[0]
+        except (KeyError, IndexError):
+            return rc
+        return rc.model_copy(update={"instance_type": inst.instance_type or self._cluster_provider(rc.cluster),
+                                     "market": inst.market})
+
+    def _cluster_provider(self, name: str) -> str:
+        return next((c.provider for c in reversed(self.ledger.clusters()) if c.name == name), "?")
+
+    def compare(self, run_ids: tuple[str, ...]) -> CostReport:
+        """Runs side by side; at least two."""
+        if len(run_ids) < 2:
+            raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
+        return self.cost(run_ids)
+
     def cost(self, run_ids: tuple[str, ...] = ()) -> CostReport:
         """Every cluster's spend, and every run's (or only the named runs') epochs and projection."""
         for c in self.ledger.clusters(include_down=False):
             self.reconcile(c)
         runs = [self.refresh_run(self.find_run(r)) for r in run_ids] if run_ids else self._refreshed_runs()
         now = time.time()
-        clusters = tuple(self._cluster_cost(c, now)[0] for c in self.ledger.clusters())
-        return CostReport(
-            clusters=clusters,
-            runs=tuple(run_cost(r, self.ledger.epochs(r.run_id)) for r in runs),
-            total_usd=sum(c.usd for c in clusters),
-        )
+        costs = tuple(self._with_machine(run_cost(r, self.ledger.epochs(r.run_id))) for r in runs)
+        clusters = []
+        for c in self.ledger.clusters():
+            cost = self._cluster_cost(c, now)[0]
+            in_epochs = sum(rc.spent_usd for rc in costs if rc.cluster == c.name) if not run_ids else None
+            clusters.append(cost if in_epochs is None else
+                            cost.model_copy(update={"idle_usd": max(0.0, cost.usd - in_epochs)}))
+        return CostReport(clusters=tuple(clusters), runs=costs, total_usd=sum(c.usd for c in clusters))
 
     # --- down -----------------------------------------------------------------------------------
 
@@ -818,10 +854,13 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
     spent = sum(r.epoch_cost_usd for r in rows)
     mean_usd = spent / done if done else None
     mean_s = sum(r.seconds for r in rows) / done if done else None
-    total = remaining = None
+    total = remaining = finish = None
     if mean_usd is not None and planned:
         total = mean_usd * planned
         remaining = mean_usd * max(planned - done, 0)
+        finish = epochs[-1].end + (mean_s or 0.0) * max(planned - done, 0)
+    examples = sum(r.examples or 0 for r in rows)
+    seconds = sum(r.seconds for r in rows)
     return RunCost(
         run_id=run.run_id,
         cluster=run.cluster,
@@ -835,4 +874,7 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
         spent_usd=spent,
         projected_remaining_usd=remaining,
         projected_total_usd=total,
+        examples_per_s=examples / seconds if examples and seconds else None,
+        usd_per_million_examples=spent / examples * 1e6 if examples else None,
+        projected_finish_at=finish,
     )

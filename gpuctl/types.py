@@ -63,6 +63,9 @@ class InstanceRecord(_Frozen):
     key_path: Optional[str] = None
     port: Optional[int] = None
     state_reason: Optional[str] = None  # why it stopped or ended, as the provider says
+    # (since, $/h) steps of its price over its life: spot prices change; one step otherwise.
+    price_steps: tuple[tuple[float, float], ...] = ()
+    on_demand_usd_per_hour: Optional[float] = None  # what on-demand would cost, for spot savings
 
 
 class Resource(_Frozen):
@@ -186,7 +189,11 @@ class ClusterCost(_Frozen):
     state: str
     uptime_s: float
     usd_per_hour: float
-    usd: float
+    usd: float  # compute + storage
+    compute_usd: float = 0.0
+    storage_usd: float = 0.0
+    spot_savings_usd: Optional[float] = None  # against the on-demand price of the same type
+    idle_usd: Optional[float] = None  # uptime dollars not spent in epochs
 
 
 class ClusterStatus(ClusterCost):
@@ -228,6 +235,8 @@ class RunCost(_Frozen):
     run_id: str
     cluster: str
     state: RunState
+    instance_type: Optional[str] = None
+    market: Optional[str] = None
     usd_per_hour: float
     epochs_done: int
     epochs_planned: Optional[int] = None
@@ -237,6 +246,9 @@ class RunCost(_Frozen):
     spent_usd: float
     projected_remaining_usd: Optional[float] = None
     projected_total_usd: Optional[float] = None
+    examples_per_s: Optional[float] = None  # mean over the epochs
+    usd_per_million_examples: Optional[float] = None
+    projected_finish_at: Optional[float] = None  # when the planned epochs would be done
 
 
 class CostReport(_Frozen):

@@ -151,6 +151,11 @@ class AwsProvider:
         else:
             usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
         record = self._record(aws, inst, spec, usd, source, image)
+        reference = catalog.ON_DEMAND_USD.get(spec.instance_type)
+        record = record.model_copy(update={
+            "price_steps": ((record.launched_at, record.usd_per_hour),),
+            "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
+        })
         if wait_ssh:
             # Log in once: proves SSH works with the cluster's key, and pins the host key.
             host = self.host(record, progress=progress)
@@ -230,6 +235,24 @@ class AwsProvider:
         return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress)
 
+    def _spot_steps(self, ec2: Any, inst: InstanceRecord) -> tuple[tuple[float, float], ...]:
+        """The zone's spot prices over the instance's life, as (since, $/h) steps."""
+        import datetime as dt
+
+        start = dt.datetime.fromtimestamp(inst.launched_at, dt.timezone.utc)
+        end = dt.datetime.fromtimestamp(inst.terminated_at or time.time(), dt.timezone.utc)
+        try:
+            res = call(ec2.describe_spot_price_history, InstanceTypes=[inst.instance_type], AvailabilityZone=inst.zone,
+                       ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"], StartTime=start, EndTime=end)
+        except CloudError:
+            return ()
+        points = sorted((p["Timestamp"].timestamp(), float(p["SpotPrice"])) for p in res.get("SpotPriceHistory", [])
+                        if p.get("AvailabilityZone") == inst.zone)
+        before = [p for p in points if p[0] <= inst.launched_at]
+        after = [p for p in points if p[0] > inst.launched_at]
+        # The price in force at launch is the last one published before it.
+        return tuple(([(inst.launched_at, before[-1][1])] if before else []) + after)
+
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         """The instances as EC2 sees them now: state, and when and why they ended.
 
@@ -250,6 +273,8 @@ class AwsProvider:
             for inst in items:
                 live = seen.get(inst.id)
                 state = live["State"]["Name"] if live else "terminated"
+                if inst.market == "spot" and inst.zone and inst.instance_type and inst.state != "terminated":
+                    inst = inst.model_copy(update={"price_steps": self._spot_steps(ec2, inst) or inst.price_steps})
                 if state == inst.state:
                     out.append(inst)
                     continue

@@ -1,0 +1,61 @@
+"""How EC2 bills, one small rule per function, so the reports can match the bill.
+
+- Linux instances are billed per second with a 60-second minimum for each running period.
+- A spot instance pays the spot price of its zone as it changes: the price is integrated
+  piecewise over the running time.
+- An EBS volume is billed per GB-month, prorated by the second (a month is 730 hours).
+Times are Unix seconds; prices are dollars per hour.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+MIN_BILLED_S = 60.0
+HOURS_PER_MONTH = 730.0
+GP3_USD_PER_GB_MONTH = 0.08  # us-east-1; the report says it is a list price
+
+
+def billed_seconds(start: float, end: float) -> float:
+    """Seconds billed for one running period: the actual seconds, but at least 60."""
+    if end <= start:
+        return MIN_BILLED_S if end == start else 0.0
+    return max(end - start, MIN_BILLED_S)
+
+
+def price_at(t: float, steps: Sequence[tuple[float, float]]) -> float:
+    """The price in force at time t: the latest step at or before t (the first step before them all)."""
+    if not steps:
+        return 0.0
+    current = steps[0][1]
+    for at, usd in steps:
+        if at <= t:
+            current = usd
+        else:
+            break
+    return current
+
+
+def integrate(start: float, end: float, steps: Sequence[tuple[float, float]]) -> float:
+    """Dollars for running from start to end under a piecewise-constant $/h price."""
+    steps = sorted(steps)
+    if end <= start or not steps:
+        return 0.0
+    cuts = [start] + [at for at, _ in steps if start < at < end] + [end]
+    return sum((b - a) * price_at(a, steps) / 3600.0 for a, b in zip(cuts, cuts[1:]))
+
+
+def compute_cost(periods: Sequence[tuple[float, float]], steps: Sequence[tuple[float, float]]) -> float:
+    """Dollars for several running periods (a stop and a start make two), each with the 60 s minimum."""
+    total = 0.0
+    for start, end in periods:
+        billed_end = start + billed_seconds(start, end)
+        total += integrate(start, billed_end, steps)
+    return total
+
+
+def storage_cost(gb: float, start: float, end: float, usd_per_gb_month: float = GP3_USD_PER_GB_MONTH) -> float:
+    """Dollars for a volume of `gb` that existed from start to end (running or stopped alike)."""
+    if end <= start:
+        return 0.0
+    return gb * usd_per_gb_month * (end - start) / (HOURS_PER_MONTH * 3600.0)

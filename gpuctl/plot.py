@@ -1,0 +1,59 @@
+"""`gpuctl cost --plot FILE`: cumulative dollars against epoch and against time, one line per run.
+
+matplotlib is an optional extra (`pip install 'gpuctl[plot]'`), imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuctl.errors import ConfigError
+from gpuctl.types import CostReport
+
+
+def check_target(path: Path) -> Path:
+    """Refuse before any work: a missing directory or a missing matplotlib."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ConfigError(f"cannot write {path}: the directory {path.parent} does not exist",
+                          "Create it first, or pass a path in an existing directory.")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed",
+                          "pip install 'gpuctl[plot]' (or pip install matplotlib).") from None
+    return path
+
+
+def plot(report: CostReport, path: Path) -> int:
+    """Write the PNG; the number of runs drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in report.runs if r.epochs]
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in runs:
+        label = f"{r.run_id} ({r.instance_type or '?'}, {r.market or '?'})"
+        epochs = [e.epoch for e in r.epochs]
+        cumulative = [e.cumulative_usd for e in r.epochs]
+        by_epoch.plot(epochs, cumulative, marker="o", label=label)
+        minutes, t = [], 0.0
+        for e in r.epochs:
+            t += e.seconds
+            minutes.append(t / 60.0)
+        by_time.plot(minutes, cumulative, marker="o", label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_epoch.set(title="Cumulative cost by epoch", xlabel="epoch", ylabel="US dollars")
+    by_time.set(title="Cumulative cost over training time", xlabel="minutes of training", ylabel="US dollars")
+    for ax in (by_epoch, by_time):
+        ax.grid(alpha=0.3)
+    if runs:
+        by_epoch.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return len(runs)
