@@ -608,11 +608,13 @@ class Gpuctl:
             rate += inst.usd_per_hour
             if c.provider == "aws":
                 steps = list(inst.price_steps) or [(inst.launched_at, inst.usd_per_hour)]
-                usd = billing.compute_cost([(inst.launched_at, end)], steps)
+                periods = [(a, b if b is not None else end) for a, b in inst.periods] or [(inst.launched_at, end)]
+                usd = billing.compute_cost(periods, steps)
                 compute += usd
+                # The volume is billed while the instance is stopped too: storage covers the whole life.
                 storage += billing.storage_cost(c.spec.disk_gb, inst.launched_at, end)
                 if inst.market == "spot" and inst.on_demand_usd_per_hour:
-                    billed = billing.billed_seconds(inst.launched_at, end)
+                    billed = sum(billing.billed_seconds(a, b) for a, b in periods)
                     savings += billed * inst.on_demand_usd_per_hour / 3600.0 - usd
             else:
                 compute += seconds * inst.usd_per_hour / 3600.0

@@ -66,6 +66,8 @@ class InstanceRecord(_Frozen):
     # (since, $/h) steps of its price over its life: spot prices change; one step otherwise.
     price_steps: tuple[tuple[float, float], ...] = ()
     on_demand_usd_per_hour: Optional[float] = None  # what on-demand would cost, for spot savings
+    # (start, end) of each running period, end None while running; empty = launched_at until terminated_at.
+    periods: tuple[tuple[float, Optional[float]], ...] = ()
 
 
 class Resource(_Frozen):

@@ -12,6 +12,7 @@ import base64
 import http.server
 import json
 import threading
+import time
 
 import pytest
 
@@ -348,3 +349,26 @@ def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, 
     assert cluster["uptime_s"] == pytest.approx(at - launched, abs=1.0)  # billing closed at EC2's time
     gpuctl("down", "--all", "-y")
     nothing_created(aws)
+
+
+def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isolated):
+    from gpuctl import billing
+    from gpuctl.state import Ledger
+
+    gpuctl("up", "--on-demand", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y")
+    (inst,) = live_instances(aws)
+    iid = inst["InstanceId"]
+    aws.stop_instances(InstanceIds=[iid])
+    gpuctl("status", "--json")  # sees it stopped: the first period closes at EC2's stop time
+    time.sleep(1.2)
+    aws.start_instances(InstanceIds=[iid])
+    gpuctl("status", "--json")  # sees it running again: a second period opens
+    aws.terminate_instances(InstanceIds=[iid])
+    cost = json.loads(gpuctl("cost", "--json").stdout)["clusters"][0]
+    (rec,) = Ledger(isolated).instances("default")
+    assert len(rec.periods) == 2 and all(b is not None for _, b in rec.periods)
+    assert rec.periods[1][0] > rec.periods[0][1]  # not billed while stopped
+    # Each period is shorter than a minute here: each is billed the 60 s minimum, at $1.006/h.
+    assert cost["compute_usd"] == pytest.approx(billing.compute_cost(rec.periods, [(0, 1.006)]))
+    assert cost["compute_usd"] == pytest.approx(2 * 60 * 1.006 / 3600)
+    assert cost["storage_usd"] == pytest.approx(billing.storage_cost(100, rec.launched_at, rec.terminated_at))

@@ -58,6 +58,25 @@ def _transition_time(inst: dict[str, Any]) -> float | None:
     return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
+def running_periods(inst: InstanceRecord, state: str, live: dict[str, Any] | None,
+                    ended: float | None) -> tuple[tuple[float, float | None], ...]:
+    """The instance's running periods after a state change seen now (a stop and a start make two).
+
+    A stop is closed at EC2's transition time. A start opens at EC2's LaunchTime (which EC2 moves
+    on every start); where it did not move past the last stop (moto does not), at the time gpuctl
+    saw it running, the best that is known.
+    """
+    periods = list(inst.periods) or [(inst.launched_at, None)]
+    start, end = periods[-1]
+    now = time.time()
+    if state == "running" and end is not None:
+        launch = live["LaunchTime"].timestamp() if live and hasattr(live.get("LaunchTime"), "timestamp") else 0.0
+        periods.append((launch if launch > end else now, None))
+    elif state != "running" and end is None:
+        periods[-1] = (start, max(start, ended or now))
+    return tuple(periods)
+
+
 def _tag(item: dict[str, Any], key: str) -> str | None:
     return next((t["Value"] for t in item.get("Tags", []) if t["Key"] == key), None)
 
@@ -279,12 +298,13 @@ class AwsProvider:
                     out.append(inst)
                     continue
                 ended = None
-                if state in ("terminated", "shutting-down", "stopped"):
+                if state in ("terminated", "shutting-down", "stopped", "stopping"):
                     ended = _transition_time(live) if live else None
                 reason = (live or {}).get("StateReason", {}).get("Message") if live else "no longer known to EC2"
                 out.append(inst.model_copy(update={
                     "state": state, "state_reason": reason,
                     "terminated_at": (ended or time.time()) if state in ("terminated", "shutting-down") else None,
+                    "periods": running_periods(inst, state, live, ended),
                 }))
         return out
 
