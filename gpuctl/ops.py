@@ -28,9 +28,6 @@ from gpuctl.settings import LoadedSettings, Settings, load_settings
 from gpuctl.state import Ledger
 from gpuctl.types import (
     FINAL_RUN_STATES,
-    GuardReport,
-    Inventory,
-    Resource,
     ClusterCost,
     ClusterRecord,
     ClusterSpec,
@@ -40,29 +37,31 @@ from gpuctl.types import (
     EpochReport,
     EpochRow,
     ExecResult,
-    PullResult,
-    SyncResult,
-    SyncStats,
+    GuardReport,
     InstanceRecord,
+    Inventory,
+    PullResult,
+    Resource,
     RunCost,
     RunRecord,
     RunStatus,
     SettingValue,
     SshConfigResult,
     StatusReport,
+    SyncResult,
+    SyncStats,
     TrainResult,
     UpResult,
 )
 
 PAYLOAD_DIR = Path(__file__).parent / "payloads"
+LAUNCHER = "gpuctl_run.py"
 STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
 Progress = Callable[[str], None]
 
 
 def _quiet(_: str) -> None:
     pass
-
-LAUNCHER = "gpuctl_run.py"
 
 
 def _slug(text: str) -> str:
@@ -722,26 +721,45 @@ class Gpuctl:
     def down(self, name: str | None = None, progress: Progress = _quiet) -> DownResult:
         """Stop every job of the cluster, keep its reports and logs, and release all it holds."""
         if name and self.ledger.live_cluster(name) is None:
-            if any(c.name == name for c in self.ledger.clusters()):
-                return DownResult(cluster=name, already_down=True)
+            ended = [c for c in self.ledger.clusters() if c.name == name]
+            if ended:
+                # Closed already (e.g. its guard powered it off): still release what is left of it,
+                # such as its security group and key pair.
+                leftovers = self._release(ended[-1], progress)
+                if not leftovers:
+                    return DownResult(cluster=name, already_down=True)
+                return DownResult(cluster=name, released=tuple(leftovers))
         cluster = self.resolve_cluster(name)
         stopped = self._stop_runs(cluster)
-        provider = self._provider(cluster.provider)
-        instances = self.ledger.instances(cluster.name)
-        region = next((i.region for i in instances if i.region), None) or cluster.spec.region
-        resources = provider.discover(cluster.name, region)
-        provider.release(resources, progress)
-        now = time.time()
-        for i in instances:
-            self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
-        self.ledger.mark_cluster_down(cluster.name, now)
-        self.ledger.event("down", f"released {len(resources)} resource(s)", cluster=cluster.name)
+        resources = self._release(cluster, progress)
+        self._close_in_ledger(cluster.name, f"released {len(resources)} resource(s)")
         return DownResult(
             cluster=cluster.name,
             stopped_runs=tuple(stopped),
             released_instances=tuple(r.id for r in resources if r.kind in ("instance", "workdir")),
             released=tuple(resources),
         )
+
+    def _release(self, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
+        """Everything the provider still finds of the cluster, released; what was found."""
+        provider = self._provider(cluster.provider)
+        instances = self.ledger.instances(cluster.name)
+        region = next((i.region for i in instances if i.region), None) or cluster.spec.region
+        resources = provider.discover(cluster.name, region)
+        provider.release(resources, progress)
+        return resources
+
+    def _close_in_ledger(self, cluster: str, message: str) -> None:
+        """Mark the cluster's instances ended and the cluster down. An instance whose end is known
+        already (from EC2, say) keeps that time: billing closes when it really ended."""
+        now = time.time()
+        instances = self.ledger.instances(cluster)
+        for i in instances:
+            if i.state != "terminated" or i.terminated_at is None:
+                self.ledger.put_instance(i.model_copy(update={"state": "terminated",
+                                                              "terminated_at": i.terminated_at or now}))
+        self.ledger.mark_cluster_down(cluster, max([i.terminated_at or now for i in instances], default=now))
+        self.ledger.event("down", message, cluster=cluster)
 
     def _stop_runs(self, cluster: ClusterRecord) -> list[str]:
         """Stop the cluster's live runs and keep their last epochs and logs in the ledger."""
@@ -796,12 +814,8 @@ class Gpuctl:
                 continue
             provider.release(resources, progress)
             released += resources
-            now = time.time()
             for c in clusters:
-                for i in self.ledger.instances(c.name):
-                    self.ledger.put_instance(i.model_copy(update={"state": "terminated", "terminated_at": now}))
-                self.ledger.mark_cluster_down(c.name, now)
-                self.ledger.event("down", "released by down --all", cluster=c.name)
+                self._close_in_ledger(c.name, "released by down --all")
         return DownResult(
             cluster="*",
             already_down=not released,

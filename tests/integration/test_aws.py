@@ -347,8 +347,15 @@ def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, 
     m = re.search(r"\((.*) (?:GMT|UTC)\)", ended["StateTransitionReason"])
     at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
     assert cluster["uptime_s"] == pytest.approx(at - launched, abs=1.0)  # billing closed at EC2's time
-    gpuctl("down", "--all", "-y")
+    # `down` on the closed cluster still removes what is left of it (its group and key pair),
+    # and does not move its end to now.
+    time.sleep(1.5)
+    out = gpuctl("down", "default", "-y").stdout
+    assert "is down: released 2 resource(s)" in out
     nothing_created(aws)
+    after = json.loads(gpuctl("cost", "--json").stdout)["clusters"][0]
+    assert after["uptime_s"] == pytest.approx(at - launched, abs=1.0)
+    assert "already down" in gpuctl("down", "default", "-y").stdout
 
 
 def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isolated):
