@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "10.251."
+# Hosts behind a bastion: a veth pair between the bastion's namespace and theirs, in this subnet,
+# which this machine's routing table rejects outright (nothing leaves for the default gateway).
+BEHIND_SUBNET = "10.252."
 WORKDIR = "/srv/gpuctl"
 
 
@@ -33,6 +36,7 @@ class TestHost:
     pubkey: str = ""
     extra_config: list[str] = field(default_factory=list)
     hidden: tuple[str, ...] = ()  # programs this host does not have (bind-mounted away)
+    behind: TestHost | None = None  # reachable only from this host's namespace (a bastion), not from here
 
     @property
     def ns(self) -> str:
@@ -44,12 +48,21 @@ class TestHost:
         return int("".join(c for c in self.tag if c.isdigit()) or "0") % 250
 
     @property
+    def _subnet(self) -> str:
+        return BEHIND_SUBNET if self.behind else SUBNET
+
+    @property
     def ip(self) -> str:
-        return f"{SUBNET}{self._octet}.{4 * self.index + 2}"
+        return f"{self._subnet}{self._octet}.{4 * self.index + 2}"
 
     @property
     def gateway(self) -> str:
-        return f"{SUBNET}{self._octet}.{4 * self.index + 1}"
+        """The other end of its veth pair: on this machine, or in the bastion's namespace."""
+        return f"{self._subnet}{self._octet}.{4 * self.index + 1}"
+
+    @property
+    def _rejected_net(self) -> str:
+        return f"{BEHIND_SUBNET}{self._octet}.0/24"
 
     @property
     def veth(self) -> str:
@@ -63,8 +76,14 @@ class TestHost:
         self.base.mkdir(parents=True, exist_ok=True)
         _run("ip", "netns", "add", self.ns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
-        _run("ip", "addr", "add", f"{self.gateway}/30", "dev", self.veth)
-        _run("ip", "link", "set", self.veth, "up")
+        near = []  # where the near end of the pair lives: here, or in the bastion's namespace
+        if self.behind:
+            _run("ip", "link", "set", self.veth, "netns", self.behind.ns)
+            near = ["ip", "netns", "exec", self.behind.ns]
+            # No route from here: connecting fails at once instead of leaving by the default route.
+            _run("ip", "route", "replace", "unreachable", self._rejected_net)
+        _run(*near, "ip", "addr", "add", f"{self.gateway}/30", "dev", self.veth)
+        _run(*near, "ip", "link", "set", self.veth, "up")
         for cmd in (["ip", "addr", "add", f"{self.ip}/30", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"]):
             _run("ip", "netns", "exec", self.ns, *cmd)
@@ -105,14 +124,22 @@ class TestHost:
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((self.ip, 22), timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"sshd for {self.ns} exited: {(self.base / 'sshd.log').read_text()[-2000:]}")
-                time.sleep(0.1)
+            if self._listening():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd for {self.ns} exited: {(self.base / 'sshd.log').read_text()[-2000:]}")
+            time.sleep(0.1)
         raise RuntimeError(f"sshd for {self.ns} did not listen")
+
+    def _listening(self) -> bool:
+        if self.behind:  # only the bastion's namespace can reach it
+            probe = f"exec 3<>/dev/tcp/{self.ip}/22"
+            return _run("ip", "netns", "exec", self.behind.ns, "timeout", "1", "bash", "-c", probe, check=False).returncode == 0
+        try:
+            with socket.create_connection((self.ip, 22), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -162,7 +189,9 @@ class TestHost:
     def destroy(self) -> None:
         self.stop()
         _run("ip", "link", "del", self.veth, check=False)
-        _run("ip", "netns", "del", self.ns, check=False)
+        _run("ip", "netns", "del", self.ns, check=False)  # takes a behind-host's veth pair with it
+        if self.behind:
+            _run("ip", "route", "del", "unreachable", self._rejected_net, check=False)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -182,6 +211,8 @@ def cleanup_stale() -> None:
         _run("ip", "netns", "del", name, check=False)
         veth = f"gv{parts[1][-6:]}{parts[2]}"[:15]
         _run("ip", "link", "del", veth, check=False)
+        octet = int(digits or "0") % 250
+        _run("ip", "route", "del", "unreachable", f"{BEHIND_SUBNET}{octet}.0/24", check=False)
 
 
 def client_key(base: Path) -> Path:

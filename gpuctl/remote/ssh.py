@@ -1,150 +1,141 @@
-"""SshHost: the Host contract over one paramiko connection per command (never one per file).
+"""SshHost: the Host contract over one SSH connection per command (never one per file), a Fabric
+`Connection` (through the jump hosts' Connections where a ProxyJump says so: ssh_connect.py).
 
-Host keys are verified against gpuctl's own known_hosts: the first contact pins the key, a
-changed key is refused. (Fabric ignores StrictHostKeyChecking, so gpuctl enforces it with
-paramiko itself.) Every command is an argv list joined with shlex.quote.
+Host keys are verified against gpuctl's own known_hosts on every hop: the first contact pins the
+key, a changed key is refused. (Fabric ignores StrictHostKeyChecking, so gpuctl enforces it with
+paramiko itself; OpenSSH, for rsync and `gpuctl ssh`, gets the same file: openssh.py.) Every
+command is an argv list joined with shlex.quote.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import select
 import shlex
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpuctl.errors import RemoteError
 from gpuctl.remote.host import check_result
-from gpuctl.types import CommandResult, SyncStats
+from gpuctl.types import CommandResult, InstanceRecord, SyncStats
+
+# What a host name, and a login name, may hold: they reach ssh argv and ssh config files, so no
+# spaces, quotes or a leading '-' (which ssh would read as an option).
+_HOST = re.compile(r"[A-Za-z0-9_.:%-]+")
+_USER = re.compile(r"[A-Za-z0-9_.@+-]+")
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    user: str
-    host: str
-    port: int = 22
-
-    @property
-    def label(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-    @classmethod
-    def parse(cls, text: str, default_user: str = "") -> "Endpoint":
-        """`[user@]host[:port]`; IPv6 as `[::1]:22`."""
-        import getpass
-
-        user, _, rest = text.rpartition("@")
-        user = user or default_user or getpass.getuser()
-        port = 22
+def split_target(text: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (IPv6 as `[::1]:22`, `ssh://` allowed) -> (user or None, host, port or None)."""
+    rest = text.removeprefix("ssh://")
+    user, _, rest = rest.rpartition("@")
+    port: int | None = None
+    try:
         if rest.startswith("["):
             host, _, tail = rest[1:].partition("]")
-            if tail.startswith(":"):
+            if tail:
+                if not tail.startswith(":"):
+                    raise ValueError
                 port = int(tail[1:])
         elif rest.count(":") == 1:
             host, _, p = rest.partition(":")
             port = int(p)
         else:
             host = rest
-        if not host or not (0 < port < 65536):
-            raise ValueError(f"not a host: {text!r} (expected user@host[:port])")
-        return cls(user=user, host=host, port=port)
+    except ValueError:
+        raise ValueError(f"not a host: {text!r} (expected user@host[:port])") from None
+    if (not _HOST.fullmatch(host) or host.startswith("-") or (user and (not _USER.fullmatch(user) or user.startswith("-")))
+            or not (port is None or 0 < port < 65536)):
+        raise ValueError(f"not a host: {text!r} (expected user@host[:port])")
+    return user or None, host, port
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to SSH: `user@host:port`, the key to log in with (None: ssh-agent and ~/.ssh keys),
+    and the jump hosts on the way, the first one reached directly from here (ProxyJump order)."""
+
+    user: str
+    host: str
+    port: int = 22
+    identity: str | None = None
+    jump: tuple[Endpoint, ...] = ()
+    alias: str = ""  # the ssh config `Host` it was resolved from, for messages
+
+    @property
+    def label(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def spec(self) -> str:
+        """`user@host:port`, as parse() reads it back (IPv6 in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.user}@{host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        """How messages name it: the alias the user typed, where it leads, and through which hops."""
+        base = f"{self.alias} ({self.label})" if self.alias and self.alias != self.host else self.label
+        return base + (" via " + ", ".join(h.label for h in self.jump) if self.jump else "")
+
+    @classmethod
+    def from_record(cls, instance: InstanceRecord) -> Endpoint:
+        """Where an InstanceRecord says the machine is, with the jump hosts recorded at `up`."""
+        keys = (*instance.jump_keys, *[""] * len(instance.jump_hosts))
+        jump = tuple(replace(cls.parse(h), identity=k or None) for h, k in zip(instance.jump_hosts, keys))
+        return cls(user=instance.ssh_user or "", host=instance.public_ip or "", port=instance.port or 22,
+                   identity=instance.key_path, jump=jump)
+
+    @classmethod
+    def parse(cls, text: str, default_user: str = "") -> Endpoint:
+        """`[user@]host[:port]`; IPv6 as `[::1]:22`. A bare name may be an ssh config alias."""
+        import getpass
+
+        user, host, port = split_target(text)
+        return cls(user=user or default_user or getpass.getuser(), host=host, port=port or 22)
 
 
 def known_hosts_path(home: Path) -> Path:
     return home / "known_hosts"
 
 
-def _pin_policy(path: Path) -> Any:
-    import paramiko
-
-    class PinOnFirstContact(paramiko.MissingHostKeyPolicy):
-        """Trust a host's key the first time and remember it; paramiko refuses a changed one."""
-
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-    return PinOnFirstContact()
-
-
-def connect(ep: Endpoint, home: Path, identity: str | None, timeout_s: float, retry_auth: bool = False,
-            progress: Callable[[str], None] | None = None) -> Any:
-    """A connected paramiko SSHClient, retrying with backoff while the host boots, up to `timeout_s`."""
-    import paramiko
-
-    known = known_hosts_path(home)
-    deadline = time.monotonic() + timeout_s
-    delay = 0.5
-    last = ""
-    while True:
-        client = paramiko.SSHClient()
-        if known.exists():
-            client.load_host_keys(str(known))
-        client.set_missing_host_key_policy(_pin_policy(known))
-        remaining = max(1.0, deadline - time.monotonic())
-        try:
-            client.connect(
-                ep.host, port=ep.port, username=ep.user, key_filename=identity or None,
-                timeout=min(10.0, remaining), banner_timeout=min(15.0, remaining), auth_timeout=min(15.0, remaining),
-                look_for_keys=identity is None, allow_agent=identity is None,
-            )
-            client.get_transport().set_keepalive(30)
-            return client
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise RemoteError(
-                f"the host key of {ep.label} has CHANGED (expected {exc.expected_key.get_name()} "
-                f"{exc.expected_key.get_fingerprint().hex()[:16]}..., got {exc.key.get_fingerprint().hex()[:16]}...)",
-                f"If the machine was rebuilt, delete its line from {known}; otherwise do not connect: "
-                "someone may be intercepting the connection.",
-            ) from None
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            if not retry_auth or time.monotonic() > deadline:
-                raise RemoteError(
-                    f"{ep.label} refused the key{(' ' + identity) if identity else ''}: {exc}",
-                    "Pass the right key with --identity, and check it is in the host's authorized_keys.",
-                ) from None
-            last = f"key not accepted yet ({exc})"
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            client.close()
-            last = str(exc) or type(exc).__name__
-        if time.monotonic() + delay > deadline:
-            raise RemoteError(
-                f"cannot connect to {ep.label}: timed out after {timeout_s:.0f}s ({last})",
-                "Is the host up and reachable from here? Check the address, the port, and any firewall "
-                "or security group (`remote.connect_timeout_s` sets the wait).",
-            )
-        if progress:
-            progress(f"waiting for SSH on {ep.label}: {last}")
-        time.sleep(delay)
-        delay = min(delay * 2, 8.0)
-
-
 class SshHost:
-    """A machine reached over SSH; `root` is gpuctl's work directory there (absolute)."""
+    """A machine reached over SSH; `root` is gpuctl's work directory there (absolute).
+
+    `identity` (when given) is the host's key and wins over `ep.identity`; the jump hosts log in
+    with their own (`ep.jump[i].identity`)."""
 
     def __init__(self, ep: Endpoint, home: Path, identity: str | None, workdir: str, python: str = "",
                  connect_timeout_s: float = 30.0, retry_auth: bool = False,
                  progress: Callable[[str], None] | None = None):
+        from gpuctl.remote.ssh_connect import open_chain
+
+        ep = replace(ep, identity=identity or ep.identity)
         self.ep = ep
         self.home = home
-        self.identity = identity
-        self.label = ep.label
+        self.identity = ep.identity
+        self.label = ep.name
         self.tmux_socket = "gpuctl"
+        self.local = False
         self.root = ""  # set below, once $HOME is known
-        self._client = connect(ep, home, identity, connect_timeout_s, retry_auth, progress)
-        self._sftp: Any = None
+        # One Fabric Connection per hop, the host's last; kept for the whole command.
+        self._conns = open_chain(ep, home, connect_timeout_s, retry_auth, progress)
+        self._conn = self._conns[-1]
+        self._client = self._conn.client
         self.has_rsync: bool | None = None  # learnt on the first push
-        if workdir.startswith("~"):
-            remote_home = self.run(["sh", "-c", 'printf %s "$HOME"'], cwd=False).stdout.strip()
-            workdir = remote_home + workdir[1:]
+        self._openssh_config: Path | None = None
+        try:
+            if workdir.startswith("~"):
+                remote_home = self.run(["sh", "-c", 'printf %s "$HOME"'], cwd=False).stdout.strip()
+                workdir = remote_home + workdir[1:]
+        except BaseException:
+            self.close()
+            raise
         self.root = workdir
         self._python = python
 
@@ -196,9 +187,7 @@ class SshHost:
 
     @property
     def sftp(self) -> Any:
-        if self._sftp is None:
-            self._sftp = self._client.open_sftp()
-        return self._sftp
+        return self._conn.sftp()  # Fabric opens it once, on the host's connection, and keeps it
 
     def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
         try:
@@ -252,10 +241,10 @@ class SshHost:
         except OSError as exc:
             raise RemoteError(f"cannot write {path} on {self.label}: {exc}", "Is the disk full? `gpuctl exec -- df -h`") from None
 
-    def push(self, src: Path, dest: str) -> SyncStats:
+    def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         from gpuctl.remote.sync import push_remote
 
-        return push_remote(self, src, dest)
+        return push_remote(self, src, dest, progress=progress)
 
     def fetch(self, path: str, local: Path) -> bool:
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -304,20 +293,35 @@ class SshHost:
         return count
 
     def ssh_argv(self, *extra: str) -> list[str]:
-        """An OpenSSH client command for this host with gpuctl's strict host key checking."""
-        argv = [
-            "ssh", "-p", str(self.ep.port),
-            "-o", f"UserKnownHostsFile={known_hosts_path(self.home)}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20",
-        ]
-        if self.identity:
-            argv += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        """An OpenSSH client command for this host (the caller adds `user@host`): through the same
+        jump hosts, with every hop's key checked strictly against gpuctl's known_hosts. The hops'
+        options live in a config file gpuctl writes (`-F`): OpenSSH applies `-o` to the host only."""
+        from gpuctl.remote.openssh import config_file
+
+        if self._openssh_config is None:
+            self._openssh_config = config_file(self.ep, self.home)
+        argv = ["ssh", "-F", str(self._openssh_config), "-p", str(self.ep.port),
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
         return argv + list(extra)
 
+    def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
+        """(argv, cwd): OpenSSH running the shell line `command` (None: a login shell) in `root`."""
+        line = shlex.join(["cd", self.root]) + "; " + (command if command is not None else 'exec "$SHELL" -l')
+        return self.ssh_argv("-t" if tty else "-T", self.target, line), None
+
+    def forward(self, local_port: int, remote_port: int) -> list[str] | None:
+        """OpenSSH forwarding 127.0.0.1:local_port here to 127.0.0.1:remote_port on the host."""
+        return self.ssh_argv("-N", "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", self.target)
+
+    @property
+    def target(self) -> str:
+        """`user@host` for the ssh_argv() command line."""
+        return f"{self.ep.user}@{self.ep.host}"
+
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-        self._client.close()
+        from gpuctl.remote.ssh_connect import close_all
+
+        close_all(self._conns)
 
 
 def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:

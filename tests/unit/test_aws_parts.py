@@ -9,7 +9,8 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from gpuctl.errors import CloudError, ConfigError, ExitCode
-from gpuctl.provision.aws import backoff_wait, catalog
+from gpuctl.provision.aws import catalog
+from gpuctl.retry import TimedOut, poll
 from gpuctl.remote.ssh import tcp_reachable as port_open
 from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
@@ -52,13 +53,15 @@ def test_quota_hints_by_family_and_market():
     assert '"Running On-Demand Standard instances"' in quota_hint("c5.large", "on-demand")
 
 
-def test_backoff_wait_times_out_naming_what_and_how_long():
-    calls = []
-    with pytest.raises(CloudError) as info:
-        backoff_wait(lambda: calls.append(1), 1.5, "the moon", lambda _: None, "look up")
-    assert info.value.message == "timed out after 2s waiting for the moon"
+def test_poll_backs_off_and_times_out_saying_what_it_last_saw():
+    calls, waits = [], []
+    with pytest.raises(TimedOut) as info:
+        poll(lambda: calls.append(1), 1.5, on_wait=lambda waited, last: waits.append(last), describe=lambda: "no moon")
+    assert str(info.value) == "timed out after 1s (no moon)"
     assert len(calls) == 2  # 1 s, then a 2 s wait would pass the deadline
-    assert backoff_wait(lambda: "done", 1, "x", lambda _: None, "") == "done"
+    assert waits == ["no moon"]
+    assert poll(lambda: "done", 1) == "done"
+    assert poll(lambda: 0, 1) == 0  # a falsy answer that is not None is an answer
 
 
 def test_port_open_on_loopback():
