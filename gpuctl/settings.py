@@ -44,6 +44,10 @@ class TrainSettings(_Section):
         "auto", description="auto: mixed_float16 on GPUs of compute capability >= 7.0."
     )
     memory_growth: bool = Field(True, description="Let TensorFlow grow GPU memory instead of taking it all.")
+    tf_log_level: int = Field(
+        2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
+        "(oneDNN, cuInit), errors still show; 0 shows everything."
+    )
 
     @field_validator("entry")
     @classmethod
@@ -160,6 +164,10 @@ class RemoteSettings(_Section):
     python: str = Field("", description="Python on the instance that runs the payload; empty = find it.")
     workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts.")
     connect_timeout_s: float = Field(120.0, gt=0, description="How long to keep trying to connect over SSH.")
+    ssh_config: str = Field(
+        "", description="OpenSSH config file for host aliases (HostName, User, Port, IdentityFile, ProxyJump); "
+        "empty = ~/.ssh/config if it exists."
+    )
 
 
 class Settings(_Section):

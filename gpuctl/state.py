@@ -7,6 +7,7 @@ write is one short `BEGIN IMMEDIATE` transaction and readers never block writers
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -14,8 +15,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from gpuctl.types import ClusterRecord, ClusterSpec, EpochReport, InstanceRecord, RunRecord
+from gpuctl.types import (
+    ClusterRecord,
+    ClusterSpec,
+    EpochReport,
+    InstanceRecord,
+    RunRecord,
+)
 
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -27,12 +35,14 @@ CREATE TABLE IF NOT EXISTS clusters (
     is_default INTEGER NOT NULL DEFAULT 0,
     spec_json TEXT NOT NULL
 );
--- At most one live cluster per name; ended ones keep their name for the reports.
+-- At most one live cluster per name (ended ones keep their name for the reports).
 CREATE UNIQUE INDEX IF NOT EXISTS clusters_live_name ON clusters(name) WHERE state = 'up';
+-- An instance belongs to one cluster: an owned ssh host keeps its id across clusters.
 CREATE TABLE IF NOT EXISTS instances (
-    id TEXT PRIMARY KEY,
     cluster_id INTEGER NOT NULL REFERENCES clusters(id),
-    record_json TEXT NOT NULL
+    id TEXT NOT NULL,
+    record_json TEXT NOT NULL,
+    PRIMARY KEY (cluster_id, id)
 );
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -48,11 +58,26 @@ CREATE TABLE IF NOT EXISTS epochs (
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,
+    cluster_id INTEGER,
     cluster TEXT,
     run_id TEXT,
     kind TEXT NOT NULL,
     message TEXT NOT NULL
 );
+"""
+
+# Version 1 keyed instances by id alone and events by cluster name.
+MIGRATE_1_TO_2 = """
+CREATE TABLE instances_v2 (
+    cluster_id INTEGER NOT NULL REFERENCES clusters(id),
+    id TEXT NOT NULL,
+    record_json TEXT NOT NULL,
+    PRIMARY KEY (cluster_id, id)
+);
+INSERT INTO instances_v2 (cluster_id, id, record_json) SELECT cluster_id, id, record_json FROM instances;
+DROP TABLE instances;
+ALTER TABLE instances_v2 RENAME TO instances;
+ALTER TABLE events ADD COLUMN cluster_id INTEGER;
 """
 
 
@@ -82,9 +107,30 @@ class Ledger:
         self._ensure_schema()
 
     def _ensure_schema(self) -> None:
-        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
-        if not exists:
-            self._db.executescript(SCHEMA)
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        with self.write() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
+            exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
+            if exists and version < 2:
+                self._migrate_1_to_2(db)
+            elif not exists:
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @staticmethod
+    def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+        for statement in filter(str.strip, MIGRATE_1_TO_2.split(";")):
+            db.execute(statement)
+        # Version 1 priced aws clusters by EC2's rules without saying so in the spec.
+        rows = db.execute("SELECT id, spec_json FROM clusters WHERE provider = 'aws'").fetchall()
+        for cid, spec_json in rows:
+            spec = json.loads(spec_json)
+            spec.setdefault("billing", "per-second")
+            db.execute("UPDATE clusters SET spec_json = ? WHERE id = ?", (json.dumps(spec), cid))
+        db.execute("UPDATE events SET cluster_id = (SELECT MAX(c.id) FROM clusters c WHERE c.name = events.cluster)")
 
     def close(self) -> None:
         self._db.close()
@@ -102,40 +148,40 @@ class Ledger:
 
     # --- clusters -------------------------------------------------------------------------------
 
+    _CLUSTER_COLS = "id, name, provider, state, created_at, terminated_at, is_default, spec_json"
+
     def add_cluster(self, spec: ClusterSpec, make_default: bool = True) -> ClusterRecord:
         """Record a new live cluster; raises sqlite3.IntegrityError if the name is live already."""
-        now = time.time()
         with self.write() as db:
             if make_default:
                 db.execute("UPDATE clusters SET is_default = 0")
-            db.execute(
+            cur = db.execute(
                 "INSERT INTO clusters (name, provider, state, created_at, is_default, spec_json)"
                 " VALUES (?, ?, 'up', ?, ?, ?)",
-                (spec.name, spec.provider, now, int(make_default), spec.model_dump_json()),
+                (spec.name, spec.provider, time.time(), int(make_default), spec.model_dump_json()),
             )
-        cluster = self.live_cluster(spec.name)
-        assert cluster is not None
-        return cluster
+            cid = cur.lastrowid
+        return self.cluster(cid)
 
-    def _cluster_from_row(self, row: tuple) -> ClusterRecord:
-        name, provider, state, created, terminated, is_default, spec_json = row
-        return ClusterRecord(
-            name=name,
-            provider=provider,
-            state=state,
-            created_at=created,
-            terminated_at=terminated,
-            is_default=bool(is_default),
-            spec=ClusterSpec.model_validate_json(spec_json),
-        )
+    @staticmethod
+    def _cluster_from_row(row: tuple) -> ClusterRecord:
+        cid, name, provider, state, created, terminated, is_default, spec_json = row
+        return ClusterRecord(id=cid, name=name, provider=provider, state=state, created_at=created,
+                             terminated_at=terminated, is_default=bool(is_default),
+                             spec=ClusterSpec.model_validate_json(spec_json))
 
-    _CLUSTER_COLS = "name, provider, state, created_at, terminated_at, is_default, spec_json"
+    def _one(self, where: str, args: tuple) -> ClusterRecord | None:
+        row = self._db.execute(f"SELECT {self._CLUSTER_COLS} FROM clusters WHERE {where}", args).fetchone()
+        return self._cluster_from_row(row) if row else None
+
+    def cluster(self, cluster_id: int) -> ClusterRecord:
+        found = self._one("id = ?", (cluster_id,))
+        if found is None:
+            raise KeyError(cluster_id)
+        return found
 
     def live_cluster(self, name: str) -> ClusterRecord | None:
-        row = self._db.execute(
-            f"SELECT {self._CLUSTER_COLS} FROM clusters WHERE name = ? AND state = 'up'", (name,)
-        ).fetchone()
-        return self._cluster_from_row(row) if row else None
+        return self._one("name = ? AND state = 'up'", (name,))
 
     def clusters(self, include_down: bool = True) -> list[ClusterRecord]:
         where = "" if include_down else "WHERE state = 'up'"
@@ -143,63 +189,60 @@ class Ledger:
         return [self._cluster_from_row(r) for r in rows]
 
     def default_cluster(self) -> ClusterRecord | None:
-        row = self._db.execute(
-            f"SELECT {self._CLUSTER_COLS} FROM clusters WHERE state = 'up' AND is_default = 1"
-        ).fetchone()
-        return self._cluster_from_row(row) if row else None
+        return self._one("state = 'up' AND is_default = 1", ())
 
-    def _cluster_id(self, name: str) -> int:
-        row = self._db.execute(
-            "SELECT id FROM clusters WHERE name = ? ORDER BY state = 'up' DESC, id DESC LIMIT 1", (name,)
-        ).fetchone()
-        if row is None:
-            raise KeyError(name)
-        return row[0]
-
-    def mark_cluster_down(self, name: str, at: float | None = None) -> None:
+    def mark_cluster_down(self, cluster_id: int, at: float | None = None) -> None:
         with self.write() as db:
-            db.execute(
-                "UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
-                " WHERE name = ? AND state = 'up'",
-                (at or time.time(), name),
-            )
+            db.execute("UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
+                       " WHERE id = ? AND state = 'up'", (at or time.time(), cluster_id))
+
+    def forget_cluster(self, cluster_id: int) -> None:
+        """Remove a cluster that never got anything (an `up` that failed before creating a thing)."""
+        with self.write() as db:
+            if db.execute("SELECT 1 FROM runs WHERE cluster_id = ?", (cluster_id,)).fetchone():
+                raise ValueError(f"cluster {cluster_id} has runs")
+            for table in ("instances", "events"):
+                db.execute(f"DELETE FROM {table} WHERE cluster_id = ?", (cluster_id,))
+            db.execute("DELETE FROM clusters WHERE id = ?", (cluster_id,))
 
     # --- instances ------------------------------------------------------------------------------
 
-    def _upsert(self, table: str, key_col: str, key: str, cluster: str, record: str) -> None:
-        cid = self._cluster_id(cluster)
+    def put_instance(self, cluster_id: int, inst: InstanceRecord) -> None:
         with self.write() as db:
-            db.execute(
-                f"INSERT INTO {table} ({key_col}, cluster_id, record_json) VALUES (?, ?, ?)"
-                f" ON CONFLICT({key_col}) DO UPDATE SET record_json = excluded.record_json",
-                (key, cid, record),
-            )
+            db.execute("INSERT INTO instances (cluster_id, id, record_json) VALUES (?, ?, ?)"
+                       " ON CONFLICT(cluster_id, id) DO UPDATE SET record_json = excluded.record_json",
+                       (cluster_id, inst.id, inst.model_dump_json()))
 
-    def put_instance(self, inst: InstanceRecord) -> None:
-        self._upsert("instances", "id", inst.id, inst.cluster, inst.model_dump_json())
-
-    def instances(self, cluster: str) -> list[InstanceRecord]:
-        cid = self._cluster_id(cluster)
-        rows = self._db.execute("SELECT record_json FROM instances WHERE cluster_id = ? ORDER BY rowid", (cid,))
+    def instances(self, cluster_id: int) -> list[InstanceRecord]:
+        rows = self._db.execute("SELECT record_json FROM instances WHERE cluster_id = ? ORDER BY rowid", (cluster_id,))
         return [InstanceRecord.model_validate_json(r[0]) for r in rows]
 
     # --- runs and epochs ------------------------------------------------------------------------
 
     def put_run(self, run: RunRecord) -> None:
-        self._upsert("runs", "run_id", run.run_id, run.cluster, run.model_dump_json())
+        if not run.cluster_id:
+            raise ValueError(f"run {run.run_id} has no cluster id")
+        with self.write() as db:
+            db.execute("INSERT INTO runs (run_id, cluster_id, record_json) VALUES (?, ?, ?)"
+                       " ON CONFLICT(run_id) DO UPDATE SET record_json = excluded.record_json",
+                       (run.run_id, run.cluster_id, run.model_dump_json()))
+
+    @staticmethod
+    def _run_from_row(row: tuple) -> RunRecord:
+        # The column is the truth: records written by version 1 carry no cluster id.
+        return RunRecord.model_validate_json(row[0]).model_copy(update={"cluster_id": row[1]})
 
     def run(self, run_id: str) -> RunRecord | None:
-        row = self._db.execute("SELECT record_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return RunRecord.model_validate_json(row[0]) if row else None
+        row = self._db.execute("SELECT record_json, cluster_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return self._run_from_row(row) if row else None
 
-    def runs(self, cluster: str | None = None) -> list[RunRecord]:
-        if cluster is None:
-            rows = self._db.execute("SELECT record_json FROM runs ORDER BY rowid")
-        else:
-            rows = self._db.execute(
-                "SELECT record_json FROM runs WHERE cluster_id = ? ORDER BY rowid", (self._cluster_id(cluster),)
-            )
-        return [RunRecord.model_validate_json(r[0]) for r in rows]
+    def runs(self, cluster_id: int | None = None) -> list[RunRecord]:
+        q = "SELECT record_json, cluster_id FROM runs"
+        args: tuple = ()
+        if cluster_id is not None:
+            q += " WHERE cluster_id = ?"
+            args = (cluster_id,)
+        return [self._run_from_row(r) for r in self._db.execute(q + " ORDER BY rowid", args)]
 
     def put_epochs(self, reports: list[EpochReport]) -> None:
         if not reports:
@@ -217,17 +260,17 @@ class Ledger:
 
     # --- events ---------------------------------------------------------------------------------
 
-    def event(self, kind: str, message: str, cluster: str | None = None, run_id: str | None = None) -> None:
+    def event(self, kind: str, message: str, cluster: ClusterRecord | None = None, run_id: str | None = None) -> None:
         with self.write() as db:
             db.execute(
-                "INSERT INTO events (ts, cluster, run_id, kind, message) VALUES (?, ?, ?, ?, ?)",
-                (time.time(), cluster, run_id, kind, message),
+                "INSERT INTO events (ts, cluster_id, cluster, run_id, kind, message) VALUES (?, ?, ?, ?, ?, ?)",
+                (time.time(), cluster.id if cluster else None, cluster.name if cluster else None, run_id, kind, message),
             )
 
-    def events(self, cluster: str | None = None) -> list[tuple[float, str | None, str | None, str, str]]:
+    def events(self, cluster_id: int | None = None) -> list[tuple[float, str | None, str | None, str, str]]:
         q = "SELECT ts, cluster, run_id, kind, message FROM events"
         args: tuple = ()
-        if cluster is not None:
-            q += " WHERE cluster = ?"
-            args = (cluster,)
+        if cluster_id is not None:
+            q += " WHERE cluster_id = ?"
+            args = (cluster_id,)
         return list(self._db.execute(q + " ORDER BY id", args))

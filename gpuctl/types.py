@@ -18,6 +18,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class RemoteSpec(_Frozen):
+    """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
+
+    python: str = ""
+    workdir: str = "~/gpuctl"
+    connect_timeout_s: float = 120.0
+    ssh_config: str = ""
+
+
 class ClusterSpec(_Frozen):
     """What the user asked for; providers turn it into instances."""
 
@@ -35,8 +44,21 @@ class ClusterSpec(_Frozen):
     # Random per `up` of this cluster; seeds RunInstances client tokens so a retried `up`
     # cannot start a second instance for the same request.
     launch_token: str = ""
-    hosts: tuple[str, ...] = ()  # ssh provider: user@host[:port] of each machine
+    hosts: tuple[str, ...] = ()  # ssh provider: user@host[:port] (or ssh config alias) of each machine
     identity: Optional[str] = None  # ssh provider: private key path
+    # Everything else the provider needs, fixed at `up`: later commands on this cluster (status,
+    # logs, down) work from the spec the ledger recorded, whatever the settings files say by then.
+    profile: Optional[str] = None  # aws: the profile that launched it
+    fallback_on_demand: bool = False
+    image_pattern: str = ""
+    ssh_cidr: str = ""
+    ssh_user: str = "ubuntu"  # aws: the image's login user
+    wait_timeout_s: float = 900.0
+    max_hours: float = 8.0  # boot-time hard cap armed by the provider
+    remote: RemoteSpec = RemoteSpec()
+    # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
+    # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).
+    billing: Literal["per-second", "hourly-rate"] = "hourly-rate"
 
 
 class InstanceRecord(_Frozen):
@@ -62,6 +84,10 @@ class InstanceRecord(_Frozen):
     ssh_user: Optional[str] = None
     key_path: Optional[str] = None
     port: Optional[int] = None
+    # ssh provider: the jump hosts on the way ("user@host:port", the first reached directly), as the
+    # ssh config resolved them at `up`, and the key each logs in with ("" = ssh-agent and ~/.ssh keys).
+    jump_hosts: tuple[str, ...] = ()
+    jump_keys: tuple[str, ...] = ()
     state_reason: Optional[str] = None  # why it stopped or ended, as the provider says
     # (since, $/h) steps of its price over its life: spot prices change; one step otherwise.
     price_steps: tuple[tuple[float, float], ...] = ()
@@ -82,6 +108,10 @@ class Resource(_Frozen):
 
 
 class ClusterRecord(_Frozen):
+    """One `up` of a cluster. The id is its identity: names are the handle users type and are
+    reused after `down`; instances, runs and events hang off the id."""
+
+    id: int
     name: str
     provider: str
     state: Literal["up", "down"]
@@ -93,7 +123,8 @@ class ClusterRecord(_Frozen):
 
 class RunRecord(_Frozen):
     run_id: str
-    cluster: str
+    cluster: str  # the cluster's name, for display
+    cluster_id: int = 0  # the cluster it ran on (the ledger fills it from its own column)
     project: str
     entry: str
     args: tuple[str, ...] = ()
@@ -104,6 +135,7 @@ class RunRecord(_Frozen):
     epochs_planned: Optional[int] = None
     usd_per_hour: float = 0.0
     run_dir: str
+    tf_log_level: int = 2  # TF_CPP_MIN_LOG_LEVEL it ran with: what `logs` hides of TensorFlow's start-up
 
 
 class EpochReport(_Frozen):
@@ -186,6 +218,7 @@ class ExecResult(_Frozen):
 
 
 class ClusterCost(_Frozen):
+    id: int = 0
     name: str
     provider: str
     state: str

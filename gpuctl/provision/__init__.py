@@ -1,15 +1,16 @@
 """The provider contract, and a lazy registry of its implementations.
 
 A provider turns a ClusterSpec into instances, hands out a Host for each, and releases them.
-Cloud specifics stay inside `provision/<provider>/`; nothing above this package sees boto3.
-The registry maps names to import paths so that listing providers (settings validation,
-`--help`) imports no provider module and none of its heavy dependencies.
+Everything that differs between clouds and owned machines is declared here and answered inside
+`provision/<provider>/`; the use cases above never ask which provider they hold. The registry maps
+names to import paths so that listing providers (settings validation, `--help`) imports no
+provider module and none of its heavy dependencies.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuctl.errors import ConfigError
 
@@ -30,15 +31,33 @@ PROVIDERS: dict[str, str] = {
 
 class Provider(Protocol):
     name: str
-    # True: `up` on a live cluster finds its instances (by tag) and reuses them.
-    # False: a live name is a conflict.
+    # True: `up` on a live cluster finds its instances (by tag) and reuses them. False: a conflict.
     reuses_live_clusters: bool
+    # True: `up` arms the watchdog as soon as SSH works (it pays by the hour from now on);
+    # False: the first `train` arms it.
+    arms_guard_at_up: bool
+    # What the watchdog does when a guard fires, unless `guards.on_fire` says otherwise.
+    default_on_fire: str
+    # True: the instance powers itself off `max_hours` after boot (armed by the provider at launch).
+    boot_hard_cap: bool
 
-    def launch(self, spec: "ClusterSpec", progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
-        """Create the cluster's instances, or find and reuse them, and return them."""
+    def __init__(self, home: "Path", spec: "ClusterSpec") -> None: ...
+
+    @classmethod
+    def spec_from_settings(cls, settings: "Settings", usd_per_hour: float | None = None) -> "ClusterSpec":
+        """What `up` asks for, from the settings (the only place a provider reads settings)."""
+
+    def launch_question(self) -> str | None:
+        """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
+
+    def launch(self, progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
+        """Create the spec's instances, or find and reuse them, and return them."""
 
     def host(self, instance: "InstanceRecord", connect_timeout_s: float | None = None) -> "Host":
         """A Host to run commands and move files on this instance (connect within the timeout)."""
+
+    def reconcile(self, instances: "list[InstanceRecord]") -> "list[InstanceRecord]":
+        """The instances as the provider sees them now (state, when and why they ended)."""
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> "list[Resource]":
         """Everything this provider created for gpuctl (for one cluster, or all), found afresh."""
@@ -46,9 +65,12 @@ class Provider(Protocol):
     def release(self, resources: "list[Resource]", progress: "Callable[[str], None]") -> None:
         """Delete the resources; already-gone ones are fine."""
 
+    def set_hard_cap(self, host: "Host", hours: float) -> bool:
+        """Move the boot-time hard cap; False where the instance has none to move."""
 
-def get_provider(name: str, home: "Path", settings: "Settings") -> Provider:
-    """Instantiate the provider registered under `name` (imports its module only now)."""
+
+def provider_class(name: str) -> Any:
+    """The class registered under `name` (imports its module only now)."""
     try:
         target = PROVIDERS[name]
     except KeyError:
@@ -56,4 +78,21 @@ def get_provider(name: str, home: "Path", settings: "Settings") -> Provider:
             f"unknown provider {name!r}", f"Known providers: {', '.join(sorted(PROVIDERS))}."
         ) from None
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)(home, settings)
+    return getattr(importlib.import_module(module), attr)
+
+
+def get_provider(home: "Path", spec: "ClusterSpec") -> Provider:
+    """The provider for a cluster spec."""
+    return provider_class(spec.provider)(home, spec)
+
+
+def spec_from_settings(settings: "Settings", usd_per_hour: float | None = None) -> "ClusterSpec":
+    """The spec `up` would launch with these settings."""
+    return provider_class(settings.provider).spec_from_settings(settings, usd_per_hour)
+
+
+def remote_spec(settings: "Settings") -> Any:
+    """The `remote.*` settings as the spec carries them."""
+    from gpuctl.types import RemoteSpec
+
+    return RemoteSpec(**settings.remote.model_dump(include=set(RemoteSpec.model_fields)))

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from gpuctl.errors import RemoteError
 from gpuctl.remote.sync import push_local
@@ -25,6 +25,7 @@ class Host(Protocol):
     tmux_socket: str  # name of gpuctl's own tmux server there (`tmux -L`), apart from the user's
     label: str  # how errors name this host
     python: str  # the interpreter that runs the payload unless `remote.python` says otherwise
+    local: bool  # True: this machine itself (nothing to check first, nothing to forward)
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
         """Run argv on the host; with check, a non-zero exit raises RemoteError."""
@@ -38,8 +39,8 @@ class Host(Protocol):
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file atomically, creating parent directories."""
 
-    def push(self, src: Path, dest: str) -> SyncStats:
-        """Incrementally mirror a local directory to `dest` on the host."""
+    def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
+        """Incrementally mirror a local directory to `dest` on the host, telling `progress` how it goes."""
 
     def fetch(self, path: str, local: Path) -> bool:
         """Copy a file from the host; False if it does not exist there."""
@@ -49,6 +50,16 @@ class Host(Protocol):
 
     def pull_tree(self, path: str, local: Path) -> int:
         """Copy a directory from the host to `local`; the number of files copied."""
+
+    def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
+        """(argv, cwd) that runs the shell line `command` (None: a login shell) in `root`, from here."""
+
+    def forward(self, local_port: int, remote_port: int) -> list[str] | None:
+        """argv forwarding 127.0.0.1:local_port here to 127.0.0.1:remote_port there; None when the
+        host is this machine (nothing to forward: use remote_port directly)."""
+
+    def close(self) -> None:
+        """End the connection, if any."""
 
 
 def check_result(res: CommandResult, label: str) -> CommandResult:
@@ -67,6 +78,7 @@ class LocalHost:
     def __init__(self, root: Path):
         self.root = str(root)
         self.label = "local"
+        self.local = True
         self.python = sys.executable
         # One tmux server per cluster root, so clusters (and test runs) never see each other's jobs.
         self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
@@ -103,8 +115,8 @@ class LocalHost:
         os.chmod(tmp, mode)
         os.replace(tmp, p)
 
-    def push(self, src: Path, dest: str) -> SyncStats:
-        return push_local(src, Path(dest))
+    def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
+        return push_local(src, Path(dest), progress=progress)
 
     def fetch(self, path: str, local: Path) -> bool:
         if not os.path.isfile(path):
@@ -121,3 +133,14 @@ class LocalHost:
             return 0
         shutil.copytree(path, local, dirs_exist_ok=True)
         return sum(len(files) for _, _, files in os.walk(local))
+
+    def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
+        if command is None:
+            return [os.environ.get("SHELL", "/bin/sh")], self.root
+        return ["/bin/sh", "-c", command], self.root
+
+    def forward(self, local_port: int, remote_port: int) -> list[str] | None:
+        return None
+
+    def close(self) -> None:
+        pass

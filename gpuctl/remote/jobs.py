@@ -18,6 +18,9 @@ from gpuctl.remote.host import Host
 LOG = "output.log"
 EXITCODE = "exitcode"
 EPOCHS = "epochs.jsonl"
+# The instance's clock at the job's start and end: how long it ran, whatever the client's clock says.
+STARTED = "started"
+ENDED = "ended"
 SCRIPT = "job.sh"
 
 
@@ -32,6 +35,14 @@ class JobPaths:
     @property
     def exitcode(self) -> str:
         return posixpath.join(self.run_dir, EXITCODE)
+
+    @property
+    def started(self) -> str:
+        return posixpath.join(self.run_dir, STARTED)
+
+    @property
+    def ended(self) -> str:
+        return posixpath.join(self.run_dir, ENDED)
 
     @property
     def epochs(self) -> str:
@@ -56,7 +67,10 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
         # A trap (not an ignore, which children would inherit) lets the job be stopped with
         # SIGTERM while this script lives on to record the job's exit code.
         "trap 'true' TERM HUP",
-        f"finish() {{ echo \"$1\" > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}; exit \"$1\"; }}",
+        # The end time is written before the exit code: once the code exists, so does the time.
+        f"finish() {{ date +%s.%N > {q(paths.ended)}; echo \"$1\" > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}; "
+        "exit \"$1\"; }",
+        f"date +%s.%N > {q(paths.started)}",
         f"mkdir -p {q(paths.outputs)}",
         f"cd {q(workdir)} || finish 127",
     ]
@@ -95,6 +109,19 @@ def read_exit_code(host: Host, paths: JobPaths) -> int | None:
         return int(data.decode().strip())
     except ValueError:
         return None
+
+
+def _instant(host: Host, path: str) -> float | None:
+    try:
+        return float((host.read_bytes(path) or b"").decode().strip())
+    except ValueError:
+        return None
+
+
+def duration(host: Host, paths: JobPaths) -> float | None:
+    """How long the job ran, by the instance's clock; None until it has ended (or if unknown)."""
+    start, end = _instant(host, paths.started), _instant(host, paths.ended)
+    return max(0.0, end - start) if start is not None and end is not None else None
 
 
 def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:

@@ -73,7 +73,7 @@ def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
     assert status["clusters"][0]["provider"] == "aws" and status["clusters"][0]["usd_per_hour"] > 0
     from gpuctl.state import Ledger
 
-    (rec,) = Ledger(isolated).instances("default")
+    (rec,) = Ledger(isolated).instances(Ledger(isolated).live_cluster("default").id)
     assert rec.id == iid and rec.usd_per_hour > 0 and rec.price_source == "spot price history"
     assert rec.market == "spot" and rec.region == "us-east-1" and rec.zone == inst["Placement"]["AvailabilityZone"]
 
@@ -193,8 +193,8 @@ def test_bad_up_inputs_create_nothing(gpuctl, aws, isolated, args, code, needle)
     assert needle in res.stderr
     assert "Traceback" not in res.stderr
     nothing_created(aws)
-    # Not even in the ledger: no cluster is left up.
-    assert all(c["state"] == "down" for c in json.loads(gpuctl("status", "--json").stdout)["clusters"])
+    # Not even in the ledger: an `up` that created nothing leaves no row (issue 9).
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
 
 
 def test_no_credentials(gpuctl, aws, monkeypatch):
@@ -372,7 +372,7 @@ def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isola
     gpuctl("status", "--json")  # sees it running again: a second period opens
     aws.terminate_instances(InstanceIds=[iid])
     cost = json.loads(gpuctl("cost", "--json").stdout)["clusters"][0]
-    (rec,) = Ledger(isolated).instances("default")
+    (rec,) = Ledger(isolated).instances(cost["id"])
     assert len(rec.periods) == 2 and all(b is not None for _, b in rec.periods)
     assert rec.periods[1][0] > rec.periods[0][1]  # not billed while stopped
     # Each period is shorter than a minute here: each is billed the 60 s minimum, at $1.006/h.

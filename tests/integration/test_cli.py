@@ -10,6 +10,7 @@ without -y off a terminal, and a training script that crashes."""
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -185,7 +186,7 @@ def test_up_refuses_a_name_in_use_and_bad_values(gpuctl, monkeypatch):
     before = ledger_snapshot(gpuctl)
     assert_one_line_error(gpuctl("up", "--name", "one", code=5), 5, "already up")
     assert_one_line_error(gpuctl("up", "--name", "bad name!", code=3), 3, "cluster")
-    assert_one_line_error(gpuctl("up", "--name", "two", "--usd-per-hour", "-2", code=3), 3, "local.usd_per_hour = -2.0")
+    assert_one_line_error(gpuctl("up", "--name", "two", "--usd-per-hour", "-2", code=3), 3, "--usd-per-hour -2.0")
     assert_one_line_error(gpuctl("up", "--name", "two", "--provider", "gcp", code=3), 3, "unknown provider")
     monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "-1")
     assert_one_line_error(gpuctl("up", "--name", "two", code=3), 3, "env GPUCTL_LOCAL__USD_PER_HOUR")
@@ -234,3 +235,71 @@ def test_error_text_is_not_eaten_as_markup(gpuctl, isolated):
 def test_debug_shows_the_traceback(gpuctl):
     res = gpuctl("--debug", "logs", "nope", code=4)
     assert "Traceback" in res.stderr and "Error: no run named 'nope'" in res.stderr
+
+
+def test_a_reused_name_keeps_each_clusters_own_dollars(gpuctl):
+    """Issue 9: `down` then `up` of the same name at another price used to show the second
+    cluster's dollars on both rows and count them twice."""
+    gpuctl("up", "--usd-per-hour", "36", "-y")
+    time.sleep(1.0)
+    gpuctl("down", "-y")
+    gpuctl("up", "--usd-per-hour", "3600", "-y")
+    time.sleep(1.0)
+    gpuctl("down", "-y")
+    report = json.loads(gpuctl("cost", "--json").stdout)
+    first, second = report["clusters"]
+    assert first["name"] == second["name"] == "default" and first["id"] != second["id"]
+    assert first["usd_per_hour"] == 36 and second["usd_per_hour"] == 3600
+    # Each row is its own uptime times its own rate.
+    for c in (first, second):
+        assert c["usd"] == pytest.approx(c["uptime_s"] * c["usd_per_hour"] / 3600, rel=1e-6)
+    assert second["usd"] > 50 * first["usd"]
+    assert report["total_usd"] == pytest.approx(first["usd"] + second["usd"])
+    status = json.loads(gpuctl("status", "--json").stdout)
+    assert [c["usd"] for c in status["clusters"]] == pytest.approx([first["usd"], second["usd"]])
+
+
+def test_a_finished_run_stops_costing(gpuctl, quick_project, isolated):
+    """Issue 9: a run that ended while nobody looked kept costing until gpuctl looked; it ends
+    when its job ended on the instance."""
+    gpuctl("up", "--usd-per-hour", "3600", "-y")
+    t0 = time.time()
+    run_id = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
+    exitcode = next(isolated.glob(f"clusters/*/runs/{run_id}")) / "exitcode"
+    while not exitcode.exists():  # watched on disk, not through gpuctl, which would record the end
+        assert time.time() - t0 < 60
+        time.sleep(0.1)
+    ended = time.time()
+    time.sleep(4.0)
+    (run,) = json.loads(gpuctl("status", "--json").stdout)["runs"]
+    assert run["state"] == "succeeded"
+    assert run["elapsed_s"] <= ended - t0 + 0.5  # not the 4 s waited since
+    assert run["usd"] == pytest.approx(run["elapsed_s"], rel=1e-6)  # $1 a second
+    time.sleep(1.0)
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["elapsed_s"] == run["elapsed_s"]
+
+
+def test_a_broken_settings_file_does_not_break_an_existing_cluster(gpuctl, quick_project, isolated):
+    """Issue 9: status, cost, logs and down work from what the ledger recorded at `up`."""
+    gpuctl("up")
+    gpuctl("train", quick_project, "--wait")
+    Path("gpuctl.toml").write_text("[guards]\nidle = 'five parsecs'\n")
+    gpuctl("status")
+    gpuctl("cost")
+    assert "done" in gpuctl("logs").stdout
+    gpuctl("down", "-y")
+    assert "gpuctl.toml" in gpuctl("config", "show", code=3).stderr
+    Path("gpuctl.toml").write_text("this is [not toml\n")
+    gpuctl("status")
+    assert "malformed TOML" in gpuctl("up", code=3).stderr
+
+
+def test_an_up_that_created_nothing_leaves_no_row(gpuctl, monkeypatch):
+    """Issue 9: every failed `up` used to leave a "down" cluster in `status`. Tried: an ssh host
+    that refuses connections, an unknown provider, a bad name, a negative price."""
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "2")
+    gpuctl("up", "--provider", "ssh", "--host", "root@127.0.0.1:9", code=7)
+    gpuctl("up", "--provider", "nowhere", code=3)
+    gpuctl("up", "--name", "bad name!", code=3)
+    gpuctl("up", "--usd-per-hour", "-1", code=3)
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []

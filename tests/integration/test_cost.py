@@ -20,13 +20,14 @@ H = 3600.0
 
 def aws_cluster(home, name, launched, ended, steps, market="spot", od=1.006, disk=100):
     led = Ledger(home)
-    led.add_cluster(ClusterSpec(name=name, provider="aws", instance_type="g5.xlarge", market=market, disk_gb=disk))
-    led.put_instance(InstanceRecord(
+    c = led.add_cluster(ClusterSpec(name=name, provider="aws", instance_type="g5.xlarge", market=market,
+                                    disk_gb=disk, billing="per-second"))
+    led.put_instance(c.id, InstanceRecord(
         id=f"i-{name}", cluster=name, state="terminated", launched_at=launched, terminated_at=ended,
         workdir="~/gpuctl", market=market, usd_per_hour=steps[0][1], price_steps=tuple(steps),
         on_demand_usd_per_hour=od, instance_type="g5.xlarge", region="us-east-1", zone="us-east-1a",
     ))
-    led.mark_cluster_down(name, ended)
+    led.mark_cluster_down(c.id, ended)
 
 
 def cluster_costs(gpuctl):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.ops import PAYLOAD_DIR
+from gpuctl.ops.guards import PAYLOAD_DIR
 from gpuctl.types import EpochReport
 
 MODEL = """

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuctl.ops import run_cost
+from gpuctl.ops.costs import run_cost
 from gpuctl.types import EpochReport, RunRecord
 
 

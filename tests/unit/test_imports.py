@@ -1,4 +1,5 @@
-"""`gpuctl --help` and `gpuctl status` must stay fast: none of the heavy libraries may load."""
+"""`gpuctl --help` and `gpuctl status` must stay fast: none of the heavy libraries may load, and
+help loads neither pydantic nor rich (the CLI imports settings, types and render inside commands)."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 HEAVY = ["boto3", "botocore", "fabric", "paramiko", "tensorflow", "keras", "numpy"]
+NOT_FOR_HELP = HEAVY + ["pydantic", "pydantic_core", "rich", "gpuctl.ops", "gpuctl.settings", "gpuctl.types",
+                        "gpuctl.render"]
 
 PROBE = """
 import json, sys
@@ -16,14 +19,24 @@ try:
     cli(args=sys.argv[1:], prog_name="gpuctl")
 except SystemExit as e:
     code = e.code
-print(json.dumps({"code": code, "heavy": sorted(m for m in %r if m in sys.modules)}), file=sys.stderr)
-""" % (HEAVY,)
+print(json.dumps({"code": code, "loaded": sorted(m for m in %r if m in sys.modules)}), file=sys.stderr)
+""" % (NOT_FOR_HELP,)
+
+
+def probe(args, tmp_path):
+    env = dict(os.environ, GPUCTL_HOME=str(tmp_path), GPUCTL_PROVIDER="local")
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=60)
+    result = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert result["code"] in (0, None), proc.stderr
+    return set(result["loaded"])
 
 
 @pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"], ["cost"], ["config", "show"]])
 def test_cli_does_not_import_heavy_libraries(args, tmp_path):
-    env = dict(os.environ, GPUCTL_HOME=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=60)
-    result = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert result["code"] in (0, None), proc.stderr
-    assert result["heavy"] == []
+    assert probe(args, tmp_path) & set(HEAVY) == set()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["up", "--help"], ["cost", "--help"],
+                                  ["guard", "set", "--help"]])
+def test_help_imports_neither_pydantic_nor_rich(args, tmp_path):
+    assert probe(args, tmp_path) == set()

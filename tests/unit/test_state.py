@@ -1,4 +1,5 @@
-"""The ledger: typed round trips, one live cluster per name, and several processes writing at once."""
+"""The ledger: typed round trips, one live cluster per name, clusters told apart by id when a name
+is used again, the upgrade of a version-1 ledger, and several processes writing at once."""
 
 import multiprocessing
 import sqlite3
@@ -18,14 +19,15 @@ def test_round_trip_and_default(tmp_path):
     led = Ledger(tmp_path)
     a = led.add_cluster(spec("a"))
     assert a.is_default and led.default_cluster().name == "a"
-    led.add_cluster(spec("b"))
+    b = led.add_cluster(spec("b"))
     assert led.default_cluster().name == "b"
     inst = InstanceRecord(id="i-1", cluster="a", state="running", launched_at=1.0, workdir="/w", usd_per_hour=1.5)
-    led.put_instance(inst)
-    assert led.instances("a") == [inst]
-    run = RunRecord(run_id="r1", cluster="a", project="/p", entry="train.py", state="running", started_at=2.0, run_dir="/w/r1")
+    led.put_instance(a.id, inst)
+    assert led.instances(a.id) == [inst]
+    run = RunRecord(run_id="r1", cluster="a", cluster_id=a.id, project="/p", entry="train.py", state="running",
+                    started_at=2.0, run_dir="/w/r1")
     led.put_run(run)
-    assert led.run("r1") == run and led.runs("a") == [run] and led.runs("b") == []
+    assert led.run("r1") == run and led.runs(a.id) == [run] and led.runs(b.id) == []
     rep = EpochReport.model_validate({
         "schema": 1, "run_id": "r1", "epoch": 1, "start": 0, "end": 2, "seconds": 2,
         "usd_per_hour": 3.6, "epoch_cost_usd": 0.002, "cumulative_usd": 0.002,
@@ -33,26 +35,84 @@ def test_round_trip_and_default(tmp_path):
     led.put_epochs([rep])
     led.put_epochs([rep])  # idempotent
     assert led.epochs("r1") == [rep]
-    led.mark_cluster_down("b")
+    led.mark_cluster_down(b.id)
     assert led.default_cluster() is None
     assert [c.state for c in led.clusters()] == ["up", "down"]
 
 
 def test_one_live_cluster_per_name_but_names_reusable_after_down(tmp_path):
     led = Ledger(tmp_path)
-    led.add_cluster(spec("x"))
+    first = led.add_cluster(spec("x"))
     with pytest.raises(sqlite3.IntegrityError):
         led.add_cluster(spec("x"))
-    led.mark_cluster_down("x")
-    led.add_cluster(spec("x"))
+    led.mark_cluster_down(first.id)
+    second = led.add_cluster(spec("x"))
     assert [c.state for c in led.clusters()] == ["down", "up"]
+    # Same name, two identities: what hangs off one never shows under the other, even an owned
+    # ssh host's instance id, which is the same for both.
+    same = InstanceRecord(id="ssh:root@h:22", cluster="x", state="running", launched_at=1.0, workdir="/w")
+    led.put_instance(first.id, same)
+    led.put_instance(second.id, same.model_copy(update={"launched_at": 5.0}))
+    assert [i.launched_at for i in led.instances(first.id)] == [1.0]
+    assert [i.launched_at for i in led.instances(second.id)] == [5.0]
+
+
+def test_a_failed_up_is_forgotten_but_a_cluster_with_runs_is_not(tmp_path):
+    led = Ledger(tmp_path)
+    c = led.add_cluster(spec("typo"))
+    led.event("up", "tried", cluster=c)
+    led.forget_cluster(c.id)
+    assert led.clusters() == [] and led.events() == []
+    kept = led.add_cluster(spec("used"))
+    led.put_run(RunRecord(run_id="r", cluster="used", cluster_id=kept.id, project="/p", entry="t.py",
+                          state="running", started_at=1.0, run_dir="/d"))
+    with pytest.raises(ValueError):
+        led.forget_cluster(kept.id)
+
+
+V1_SCHEMA = """
+CREATE TABLE clusters (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, provider TEXT NOT NULL,
+    state TEXT NOT NULL, created_at REAL NOT NULL, terminated_at REAL, is_default INTEGER NOT NULL DEFAULT 0,
+    spec_json TEXT NOT NULL);
+CREATE UNIQUE INDEX clusters_live_name ON clusters(name) WHERE state = 'up';
+CREATE TABLE instances (id TEXT PRIMARY KEY, cluster_id INTEGER NOT NULL REFERENCES clusters(id), record_json TEXT NOT NULL);
+CREATE TABLE runs (run_id TEXT PRIMARY KEY, cluster_id INTEGER NOT NULL REFERENCES clusters(id), record_json TEXT NOT NULL);
+CREATE TABLE epochs (run_id TEXT NOT NULL REFERENCES runs(run_id), epoch INTEGER NOT NULL, report_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, epoch));
+CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, cluster TEXT, run_id TEXT,
+    kind TEXT NOT NULL, message TEXT NOT NULL);
+"""
+
+
+def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    db.executescript(V1_SCHEMA)
+    aws_spec = '{"name": "gpu", "provider": "aws", "instance_type": "g5.xlarge", "disk_gb": 100}'
+    db.execute("INSERT INTO clusters VALUES (1, 'gpu', 'aws', 'down', 1.0, 9.0, 0, ?)", (aws_spec,))
+    inst = InstanceRecord(id="i-1", cluster="gpu", state="terminated", launched_at=1.0, workdir="/w")
+    db.execute("INSERT INTO instances VALUES ('i-1', 1, ?)", (inst.model_dump_json(),))
+    # Version 1 run records carry no cluster id: the column says which cluster.
+    old_run = '{"run_id": "r", "cluster": "gpu", "project": "/p", "entry": "t.py", "state": "succeeded", ' \
+              '"started_at": 1.0, "run_dir": "/d"}'
+    db.execute("INSERT INTO runs VALUES ('r', 1, ?)", (old_run,))
+    db.execute("INSERT INTO events (ts, cluster, kind, message) VALUES (1.0, 'gpu', 'up', 'x')")
+    db.commit()
+    db.close()
+    led = Ledger(tmp_path)
+    (c,) = led.clusters()
+    assert c.id == 1 and c.spec.billing == "per-second"  # aws clusters were priced by EC2's rules
+    assert led.instances(1) == [inst]
+    assert led.run("r").cluster_id == 1
+    assert len(led.events(1)) == 1
+    Ledger(tmp_path)  # opening it again changes nothing
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 def _writer(home, worker, count):
     led = Ledger(home)
     for i in range(count):
         led.event("test", f"{worker}-{i}")
-        run = RunRecord(run_id=f"r{worker}-{i}", cluster="shared", project="/p", entry="t.py",
+        run = RunRecord(run_id=f"r{worker}-{i}", cluster="shared", cluster_id=1, project="/p", entry="t.py",
                         state="running", started_at=time.time(), run_dir="/d")
         led.put_run(run)
 

@@ -14,7 +14,15 @@ from typing import Any, Callable
 
 from gpuctl.errors import NoCapacityError
 from gpuctl.provision.aws.access import tag_spec
-from gpuctl.provision.aws.session import CAPACITY_CODES, QUOTA_CODES, Aws, error_code, error_message, quota_hint, translate
+from gpuctl.provision.aws.session import (
+    CAPACITY_CODES,
+    QUOTA_CODES,
+    Aws,
+    error_code,
+    error_message,
+    quota_hint,
+    translate,
+)
 
 
 @dataclass(frozen=True)

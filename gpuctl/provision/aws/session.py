@@ -88,6 +88,31 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise translate(exc, getattr(fn, "__name__", "").title().replace("_", "")) from exc
 
 
+WAITER_DELAY_S = 2
+
+
+def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, **params: Any) -> None:
+    """Block on one of boto3's own waiters (e.g. instance_running), every WAITER_DELAY_S seconds
+    for up to `timeout_s`; a timeout or a failure state becomes a CloudError naming `what`."""
+    from botocore import exceptions as bx
+
+    attempts = max(1, int(timeout_s // WAITER_DELAY_S))
+    try:
+        client.get_waiter(waiter).wait(WaiterConfig={"Delay": WAITER_DELAY_S, "MaxAttempts": attempts}, **params)
+    except bx.WaiterError as exc:
+        last = exc.last_response or {}
+        if "Error" in last:
+            raise translate(bx.ClientError(last, waiter), waiter) from exc
+        reasons = [i.get("StateReason", {}).get("Message") or i["State"]["Name"]
+                   for r in last.get("Reservations", []) for i in r.get("Instances", [])]
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        if "terminal failure state" in str(exc):
+            raise CloudError(f"gave up waiting for {what}: it ended{why}", "Try again, or another zone or market.") from exc
+        raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}{why}", hint) from exc
+    except (bx.BotoCoreError, bx.ClientError) as exc:
+        raise translate(exc, waiter) from exc
+
+
 class Aws:
     """A boto3 session for one region, with retrying clients created on first use."""
 
@@ -128,4 +153,5 @@ class Aws:
         return self.client("ec2", region)
 
 
-__all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "error_code", "quota_hint", "translate"]
+__all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "error_code", "quota_hint", "translate",
+           "wait_for"]

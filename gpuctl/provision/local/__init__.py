@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from gpuctl.provision import remote_spec
 from gpuctl.remote import guard
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.jobs import kill_server
 from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
@@ -22,16 +23,30 @@ from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 class LocalProvider:
     name = "local"
     reuses_live_clusters = False
+    arms_guard_at_up = False  # nothing is rented: the first `train` arms it
+    default_on_fire = "stop-jobs"
+    boot_hard_cap = False
 
-    def __init__(self, home: Path, settings: Settings):
+    def __init__(self, home: Path, spec: ClusterSpec):
         self.home = Path(home)
-        self.settings = settings
+        self.spec = spec
+
+    @classmethod
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+        rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
+        return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
+                           max_hours=s.guards.max_hours, remote=remote_spec(s))
+
+    def launch_question(self) -> str | None:
+        if self.spec.usd_per_hour <= 0:
+            return None
+        return f"start local cluster {self.spec.name!r} billed at ${self.spec.usd_per_hour:,.4f}/h"
 
     def _clusters_dir(self) -> Path:
         return self.home / "clusters"
 
-    def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = lambda _: None,
-               wait_ssh: bool = True) -> list[InstanceRecord]:
+    def launch(self, progress: Callable[[str], None] = lambda _: None, wait_ssh: bool = True) -> list[InstanceRecord]:
+        spec = self.spec
         workdir = self._clusters_dir() / spec.name
         workdir.mkdir(parents=True, exist_ok=True)
         return [
@@ -50,6 +65,12 @@ class LocalProvider:
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> LocalHost:
         return LocalHost(Path(instance.workdir))
+
+    def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
+        return instances  # this machine runs while gpuctl does
+
+    def set_hard_cap(self, host: Host, hours: float) -> bool:
+        return False
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()

@@ -8,13 +8,16 @@ are remembered in a small file under the gpuctl home, the provider's own view fo
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from gpuctl.errors import GpuctlError, RemoteError
-from gpuctl.remote import guard
+from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.provision import remote_spec
+from gpuctl.remote import guard, ssh_resolve
+from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import kill_server
 from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.settings import Settings
@@ -30,40 +33,70 @@ def _quiet(_: str) -> None:
 class SshProvider:
     name = "ssh"
     reuses_live_clusters = False
+    arms_guard_at_up = True
+    default_on_fire = "stop-jobs"  # the user's own machine: end gpuctl's jobs, never power it off
+    boot_hard_cap = False
 
-    def __init__(self, home: Path, settings: Settings):
+    def __init__(self, home: Path, spec: ClusterSpec):
         self.home = Path(home)
-        self.settings = settings
+        self.spec = spec
+        self.remote = spec.remote
+
+    @classmethod
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+        if not s.ssh.hosts:
+            raise ConfigError("the ssh provider needs at least one host",
+                              "Pass --host user@host[:port] (repeat it for more), or set `[ssh] hosts`.")
+        rate = s.ssh.usd_per_hour if usd_per_hour is None else usd_per_hour
+        return ClusterSpec(name=s.cluster, provider=cls.name, instance_type="ssh", usd_per_hour=rate,
+                           hosts=tuple(s.ssh.hosts), identity=s.ssh.identity or None, nodes=len(s.ssh.hosts),
+                           launch_token=secrets.token_hex(8), max_hours=s.guards.max_hours, remote=remote_spec(s))
+
+    def launch_question(self) -> str | None:
+        return None  # the machines are the user's own: using them spends nothing new
+
+    def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
+        return instances  # owned machines do not end by themselves
+
+    def set_hard_cap(self, host: Host, hours: float) -> bool:
+        return False
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
 
     def connect(self, ep: Endpoint, identity: str | None, workdir: str | None = None,
                 progress: Callable[[str], None] | None = None, connect_timeout_s: float | None = None) -> SshHost:
-        r = self.settings.remote
+        r = self.remote
+        # `ep` carries its jump hosts and their keys; `identity`, when given, is the host's key.
         return SshHost(ep, self.home, identity, workdir or r.workdir, python=r.python,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, progress=progress)
 
-    def launch(self, spec: ClusterSpec, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
-        endpoints = [Endpoint.parse(h) for h in spec.hosts]
+    def launch(self, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
+        spec = self.spec
+        # Aliases, users, ports, keys and jump hosts from the user's ssh config, resolved once here
+        # and recorded: later commands reach the hosts the same way whatever that file says then.
+        cfg_path = ssh_resolve.config_path(self.remote.ssh_config)
+        cfg = ssh_resolve.load(cfg_path)
+        endpoints = [ssh_resolve.resolve(h, cfg, cfg_path, identity=spec.identity) for h in spec.hosts]
 
         def check(ep: Endpoint) -> InstanceRecord:
-            host = self.connect(ep, spec.identity, progress=progress)
+            host = self.connect(ep, None, progress=progress)
             try:
                 res = host.run(["sh", "-c", "for t in tmux python3 tar; do command -v $t >/dev/null || echo $t; done"],
                                cwd=False)
                 missing = res.stdout.split()
                 if missing:
                     raise RemoteError(
-                        f"{', '.join(missing)} missing on {ep.label}",
+                        f"{', '.join(missing)} missing on {ep.name}",
                         f"Install it there: `sudo apt-get install {' '.join(NEEDED[m] for m in missing)}`.",
                     )
                 host.run(["mkdir", "-p", host.root], cwd=False)
-                progress(f"{ep.label}: reachable, host key pinned, tmux and python3 present, work dir {host.root}")
+                progress(f"{ep.name}: reachable, host key pinned, tmux and python3 present, work dir {host.root}")
                 return InstanceRecord(
                     id=f"ssh:{ep.label}", cluster=spec.name, state="running", public_ip=ep.host, market="owned",
                     usd_per_hour=spec.usd_per_hour, price_source="ssh.usd_per_hour", launched_at=time.time(),
-                    workdir=host.root, ssh_user=ep.user, key_path=spec.identity, port=ep.port,
+                    workdir=host.root, ssh_user=ep.user, key_path=ep.identity, port=ep.port,
+                    jump_hosts=tuple(h.spec for h in ep.jump), jump_keys=tuple(h.identity or "" for h in ep.jump),
                 )
             finally:
                 host.close()
@@ -75,8 +108,8 @@ class SshProvider:
         return records
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> SshHost:
-        ep = Endpoint(user=instance.ssh_user or "", host=instance.public_ip or "", port=instance.port or 22)
-        return self.connect(ep, instance.key_path, instance.workdir, connect_timeout_s=connect_timeout_s)
+        # As recorded at `up` (jump hosts too): the ssh config is not read again.
+        return self.connect(Endpoint.from_record(instance), None, instance.workdir, connect_timeout_s=connect_timeout_s)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._registry()

@@ -1,0 +1,208 @@
+"""Commands about clusters and money: up, down, status, cost, guard show/set, config show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuctl.cli_common import CONTEXT, PositiveFloat, confirm, json_option, progress_sink, session
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--name", help="Cluster name (setting `cluster`, default 'default').")
+@click.option("--provider", help="Where to run: aws, ssh or local (setting `provider`, default aws).")
+@click.option("--type", "instance_type", help="EC2 instance type, e.g. g5.xlarge (setting `aws.instance_type`).")
+@click.option("--spot/--on-demand", "spot", default=None, help="Market (setting `aws.market`, default spot).")
+@click.option("--max-price", type=PositiveFloat(), help="Highest spot price in $/h (default: the on-demand price).")
+@click.option("--fallback-on-demand", is_flag=True, default=None, help="Launch on-demand if spot fails in every zone.")
+@click.option("--region", help="AWS region (setting `aws.region`; default: boto3's).")
+@click.option("--profile", help="AWS profile (setting `aws.profile`).")
+@click.option("--image", help="AMI id (default: the newest TensorFlow Deep Learning AMI).")
+@click.option("--disk-gb", type=int, help="Encrypted gp3 root volume size (setting `aws.disk_gb`).")
+@click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
+@click.option("--max-hours", type=PositiveFloat(), help="Power off this many hours after boot (setting `guards.max_hours`).")
+@click.option("--usd-per-hour", type=float, help="Price per hour for local/ssh clusters (reports only).")
+@click.option("--host", "hosts", multiple=True, help="ssh provider: user@host[:port]; repeat for more hosts.")
+@click.option("--identity", help="ssh provider: private key file (default: ssh-agent and ~/.ssh keys).")
+@click.option("--no-wait", is_flag=True, help="Return once the instance runs, without waiting for SSH.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
+@json_option
+@click.pass_context
+def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
+       max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
+       image: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
+       usd_per_hour: float | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
+       as_json: bool) -> None:
+    """Create a cluster (or reuse it) and make it the default for later commands."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import clusters
+
+    flags = {
+        "cluster": name, "provider": provider, "aws.instance_type": instance_type,
+        "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
+        "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
+        "aws.image": image, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
+        "ssh.hosts": list(hosts) or None, "ssh.identity": identity,
+    }
+    if hosts and provider is None:
+        flags["provider"] = "ssh"  # --host only makes sense for the ssh provider
+    s = session(ctx, **flags)
+    question = clusters.launch_question(s, usd_per_hour)
+    if question is not None:
+        confirm(yes, question)
+    with progress_sink() as progress:
+        result = clusters.up(s, progress, wait_ssh=not no_wait, usd_per_hour=usd_per_hour)
+    if as_json:
+        return render.emit_json(result)
+    render_commands.up(result)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--all", "everything", is_flag=True,
+              help="Search every provider (every enabled AWS region) for gpuctl's resources, ledger or not.")
+@json_option
+@click.pass_context
+def status(ctx: click.Context, everything: bool, as_json: bool) -> None:
+    """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far."""
+    from gpuctl import render, render_commands
+
+    if everything:
+        from gpuctl.ops import clusters
+
+        inv = clusters.inventory(session(ctx))
+        return render.emit_json(inv) if as_json else render_commands.inventory(inv)
+    from gpuctl import render_cost
+    from gpuctl.ops import costs
+
+    report = costs.status(session(ctx))
+    return render.emit_json(report) if as_json else render_cost.status(report)
+
+
+RECENT_RUNS = 3  # kept equal to render_cost.RECENT_RUNS (a test checks); here for --help without rich
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("runs", nargs=-1)
+@click.option("--all", "show_all", is_flag=True, help=f"Epoch tables for every run (default: the {RECENT_RUNS} newest).")
+@click.option("--compare", is_flag=True, help="Put the named RUNS side by side (two or more).")
+@click.option("--csv", "as_csv", is_flag=True, help="One CSV row per epoch of every run reported.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG: cumulative $ by epoch and by time.")
+@json_option
+@click.pass_context
+def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: bool, as_csv: bool,
+         plot_path: Path | None, as_json: bool) -> None:
+    """Spend per cluster and per run, one row per epoch, with the projected total.
+
+    Name RUNS to report only those.
+    """
+    from gpuctl import render, render_cost
+    from gpuctl.ops import costs
+
+    if plot_path is not None:
+        from gpuctl.plot import check_target
+
+        check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
+    report = costs.cost(session(ctx), runs, compare=compare)
+    if plot_path is not None:
+        from gpuctl.plot import plot
+
+        drawn = plot(report, plot_path)
+        click.echo(f"Wrote {plot_path} ({drawn} run(s)).", err=True)
+    if as_json:
+        render.emit_json(report)
+    elif as_csv:
+        render_cost.cost_csv(report)
+    elif compare:
+        render_cost.compare(report)
+    else:
+        render_cost.cost(report, detailed=show_all or bool(runs))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("name", required=False)
+@click.option("--all", "everything", is_flag=True,
+              help="Release everything gpuctl finds by its tags in every provider and region, ledger or not.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@click.pass_context
+def down(ctx: click.Context, name: str | None, everything: bool, yes: bool, as_json: bool) -> None:
+    """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import clusters
+
+    if everything and name:
+        raise click.UsageError("give a cluster NAME or --all, not both")
+    s = session(ctx)
+    if everything:
+        confirm(yes, "release everything gpuctl created, in every provider and region")
+        with progress_sink() as progress:
+            result = clusters.down_all(s, progress)
+    else:
+        target = clusters.down_target(s, name)
+        if target is not None:
+            confirm(yes, f"release cluster {target!r} and stop its jobs")
+        with progress_sink() as progress:
+            result = clusters.down(s, name, progress)
+    if as_json:
+        return render.emit_json(result)
+    render_commands.down(result, everything)
+
+
+@click.group(context_settings=CONTEXT)
+def guard() -> None:
+    """The spend guards that run on the instance: show or change them."""
+
+
+@guard.command("show", context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@json_option
+@click.pass_context
+def guard_show(ctx: click.Context, cluster: str | None, as_json: bool) -> None:
+    """Each guard, its limit, and the time until it fires."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import guards
+
+    report = guards.show(session(ctx), cluster)
+    return render.emit_json(report) if as_json else render_commands.guard(report)
+
+
+@guard.command("set", context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--idle", help="e.g. 30m; 0 = off")
+@click.option("--stall", help="e.g. 20m; 0 = off")
+@click.option("--on-stall", type=click.Choice(["warn", "fire"]))
+@click.option("--budget", type=float, help="dollars of uptime; 0 = off")
+@click.option("--max-hours", type=PositiveFloat(), help="hard cap, hours after launch")
+@click.option("--down-after-run/--no-down-after-run", default=None)
+@click.option("--grace", help="e.g. 2m")
+@click.option("--check-interval", help="e.g. 60s")
+@click.option("--on-fire", type=click.Choice(["poweroff", "stop-jobs"]))
+@json_option
+@click.pass_context
+def guard_set(ctx: click.Context, cluster: str | None, as_json: bool, **values: Any) -> None:
+    """Change the limits of a live cluster: gpuctl guard set --idle 30m --max-hours 6 --budget 20"""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import guards
+
+    names = {"budget": "budget_usd"}  # flag -> setting, where they differ
+    report = guards.apply(session(ctx, **{f"guards.{names.get(k, k)}": v for k, v in values.items()}), cluster)
+    return render.emit_json(report) if as_json else render_commands.guard(report)
+
+
+@click.group(context_settings=CONTEXT)
+def config() -> None:
+    """Inspect settings."""
+
+
+@config.command("show", context_settings=CONTEXT)
+@json_option
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool) -> None:
+    """Every setting, its value, and where the value came from."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import config as config_ops
+
+    values = config_ops.show(session(ctx))
+    return render.emit_json(values) if as_json else render_commands.config_values(values)

@@ -1,0 +1,65 @@
+"""What the command modules share: option helpers, the session, confirmation, the progress sink,
+and running an interactive child (ssh, tmux, a shell). Imports only click at module level."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from gpuctl.errors import ConfirmationRequired, ExitCode, RemoteError
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+def session(ctx: click.Context, **flags: Any):
+    """The use cases' Session for this command, closed (SSH connections end) with the command."""
+    from gpuctl.ops.session import open_session
+
+    s = open_session(flags)
+    ctx.call_on_close(s.close)
+    return s
+
+
+def progress_sink():
+    """The sink for a use case's progress lines (render.Progress); use it in a `with`."""
+    from gpuctl.render import Progress
+
+    return Progress()
+
+
+def confirm(yes: bool, question: str) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfirmationRequired(f"refusing to {question} without confirmation")
+    if not click.confirm(question[0].upper() + question[1:] + "?", default=False):
+        raise click.exceptions.Exit(ExitCode.USAGE)
+
+
+def run_child(argv: list[str], cwd: str | None = None) -> int:
+    """Run ssh/tmux/a shell in the foreground; its exit status, as a shell would report it."""
+    import subprocess
+
+    try:
+        code = subprocess.call(argv, cwd=cwd)
+    except OSError as exc:  # gpuctl's own failure, so gpuctl's code (7), never a child's 126/127
+        raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}",
+                          f"Install {os.path.basename(argv[0])} or put it on PATH.") from exc
+    return 128 - code if code < 0 else code  # killed by signal N: 128+N, as shells say
+
+
+class PositiveFloat(click.ParamType):
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not f > 0:
+            self.fail(f"{value!r} is not a positive number", param, ctx)
+        return f

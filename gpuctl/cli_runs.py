@@ -1,0 +1,189 @@
+"""Commands about runs and hosts: train, sync, pull, logs, exec, ssh, attach, ssh-config, tensorboard.
+
+exec, ssh, attach and tensorboard exit with the child's (the remote command's) status; gpuctl's own
+failures in them raise GpuctlError before the child runs, so they keep gpuctl's exit codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuctl.cli_common import CONTEXT, json_option, progress_sink, run_child, session
+from gpuctl.errors import RunFailedError
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster to train on (default: the default cluster).")
+@click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
+@click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
+@click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
+@click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
+@click.option("--down/--no-down", "down_after", default=None,
+              help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
+@click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
+@json_option
+@click.pass_context
+def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
+          entry: str | None, budget: float | None, allow_cpu: bool, down_after: bool | None, wait: bool,
+          as_json: bool) -> None:
+    """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import runs
+
+    s = session(ctx, **{"train.entry": entry, "guards.budget_usd": budget})
+    with progress_sink() as progress:
+        result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
+                            progress=progress, down_after_run=down_after)
+    if as_json and not wait:
+        return render.emit_json(result)
+    render_commands.train_started(result, to_stderr=wait)
+    if not wait:
+        return
+    for chunk in runs.logs(s, result.run.run_id, follow=True):
+        click.echo(chunk, nl=False)
+    final = runs.wait(s, result.run.run_id)
+    if final.state != "succeeded":
+        # The log was just streamed above, so its tail is not repeated here.
+        raise RunFailedError(
+            f"run {final.run_id} {final.state} (exit code {final.exit_code})",
+            f"See the whole log: gpuctl logs {final.run_id}; the run stays listed in `gpuctl status`.",
+        )
+    click.echo(f"Run {final.run_id} succeeded. Cost report: gpuctl cost", err=True)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--cluster", help="Cluster to push to (default: the default cluster).")
+@click.option("--data", type=click.Path(path_type=Path), help="Also push this data directory.")
+@json_option
+@click.pass_context
+def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None, as_json: bool) -> None:
+    """Push PATH (and --data) to the cluster without starting anything."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import runs
+
+    with progress_sink() as progress:
+        result = runs.sync(session(ctx), path, cluster=cluster, data=data, progress=progress)
+    if as_json:
+        return render.emit_json(result)
+    render_commands.synced(result)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--dest", type=click.Path(path_type=Path), default=Path("gpuctl-runs"), show_default=True,
+              help="Local directory to put the run's directory in.")
+@click.pass_context
+def pull(ctx: click.Context, run: str | None, dest: Path) -> None:
+    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance."""
+    from gpuctl import render_commands
+    from gpuctl.ops import runs
+
+    render_commands.pulled(runs.pull(session(ctx), run, dest))
+
+
+@click.command("exec", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@json_option
+@click.pass_context
+def exec_(ctx: click.Context, command: tuple[str, ...], cluster: str | None, as_json: bool) -> None:
+    """Run a command on every host of the cluster, in parallel: gpuctl exec -- nvidia-smi
+
+    Exits with the worst exit status of the hosts (also with --json).
+    """
+    from gpuctl import render, render_commands
+    from gpuctl.ops import runs
+
+    results = runs.exec_command(session(ctx), command, cluster=cluster)
+    if as_json:
+        render.emit_json(results)
+    else:
+        render_commands.exec_output(results)
+    codes = [128 - r.returncode if r.returncode < 0 else r.returncode for r in results]
+    worst = max(codes, default=0)
+    if worst:
+        ctx.exit(worst)
+
+
+@click.command("ssh", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.pass_context
+def ssh_(ctx: click.Context, command: tuple[str, ...], cluster: str | None) -> None:
+    """A shell on the cluster's first host (or run COMMAND there), with gpuctl's key and host key checks.
+
+    Exits with the remote command's status.
+    """
+    from gpuctl.ops import access
+
+    argv, cwd = access.shell(session(ctx), cluster, list(command) or None)
+    ctx.exit(run_child(argv, cwd))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
+@click.pass_context
+def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
+    """Attach to a run's live tmux session (detach with Ctrl-b d; the run keeps going)."""
+    import shlex
+
+    from gpuctl.ops import access
+
+    argv, cwd = access.attach(session(ctx), run)
+    if print_only:
+        click.echo(shlex.join(argv))
+        return
+    ctx.exit(run_child(argv, cwd))
+
+
+@click.command("ssh-config", context_settings=CONTEXT)
+@click.option("--install", is_flag=True, help="Also add an Include line for it to ~/.ssh/config.")
+@click.pass_context
+def ssh_config(ctx: click.Context, install: bool) -> None:
+    """Write an ssh config for the live clusters, so plain `ssh CLUSTER` works."""
+    from gpuctl import render_commands
+    from gpuctl.ops import access
+
+    render_commands.ssh_config(access.ssh_config(session(ctx), install=install), install)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--port", type=int, default=6006, show_default=True, help="Local port to open TensorBoard on.")
+@click.pass_context
+def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
+    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""
+    from gpuctl.ops import access
+
+    argv, url = access.tensorboard(session(ctx), cluster, port)
+    click.echo(f"TensorBoard: {url}   (nothing is opened to the internet; Ctrl-C to stop forwarding)")
+    try:
+        ctx.exit(run_child(argv) if argv else 0)
+    except KeyboardInterrupt:
+        ctx.exit(0)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--guard", "guard_log", is_flag=True, help="The watchdog's decisions instead (of --cluster).")
+@click.option("--cluster", help="With --guard: the cluster (default: the default cluster).")
+@click.option("--raw", is_flag=True, help="Every line, TensorFlow's start-up chatter included.")
+@click.pass_context
+def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, cluster: str | None, raw: bool) -> None:
+    """Print a run's output (default: the latest run)."""
+    if guard_log:
+        from gpuctl.ops import guards
+
+        click.echo(guards.decisions(session(ctx), cluster), nl=False)
+        return
+    from gpuctl.ops import runs
+
+    for chunk in runs.logs(session(ctx), run, follow=follow, raw=raw):
+        click.echo(chunk, nl=False)

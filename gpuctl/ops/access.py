@@ -1,0 +1,82 @@
+"""Interactive access to a cluster: a shell or one command line (`gpuctl ssh`), a run's tmux
+session (`attach`), an ssh config for plain `ssh CLUSTER`, and TensorBoard forwarded to here.
+
+These return what to run (argv and cwd); the CLI runs it and passes its exit status through."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+from pathlib import Path
+
+from gpuctl.errors import RemoteError
+from gpuctl.ops.session import Session
+from gpuctl.remote import jobs
+from gpuctl.types import SshConfigResult
+
+TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
+
+
+def shell(s: Session, cluster: str | None, command: list[str] | None) -> tuple[list[str], str | None]:
+    """(argv, cwd) for a login shell on the cluster's first host, or for `command` there. Like
+    `ssh host cmd`, the words are joined with spaces into one shell line, so `'echo $HOME; exit 3'`
+    runs as written."""
+    _, host = s.host(s.resolve_cluster(cluster))
+    return host.interactive(" ".join(command) if command else None, tty=not command)
+
+
+def attach(s: Session, run_id: str | None) -> tuple[list[str], str | None]:
+    """(argv, cwd) attaching to the run's live tmux session."""
+    run, cluster = s.run_on_live_cluster(run_id)
+    _, host = s.host(cluster)
+    tmux = ["tmux", "-L", host.tmux_socket, "attach-session", "-t", f"={run.run_id}"]
+    return host.interactive(shlex.join(tmux), tty=True)
+
+
+def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
+    """Write $GPUCTL_HOME/ssh_config with a Host entry per live remote host; optionally Include it."""
+    from gpuctl.remote import openssh
+    from gpuctl.remote.ssh import Endpoint
+
+    lines = ["# Written by `gpuctl ssh-config`; rewritten each time. Do not edit.", ""]
+    names = []
+    for c in s.ledger.clusters(include_down=False):
+        remote = [i for i in s.ledger.instances(c.id) if i.ssh_user and i.public_ip]  # reached over SSH
+        for n, inst in enumerate(remote):
+            alias = c.name if n == 0 else f"{c.name}-{n}"
+            names.append(alias)
+            # The same block gpuctl's own OpenSSH calls use: its known_hosts, strict checking, and
+            # every jump host recorded at `up`, each checked too.
+            lines += openssh.host_block(alias, Endpoint.from_record(inst), s.home) + [""]
+    path = s.home / "ssh_config"
+    path.write_text("\n".join(lines))
+    included = None
+    if install:
+        user_cfg = Path(s.env.get("HOME", str(Path.home()))) / ".ssh" / "config"
+        include = f"Include {path}"
+        text = user_cfg.read_text() if user_cfg.exists() else ""
+        if include not in text.splitlines():
+            user_cfg.parent.mkdir(mode=0o700, exist_ok=True)
+            # Include must come before any Host block to apply to every host.
+            user_cfg.write_text(include + "\n" + text)
+            os.chmod(user_cfg, 0o600)
+        included = str(user_cfg)
+    return SshConfigResult(path=str(path), hosts=tuple(names), included_from=included)
+
+
+def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] | None, str]:
+    """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
+    _, host = s.host(s.resolve_cluster(cluster))
+    remote_port = port if host.local else TENSORBOARD_PORT
+    if not jobs.session_alive(host, "tensorboard"):
+        probe = host.run([host.python, "-c", "import tensorboard"], check=False)
+        if probe.returncode != 0:
+            raise RemoteError(f"TensorBoard is not installed for {host.python} on {host.label}",
+                              f"Install it there: `{host.python} -m pip install tensorboard`.")
+        paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
+        cmd = [host.python, "-m", "tensorboard.main", "--logdir", posixpath.join(host.root, "runs"),
+               "--host", "127.0.0.1", "--port", str(remote_port)]
+        jobs.start_job(host, "tensorboard", host.root, cmd, {}, paths)
+    # Bound to 127.0.0.1 on the instance: reachable only through this SSH tunnel.
+    return host.forward(port, remote_port), f"http://127.0.0.1:{port}/"

@@ -1,0 +1,235 @@
+"""Clusters: `up`, `down`, `down --all`, `status --all`, and bringing a cluster's instance states
+from its provider into the ledger.
+
+Every use case checks its inputs before it creates or destroys anything, so a bad input leaves the
+ledger and the instances exactly as they were; an `up` that created nothing leaves no row.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+
+from gpuctl.errors import ConfigError, ConflictError, GpuctlError
+from gpuctl.ops import guards, run_state
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.provision import PROVIDERS, Provider, provider_class, spec_from_settings
+from gpuctl.types import (
+    ClusterRecord,
+    ClusterSpec,
+    DownResult,
+    Inventory,
+    Resource,
+    UpResult,
+)
+
+
+def _rate(usd_per_hour: float | None) -> float | None:
+    if usd_per_hour is not None and not (math.isfinite(usd_per_hour) and 0 <= usd_per_hour <= 1e6):
+        raise ConfigError(f"--usd-per-hour {usd_per_hour!r} is not a price",
+                          "Give the dollars an hour of the machine costs: a number from 0 to 1000000.")
+    return usd_per_hour
+
+
+def _asked(s: Session, usd_per_hour: float | None) -> ClusterSpec:
+    return spec_from_settings(s.settings().settings, _rate(usd_per_hour))
+
+
+def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None:
+    """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
+    spec = _asked(s, usd_per_hour)
+    if s.ledger.live_cluster(spec.name) is not None and provider_class(spec.provider).reuses_live_clusters:
+        return None  # reusing what runs already costs nothing new
+    return s.provider(spec).launch_question()
+
+
+def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None) -> UpResult:
+    """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the default."""
+    spec = _asked(s, usd_per_hour)
+    live = s.ledger.live_cluster(spec.name)
+    if live is not None:
+        spec = _reusable(s, live, spec)
+        cluster = live
+    else:
+        try:
+            # Recorded before launching, so a launch killed half-way is still known locally too.
+            cluster = s.ledger.add_cluster(spec)
+        except sqlite3.IntegrityError:
+            raise ConflictError(f"a cluster named {spec.name!r} is already up") from None
+    provider = s.provider(spec)
+    try:
+        instances = provider.launch(progress, wait_ssh)
+    except BaseException:
+        if live is None:
+            _forget_if_nothing_exists(s, provider, cluster)
+        raise
+    known = {i.id: i for i in s.ledger.instances(cluster.id)}
+    for n, inst in enumerate(instances):
+        if inst.id in known:  # reused: the price and launch time recorded at launch stay
+            old = known[inst.id]
+            inst = inst.model_copy(update={"usd_per_hour": old.usd_per_hour, "price_source": old.price_source,
+                                           "launched_at": old.launched_at})
+            instances[n] = inst
+        s.ledger.put_instance(cluster.id, inst)
+    s.ledger.event("up", f"{len(instances)} instance(s) via {spec.provider}", cluster=cluster)
+    if provider.arms_guard_at_up and wait_ssh:
+        progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
+    elif provider.arms_guard_at_up:
+        progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
+    return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
+
+
+def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:
+    """The live cluster's own spec, if `up` may reuse it as asked (same launch token: a retried
+    launch cannot start a second instance)."""
+    if not provider_class(asked.provider).reuses_live_clusters or live.provider != asked.provider:
+        raise ConflictError(
+            f"a cluster named {asked.name!r} is already up",
+            f"Use it (`gpuctl train --cluster {asked.name} ...`), pick another --name, or `gpuctl down {asked.name}`.",
+        )
+    want = asked.model_dump(exclude={"launch_token"})
+    have = live.spec.model_dump(exclude={"launch_token"})
+    if want != have:
+        diff = ", ".join(f"{k}: {have[k]} -> {want[k]}" for k in want if want[k] != have.get(k))
+        raise ConflictError(f"cluster {asked.name!r} is up with other settings ({diff})",
+                            f"`gpuctl down {asked.name} -y` first, or pick another --name.")
+    return live.spec
+
+
+def _forget_if_nothing_exists(s: Session, provider: Provider, cluster: ClusterRecord) -> None:
+    """After a failed launch, drop the cluster from the ledger unless the provider holds something
+    of it (then it stays up, so `gpuctl down` and `status` still see it)."""
+    try:
+        leftovers = provider.discover(cluster.name, cluster.spec.region)
+    except ConfigError:
+        leftovers = []  # e.g. an unknown region: nothing can exist there
+    except GpuctlError:
+        return  # cannot tell: keep the record, `down` will sort it out
+    if not leftovers:
+        s.ledger.forget_cluster(cluster.id)
+
+
+def reconcile(s: Session, cluster: ClusterRecord) -> ClusterRecord:
+    """Bring a cluster's instance states from its provider into the ledger; a cluster whose
+    instances all ended (a guard's poweroff, a spot interruption) is closed at that time."""
+    instances = s.ledger.instances(cluster.id)
+    if not instances:
+        return cluster
+    fresh = s.provider(cluster.spec).reconcile(instances)
+    for old, new in zip(instances, fresh):
+        if new != old:
+            s.ledger.put_instance(cluster.id, new)
+        if new.state != old.state:
+            s.ledger.event("instance-" + new.state, new.state_reason or "", cluster=cluster)
+    ended = [i.terminated_at for i in fresh if i.state in ("terminated", "shutting-down")]
+    if len(ended) == len(fresh):
+        s.ledger.mark_cluster_down(cluster.id, max(t or time.time() for t in ended))
+        return cluster.model_copy(update={"state": "down"})
+    return cluster
+
+
+def down_target(s: Session, name: str | None) -> str | None:
+    """The live cluster `down [NAME]` would release (to confirm first); None when none is live."""
+    if name is None and not s.ledger.clusters(include_down=False):
+        return None
+    if name and s.ledger.live_cluster(name) is None:
+        return None
+    return s.resolve_cluster(name).name
+
+
+def down(s: Session, name: str | None = None, progress: Progress = quiet) -> DownResult:
+    """Stop every job of the cluster, keep its reports and logs, and release all it holds."""
+    if name is None and not s.ledger.clusters(include_down=False):
+        return DownResult(cluster="", already_down=True)
+    if name and s.ledger.live_cluster(name) is None:
+        ended = [c for c in s.ledger.clusters() if c.name == name]
+        if ended:
+            # Closed already (e.g. its guard powered it off): still release what is left of it,
+            # such as its security group and key pair.
+            leftovers = _release(s, ended[-1], progress)
+            return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
+    # What the provider knows first: an instance that ended by itself keeps its own end time.
+    cluster = reconcile(s, s.resolve_cluster(name))
+    stopped = run_state.stop_runs(s, cluster) if cluster.state == "up" else []
+    resources = _release(s, cluster, progress)
+    _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
+    return DownResult(cluster=cluster.name, stopped_runs=tuple(stopped),
+                      released_instances=tuple(r.id for r in resources if r.kind in ("instance", "workdir")),
+                      released=tuple(resources))
+
+
+def _release(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
+    """Everything the provider still finds of the cluster, released; what was found."""
+    provider = s.provider(cluster.spec)
+    region = next((i.region for i in s.ledger.instances(cluster.id) if i.region), None) or cluster.spec.region
+    resources = provider.discover(cluster.name, region)
+    provider.release(resources, progress)
+    return resources
+
+
+def _close_in_ledger(s: Session, cluster: ClusterRecord, message: str) -> None:
+    """Mark the cluster's instances ended and the cluster down. An instance whose end is known
+    already (from EC2, say) keeps that time: billing closes when it really ended."""
+    now = time.time()
+    instances = s.ledger.instances(cluster.id)
+    for i in instances:
+        if i.state != "terminated" or i.terminated_at is None:
+            s.ledger.put_instance(cluster.id, i.model_copy(update={"state": "terminated",
+                                                                  "terminated_at": i.terminated_at or now}))
+    s.ledger.mark_cluster_down(cluster.id, max([i.terminated_at or now for i in instances], default=now))
+    s.ledger.event("down", message, cluster=cluster)
+
+
+def _searcher(s: Session, name: str) -> Provider:
+    """A provider to search everything of `name` with: the current settings say where (region,
+    profile); settings that could not launch a cluster (no ssh hosts, say) still can search."""
+    settings = s.settings().settings.model_copy(update={"provider": name})
+    try:
+        spec = provider_class(name).spec_from_settings(settings)
+    except ConfigError:
+        spec = ClusterSpec(name=settings.cluster, provider=name)
+    return s.provider(spec)
+
+
+def inventory(s: Session) -> Inventory:
+    """`status --all`: every resource each provider finds by itself, ledger or not."""
+    resources, notes = [], []
+    live = [c.name for c in s.ledger.clusters(include_down=False)]
+    for name in PROVIDERS:
+        try:
+            resources += _searcher(s, name).discover()
+        except GpuctlError as exc:
+            if any(c.provider == name for c in s.ledger.clusters(include_down=False)):
+                raise
+            notes.append(f"{name}: not searched: {exc.message}")
+    return Inventory(resources=tuple(resources), ledger_clusters=tuple(live), notes=tuple(notes))
+
+
+def down_all(s: Session, progress: Progress = quiet) -> DownResult:
+    """Release everything every provider finds (tags, not memory), and close the ledger's clusters."""
+    released: list[Resource] = []
+    stopped: list[str] = []
+    for name in PROVIDERS:
+        clusters = [c for c in s.ledger.clusters(include_down=False) if c.provider == name]
+        try:
+            for c in clusters:
+                if s.ledger.instances(c.id):
+                    try:
+                        stopped += run_state.stop_runs(s, c)
+                    except GpuctlError as exc:
+                        progress(f"{c.name}: jobs not stopped ({exc.message}); releasing anyway")
+            provider = _searcher(s, name)
+            resources = provider.discover()
+        except GpuctlError as exc:
+            if clusters:
+                raise
+            progress(f"{name}: not searched: {exc.message}")
+            continue
+        provider.release(resources, progress)
+        released += resources
+        for c in clusters:
+            _close_in_ledger(s, c, "released by down --all")
+    return DownResult(cluster="*", already_down=not released, stopped_runs=tuple(stopped),
+                      released_instances=tuple(r.id for r in released if r.kind in ("instance", "workdir")),
+                      released=tuple(released))

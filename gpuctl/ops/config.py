@@ -1,0 +1,11 @@
+"""`config show`: every setting, its value and where the value came from."""
+
+from __future__ import annotations
+
+from gpuctl.ops.session import Session
+from gpuctl.types import SettingValue
+
+
+def show(s: Session) -> list[SettingValue]:
+    """Every setting with its source; a broken settings file raises ConfigError naming it."""
+    return s.settings().values()

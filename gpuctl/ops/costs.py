@@ -1,0 +1,135 @@
+"""Spend: `status` (what runs, what it has cost so far) and `cost` (per cluster, per run, per epoch,
+with projections). Every cluster `up` ever made is reported with its own dollars, also after its
+name was used again."""
+
+from __future__ import annotations
+
+import time
+
+from gpuctl import billing
+from gpuctl.errors import ConfigError
+from gpuctl.ops import clusters, guards, run_state
+from gpuctl.ops.session import Session
+from gpuctl.types import (
+    ClusterCost,
+    ClusterRecord,
+    ClusterStatus,
+    CostReport,
+    EpochReport,
+    EpochRow,
+    RunCost,
+    RunRecord,
+    RunStatus,
+    StatusReport,
+)
+
+
+def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
+    """Uptime and dollars by the cluster's billing rule: EC2's (per second, 60 s minimum, spot
+    piecewise, EBS storage) or seconds x the set rate for machines nobody rents by the second."""
+    instances = s.ledger.instances(c.id)
+    uptime = compute = storage = rate = savings = 0.0
+    for inst in instances:
+        end = inst.terminated_at or c.terminated_at or now
+        seconds = max(0.0, end - inst.launched_at)
+        uptime = max(uptime, seconds)
+        rate += inst.usd_per_hour
+        if c.spec.billing == "per-second":
+            steps = list(inst.price_steps) or [(inst.launched_at, inst.usd_per_hour)]
+            periods = [(a, b if b is not None else end) for a, b in inst.periods] or [(inst.launched_at, end)]
+            usd = billing.compute_cost(periods, steps)
+            compute += usd
+            # The volume is billed while the instance is stopped too: storage covers the whole life.
+            storage += billing.storage_cost(c.spec.disk_gb, inst.launched_at, end)
+            if inst.market == "spot" and inst.on_demand_usd_per_hour:
+                billed = sum(billing.billed_seconds(a, b) for a, b in periods)
+                savings += billed * inst.on_demand_usd_per_hour / 3600.0 - usd
+        else:
+            compute += seconds * inst.usd_per_hour / 3600.0
+    cost = ClusterCost(id=c.id, name=c.name, provider=c.provider, state=c.state, uptime_s=uptime, usd_per_hour=rate,
+                       usd=compute + storage, compute_usd=compute, storage_usd=storage,
+                       spot_savings_usd=savings if savings else None)
+    return cost, len(instances)
+
+
+def status(s: Session) -> StatusReport:
+    """Every cluster and run: state, epoch k of N, last metrics, elapsed, cost so far."""
+    for c in s.ledger.clusters(include_down=False):
+        clusters.reconcile(s, c)
+    now = time.time()
+    out = []
+    for c in s.ledger.clusters():
+        cost, n = cluster_cost(s, c, now)
+        reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
+        out.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
+                                 guard=guards.status_of(s, c) if c.state == "up" and n else None,
+                                 note="; ".join(sorted(reasons)) or None))
+    runs = []
+    for r in run_state.refreshed_runs(s):
+        epochs = s.ledger.epochs(r.run_id)
+        elapsed = max(0.0, (r.ended_at or now) - r.started_at)
+        runs.append(RunStatus(
+            run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
+            epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
+            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=elapsed * r.usd_per_hour / 3600.0,
+            log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
+        ))
+    return StatusReport(clusters=tuple(out), runs=tuple(runs))
+
+
+def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
+    """Which machine a run's dollars bought: its cluster's instance type and market."""
+    instances = s.ledger.instances(cluster_id)
+    if not instances:
+        return rc
+    inst = instances[0]
+    return rc.model_copy(update={"instance_type": inst.instance_type or s.ledger.cluster(cluster_id).provider,
+                                 "market": inst.market})
+
+
+def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostReport:
+    """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
+    with compare, the named runs side by side (two or more)."""
+    if compare and len(run_ids) < 2:
+        raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
+    for c in s.ledger.clusters(include_down=False):
+        clusters.reconcile(s, c)
+    runs = [run_state.refresh(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
+    now = time.time()
+    costs = tuple(_with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id) for r in runs)
+    in_epochs: dict[int, float] = {}
+    for r, rc in zip(runs, costs):
+        in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
+    out = []
+    for c in s.ledger.clusters():
+        cc = cluster_cost(s, c, now)[0]
+        out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
+    return CostReport(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out))
+
+
+def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
+    """Per-epoch rows plus the projection: mean epoch cost x planned epochs."""
+    rows = tuple(
+        EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
+                 epoch_cost_usd=e.epoch_cost_usd, cumulative_usd=e.cumulative_usd, metrics=e.metrics)
+        for e in epochs
+    )
+    done = len(rows)
+    planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
+    spent = sum(r.epoch_cost_usd for r in rows)
+    mean_usd = spent / done if done else None
+    mean_s = sum(r.seconds for r in rows) / done if done else None
+    total = remaining = finish = None
+    if mean_usd is not None and planned:
+        total = mean_usd * planned
+        remaining = mean_usd * max(planned - done, 0)
+        finish = epochs[-1].end + (mean_s or 0.0) * max(planned - done, 0)
+    examples = sum(r.examples or 0 for r in rows)
+    seconds = sum(r.seconds for r in rows)
+    return RunCost(
+        run_id=run.run_id, cluster=run.cluster, state=run.state, usd_per_hour=run.usd_per_hour, epochs_done=done,
+        epochs_planned=planned, epochs=rows, mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
+        projected_remaining_usd=remaining, projected_total_usd=total,
+        examples_per_s=examples / seconds if examples and seconds else None,
+        usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
+    )

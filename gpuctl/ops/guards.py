@@ -1,0 +1,114 @@
+"""The spend guards on the instance: arming the watchdog, `guard show`, `guard set`, `logs --guard`,
+and what `status` shows of them."""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.ops.session import Session
+from gpuctl.provision import Provider
+from gpuctl.remote import guard
+from gpuctl.remote.host import Host
+from gpuctl.settings import LoadedSettings
+from gpuctl.types import ClusterRecord, GuardReport, InstanceRecord
+
+PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
+STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
+
+
+def payload_dir(host: Host) -> str:
+    return posixpath.join(host.root, "payload")
+
+
+def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
+            existing: dict[str, Any], down_after_run: bool | None = None) -> dict[str, Any]:
+    """The watchdog's config from the settings; values the user never set keep what the host has
+    (so a `guard set` survives the next `train`)."""
+    g = loaded.settings.guards
+    fresh: dict[str, tuple[str, Any]] = {  # config key -> (setting, value)
+        "idle_s": ("guards.idle", g.seconds("idle")),
+        "stall_s": ("guards.stall", g.seconds("stall")),
+        "on_stall": ("guards.on_stall", g.on_stall),
+        "grace_s": ("guards.grace", g.seconds("grace")),
+        "check_interval_s": ("guards.check_interval", g.seconds("check_interval")),
+        "gpu_idle_percent": ("guards.gpu_idle_percent", g.gpu_idle_percent),
+        "budget_usd": ("guards.budget_usd", g.budget_usd),
+        "down_after_run": ("guards.down_after_run", g.down_after_run),
+        "on_fire": ("guards.on_fire", g.on_fire or provider.default_on_fire),
+        "poweroff_command": ("guards.poweroff_command", g.poweroff_command),
+        "hard_cap_at": ("guards.max_hours", inst.launched_at + g.max_hours * 3600 if provider.boot_hard_cap else None),
+    }
+    cfg = dict(existing)
+    for key, (setting, value) in fresh.items():
+        if key not in cfg or loaded.sources.get(setting, "default") != "default":
+            cfg[key] = value
+    if down_after_run is not None:
+        cfg["down_after_run"] = down_after_run
+    if cfg.get("down_after_run") and (down_after_run or not existing.get("down_after_run")):
+        cfg["down_after_run_since"] = time.time()
+    cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
+               usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name)
+    return cfg
+
+
+def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None) -> str:
+    """Push the watchdog and (re)start it with the settings' limits; how it runs there."""
+    inst, host = s.host(cluster)
+    host.push(PAYLOAD_DIR, payload_dir(host))
+    cfg = _config(loaded, s.provider(cluster.spec), cluster, inst, host, guard.read_config(host), down_after_run)
+    return guard.install(host, cfg, host.python, payload_dir(host))
+
+
+def show(s: Session, cluster: str | None = None) -> GuardReport:
+    """Each guard's limit and what the watchdog last saw."""
+    record = s.resolve_cluster(cluster)
+    _, host = s.host(record)
+    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host))
+
+
+def apply(s: Session, cluster: str | None = None) -> GuardReport:
+    """`guard set`: apply the guard flags to a live cluster. Everything is validated before the host is touched."""
+    loaded = s.settings()  # raises ConfigError on a bad duration, budget or interval
+    record = s.resolve_cluster(cluster)
+    inst, host = s.host(record)
+    existing = guard.read_config(host)
+    if not existing:
+        raise RemoteError(f"no watchdog on cluster {record.name!r} yet",
+                          "It is installed by `gpuctl train` (and by `gpuctl up` on remote clusters).")
+    provider = s.provider(record.spec)
+    cfg = _config(loaded, provider, record, inst, host, existing)
+    # Cross-check the merged values as the settings model would (e.g. idle vs check interval).
+    interval = cfg["check_interval_s"]
+    for name in ("idle_s", "stall_s"):
+        if 0 < cfg[name] < interval:
+            raise ConfigError(f"guards.{name[:-2]} ({cfg[name]:g}s) is shorter than the check interval "
+                              f"({interval:g}s) in force on {record.name}",
+                              "Raise it, or lower --check-interval in the same command.")
+    if loaded.sources.get("guards.max_hours", "default") != "default" and provider.boot_hard_cap:
+        if not provider.set_hard_cap(host, loaded.settings.guards.max_hours):
+            s.ledger.event("guard", "boot-time hard cap timer not found; the watchdog enforces max_hours", cluster=record)
+    guard.write_config(host, cfg)
+    s.ledger.event("guard", "set " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.sources.items())
+                                              if k.startswith("guards.")), cluster=record)
+    return GuardReport(cluster=record.name, config=cfg, state=guard.state(host))
+
+
+def decisions(s: Session, cluster: str | None = None) -> str:
+    """The watchdog's decision log (`logs --guard`)."""
+    _, host = s.host(s.resolve_cluster(cluster))
+    return guard.decisions(host)
+
+
+def status_of(s: Session, cluster: ClusterRecord) -> dict[str, Any] | None:
+    """What the watchdog last saw and when each guard fires; never fails `status`."""
+    try:
+        timeout = min(STATUS_CONNECT_TIMEOUT_S, cluster.spec.remote.connect_timeout_s)
+        _, host = s.hosts(cluster, connect_timeout_s=timeout)[0]
+        st = guard.state(host)
+    except GpuctlError as exc:
+        return {"error": exc.message}
+    return st or None

@@ -1,0 +1,157 @@
+"""What a run is doing: its state and epochs brought from the instance into the ledger, its log
+(live from the instance, archived once the cluster is gone), waiting for it, and stopping it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import ValidationError
+
+from gpuctl.errors import RemoteError
+from gpuctl.ops.log_filter import LineFilter
+from gpuctl.ops.session import Session
+from gpuctl.remote import jobs
+from gpuctl.remote.host import Host
+from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
+
+SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
+
+
+def archived_log(s: Session, run_id: str) -> Path:
+    return s.home / "logs" / f"{run_id}.log"
+
+
+def ingest_epochs(s: Session, host: Host, run: RunRecord) -> list[EpochReport]:
+    """New epoch reports of the run, from the instance into the ledger."""
+    data = host.read_bytes(jobs.JobPaths(run.run_dir).epochs)
+    known = {e.epoch for e in s.ledger.epochs(run.run_id)}
+    fresh = []
+    for line in (data or b"").decode("utf-8", "replace").splitlines():
+        try:
+            report = EpochReport.model_validate_json(line)
+        except ValidationError:
+            continue  # a line being written right now, or not ours
+        if report.run_id == run.run_id and report.epoch not in known:
+            fresh.append(report)
+    s.ledger.put_epochs(fresh)
+    return fresh
+
+
+def refresh(s: Session, run: RunRecord) -> RunRecord:
+    """Bring a live run's state and epochs from its instance into the ledger."""
+    if run.state in FINAL_RUN_STATES:
+        return run
+    cluster = s.live_cluster_of(run)
+    if cluster is None:
+        updated = run.model_copy(update={"state": "lost", "ended_at": run.ended_at or time.time()})
+        s.ledger.put_run(updated)
+        return updated
+    _, host = s.host(cluster)
+    paths = jobs.JobPaths(run.run_dir)
+    state, code = jobs.job_state(host, run.run_id, paths)
+    epochs = ingest_epochs(s, host, run)
+    update: dict[str, Any] = {}
+    planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
+    if planned and planned != run.epochs_planned:
+        update["epochs_planned"] = planned
+    if state == "failed" and code == SIGTERM_EXIT:
+        state = "stopped"
+    if state != run.state:
+        update["state"] = state
+        update["exit_code"] = code
+        if state in FINAL_RUN_STATES:
+            update["ended_at"] = _ended_at(host, paths, run)
+    if update:
+        run = run.model_copy(update=update)
+        s.ledger.put_run(run)
+        if "state" in update and state in FINAL_RUN_STATES:
+            s.ledger.event("run-" + state, f"exit code {code}", cluster=cluster, run_id=run.run_id)
+    return run
+
+
+def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
+    """When the run ended: its start plus how long it ran by the instance's clock (not when this
+    client happened to look, and not skewed by the two clocks disagreeing)."""
+    ran = jobs.duration(host, paths)
+    return run.started_at + ran if ran is not None else time.time()
+
+
+def refreshed_runs(s: Session) -> list[RunRecord]:
+    return [refresh(s, r) for r in s.ledger.runs()]
+
+
+def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None = None) -> RunRecord:
+    """Block until the run has ended; the final record."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        run = refresh(s, s.find_run(run_id))
+        if run.state in FINAL_RUN_STATES:
+            return run
+        if deadline is not None and time.monotonic() > deadline:
+            raise RemoteError(f"run {run_id} still running after {timeout_s:.0f}s", f"Follow it: gpuctl logs -f {run_id}")
+        time.sleep(poll_s)
+
+
+def _read_log(s: Session, run: RunRecord, offset: int) -> bytes:
+    cluster = s.live_cluster_of(run)
+    if cluster is not None:
+        _, host = s.host(cluster)
+        data = host.read_bytes(jobs.JobPaths(run.run_dir).log, offset)
+        if data is not None:
+            return data
+    try:
+        with open(archived_log(s, run.run_id), "rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except FileNotFoundError:
+        return b""
+
+
+def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: float = 0.5,
+         raw: bool = False) -> Iterator[str]:
+    """The run's output (less TensorFlow's start-up chatter unless `raw`); with follow, keeps
+    yielding until the run has ended and all is read."""
+    run = s.find_run(run_id)
+    quiet = LineFilter(0 if raw else run.tf_log_level)
+    offset = 0
+    while True:
+        chunk = _read_log(s, run, offset)
+        offset += len(chunk)
+        shown = quiet.feed(chunk.decode("utf-8", "replace")) if chunk else ""
+        if shown:
+            yield shown
+        ended = run.state in FINAL_RUN_STATES and not chunk
+        if not follow or ended:
+            rest = quiet.flush()
+            if rest:
+                yield rest
+            return
+        if not chunk:
+            time.sleep(poll_s)
+        run = refresh(s, run)
+
+
+def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
+    text = _read_log(s, run, 0).decode("utf-8", "replace")
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
+    """Stop the cluster's live runs and keep their last epochs and logs in the ledger."""
+    stopped = []
+    for run in s.ledger.runs(cluster.id):
+        run = refresh(s, run)
+        if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
+            continue
+        _, host = s.host(cluster)
+        paths = jobs.JobPaths(run.run_dir)
+        if run.state not in FINAL_RUN_STATES:
+            code = jobs.stop_job(host, run.run_id, paths)
+            ingest_epochs(s, host, run)
+            run = run.model_copy(update={"state": "stopped", "exit_code": code, "ended_at": _ended_at(host, paths, run)})
+            s.ledger.put_run(run)
+            stopped.append(run.run_id)
+        host.fetch(paths.log, archived_log(s, run.run_id))
+    return stopped

@@ -1,0 +1,155 @@
+"""Runs: push a project (`sync`), start it (`train`), bring its outputs back (`pull`), run a
+command on every host (`exec`). Following a run lives in run_state.py."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpuctl.errors import ConfigError, ProjectError, RemoteError
+from gpuctl.ops import guards
+from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.remote import jobs, preflight
+from gpuctl.remote.host import Host
+from gpuctl.types import (
+    ExecResult,
+    PullResult,
+    RunRecord,
+    SyncResult,
+    SyncStats,
+    TrainResult,
+)
+
+LAUNCHER = "gpuctl_run.py"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")[:24] or "run"
+
+
+def _project(project: Path) -> Path:
+    project = Path(project)
+    if not project.is_dir():
+        raise ProjectError(
+            f"project directory {str(project)!r} does not exist" if not project.exists()
+            else f"{str(project)!r} is not a directory",
+            "Pass the directory that holds your training script, e.g. `gpuctl train examples/cifar10`.",
+        )
+    return project.resolve()
+
+
+def _data_dir(data: Path | None) -> Path | None:
+    if data is None:
+        return None
+    if not Path(data).is_dir():
+        raise ProjectError(f"data directory {str(data)!r} does not exist",
+                           "Pass --data DIR with a directory of training data, or leave it out.")
+    return Path(data).resolve()
+
+
+def _push(host: Host, project: Path, data: Path | None, progress: Progress
+          ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
+    """Push code and (separately, so a code push never touches it) data; their remote dirs."""
+    code_dir = posixpath.join(host.root, "code", _slug(project.name))
+    code = host.push(project, code_dir, progress=lambda line: progress(f"code: {line}"))
+    if data is None:
+        return code, None, code_dir, None
+    data_dir = posixpath.join(host.root, "data", _slug(data.name))
+    return code, host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), code_dir, data_dir
+
+
+def sync(s: Session, project: Path, cluster: str | None = None, data: Path | None = None,
+         progress: Progress = quiet) -> SyncResult:
+    """Push the project (and data) to the cluster's first host without starting anything."""
+    project, data = _project(project), _data_dir(data)
+    _, host = s.host(s.resolve_cluster(cluster))
+    code, data_stats, code_dir, data_dir = _push(host, project, data, progress)
+    return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
+
+
+def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str, ...] = (), data: Path | None = None,
+          allow_cpu: bool = False, progress: Progress = quiet, down_after_run: bool | None = None) -> TrainResult:
+    """Push the project, check the machine, write the run's config, start the payload under tmux."""
+    project = _project(project)
+    loaded = s.settings(project_dir=project)
+    settings = loaded.settings
+    entry = settings.train.entry
+    if not (project / entry).is_file():
+        raise ProjectError(f"no entry point: {project / entry} does not exist",
+                           "Add train.py to the project, or set `[train] entry = \"your_script.py\"` in its gpuctl.toml.")
+    data = _data_dir(data)
+    record = s.resolve_cluster(cluster)
+    inst, host = s.host(record)
+
+    run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    payload_dir = guards.payload_dir(host)
+    paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
+    sync_stats, data_sync, code_dir, data_dir = _push(host, project, data, progress)
+    host.push(guards.PAYLOAD_DIR, payload_dir)
+    report = None
+    if not host.local:  # this machine is what it is; a remote one is checked first
+        progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
+        report = preflight.preflight(host, payload_dir)
+        progress(f"preflight on {host.label}: {preflight.summary(report)}")
+        refusal = preflight.verdict(report, allow_cpu)
+        if refusal:
+            raise RemoteError(f"not starting on {host.label}: {refusal}",
+                              "Pass --allow-cpu to train on the CPU anyway, or set `remote.python` to the "
+                              "Python that has TensorFlow with GPU support.")
+    run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
+                    args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
+                    run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level)
+    config = {
+        "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.guards.budget_usd,
+        "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
+        "report_path": paths.epochs,
+    }
+    config_path = posixpath.join(paths.run_dir, "run.json")
+    host.write_text(config_path, json.dumps(config, indent=2))
+    s.ledger.put_run(run)
+    python = (report or {}).get("executable") or host.python
+    env = {"GPUCTL_RUN_ID": run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
+           # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
+           "TF_CPP_MIN_LOG_LEVEL": str(settings.train.tf_log_level)}
+    if data_dir:
+        env["GPUCTL_DATA_DIR"] = data_dir
+    try:
+        jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args],
+                       env, paths)
+    except BaseException:
+        s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
+        raise
+    run = run.model_copy(update={"state": "running"})
+    s.ledger.put_run(run)
+    progress(f"watchdog: {guards.install(s, loaded, record, down_after_run)}")
+    s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
+    return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
+
+
+def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
+    """Bring a run's outputs, reports and log back from its instance."""
+    run, cluster = s.run_on_live_cluster(run_id)
+    _, host = s.host(cluster)
+    target = Path(dest) / run.run_id
+    files = host.pull_tree(run.run_dir, target)
+    return PullResult(run_id=run.run_id, dest=str(target), files=files)
+
+
+def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = None) -> list[ExecResult]:
+    """Run a command on every host of the cluster, in parallel."""
+    if not command:
+        raise ConfigError("no command given", "Put the command after --, e.g. `gpuctl exec -- nvidia-smi`.")
+    pairs = s.hosts(s.resolve_cluster(cluster))
+    with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+        results = list(pool.map(lambda p: p[1].run(list(command), check=False), pairs))
+    return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
+            for (_, h), r in zip(pairs, results)]
+
+
+__all__ = ["exec_command", "log_tail", "logs", "pull", "refresh", "sync", "train", "wait"]

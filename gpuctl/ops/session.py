@@ -1,0 +1,142 @@
+"""One command's view of gpuctl: the home (ledger, keys, cluster files), the command's flags, and
+the connections it opens. Every use case takes a Session first.
+
+Settings are read only by the use cases that need them (`up`, `train`, `guard set`, `config
+show`): everything done to an existing cluster works from the spec the ledger recorded at `up`,
+so a broken settings file never stops `status`, `logs`, `cost` or `down`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from gpuctl.errors import ConflictError, NoClusterError, NotFoundError, RemoteError
+from gpuctl.provision import Provider, get_provider
+from gpuctl.remote.host import Host
+from gpuctl.settings import LoadedSettings, load_settings
+from gpuctl.state import Ledger, gpuctl_home
+from gpuctl.types import ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
+
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+class Session:
+    """The ledger, settings and open hosts of one command over one gpuctl home."""
+
+    def __init__(self, home: Path, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
+        self.home = Path(home)
+        self.flags: Mapping[str, Any] = dict(flags or {})
+        self.env = os.environ if env is None else env
+        self._ledger: Ledger | None = None
+        self._hosts: dict[tuple[int, str], Host] = {}
+        self._settings: dict[str, LoadedSettings] = {}
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.home)
+        return self._ledger
+
+    def settings(self, project_dir: Path | None = None) -> LoadedSettings:
+        """The settings for this command (cached: files and flags stay put while it runs)."""
+        key = json.dumps([str(project_dir)], default=str)
+        if key not in self._settings:
+            self._settings[key] = load_settings(self.flags, project_dir=project_dir, env=self.env)
+        return self._settings[key]
+
+    def provider(self, spec: ClusterSpec) -> Provider:
+        return get_provider(self.home, spec)
+
+    # --- hosts: one connection per instance and command -------------------------------------
+
+    def hosts(self, cluster: ClusterRecord, connect_timeout_s: float | None = None) -> list[tuple[InstanceRecord, Host]]:
+        """Every instance of the cluster with a Host for it, connected once and reused."""
+        instances = self.ledger.instances(cluster.id)
+        if not instances:
+            raise RemoteError(f"cluster {cluster.name!r} has no instance", f"Release it: `gpuctl down {cluster.name} -y`.")
+        provider = None
+        out = []
+        for inst in instances:
+            key = (cluster.id, inst.id)
+            if key not in self._hosts:
+                provider = provider or self.provider(cluster.spec)
+                self._hosts[key] = provider.host(inst, connect_timeout_s)
+            out.append((inst, self._hosts[key]))
+        return out
+
+    def host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
+        """The cluster's first instance (the one runs start on) and its Host."""
+        return self.hosts(cluster)[0]
+
+    def close(self) -> None:
+        """Close the connections this command opened."""
+        for host in self._hosts.values():
+            host.close()
+        self._hosts.clear()
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    # --- what the user named ------------------------------------------------------------------
+
+    def resolve_cluster(self, name: str | None) -> ClusterRecord:
+        """The named live cluster, else the default, else the only one; errors say which to pick."""
+        if name:
+            found = self.ledger.live_cluster(name)
+            if found is None:
+                live = [c.name for c in self.ledger.clusters(include_down=False)]
+                raise NotFoundError(f"no cluster named {name!r} is up",
+                                    f"Clusters up: {', '.join(live)}." if live else "Start one with `gpuctl up`.")
+            return found
+        default = self.ledger.default_cluster()
+        if default:
+            return default
+        live = self.ledger.clusters(include_down=False)
+        if len(live) == 1:
+            return live[0]
+        if not live:
+            raise NoClusterError("no cluster is up")
+        raise ConflictError(f"several clusters are up ({', '.join(c.name for c in live)}) and none is the default",
+                            "Name one with --cluster.")
+
+    def find_run(self, run_id: str | None) -> RunRecord:
+        """The named run, else the newest."""
+        if run_id:
+            run = self.ledger.run(run_id)
+            if run is None:
+                raise NotFoundError(f"no run named {run_id!r}", "Run `gpuctl status` to list runs.")
+            return run
+        runs = self.ledger.runs()
+        if not runs:
+            raise NotFoundError("no run yet", "Start one with `gpuctl train PROJECT`.")
+        return runs[-1]
+
+    def live_cluster_of(self, run: RunRecord) -> ClusterRecord | None:
+        """The cluster the run ran on, if it is still up (never a newer cluster of the same name)."""
+        try:
+            cluster = self.ledger.cluster(run.cluster_id)
+        except KeyError:
+            return None
+        return cluster if cluster.state == "up" else None
+
+
+    def run_on_live_cluster(self, run_id: str | None) -> tuple[RunRecord, ClusterRecord]:
+        """The run and its cluster, which must still be up (for pull, attach)."""
+        run = self.find_run(run_id)
+        cluster = self.live_cluster_of(run)
+        if cluster is None:
+            raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
+                                f"Its log and reports are kept: gpuctl logs {run.run_id}; gpuctl cost {run.run_id}")
+        return run, cluster
+
+
+def open_session(flags: Mapping[str, Any] | None = None) -> Session:
+    """A session over the user's gpuctl home ($GPUCTL_HOME or the platform's data dir)."""
+    return Session(gpuctl_home(), flags)

@@ -1,0 +1,107 @@
+"""Finding everything gpuctl made in EC2 (by its tags) and releasing it, region by region."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
+
+from gpuctl.errors import CloudError
+from gpuctl.provision.aws import access
+from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
+from gpuctl.retry import TimedOut, poll
+from gpuctl.types import Resource
+
+if TYPE_CHECKING:
+    from gpuctl.provision.aws.provider import AwsProvider
+
+Progress = Callable[[str], None]
+
+
+def _tag(item: dict[str, Any], key: str) -> str | None:
+    return next((t["Value"] for t in item.get("Tags", []) if t["Key"] == key), None)
+
+
+def regions(aws: Aws) -> list[str]:
+    """Enabled regions of the caller's partition (DescribeRegions lists only enabled ones)."""
+    partition = set(aws.session.get_available_regions("ec2"))
+    names = [r["RegionName"] for r in call(aws.ec2().describe_regions)["Regions"]]
+    return sorted(n for n in names if not partition or n in partition)
+
+
+def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
+    """Every live instance, security group and key pair tagged for this owner (and cluster)."""
+    aws = p._aws(region)
+    names = [aws.region] if (region or cluster) else regions(aws)
+    clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(lambda r: _discover_region(p, clients[r], r, cluster), names))
+    return [res for batch in found for res in batch]
+
+
+def _discover_region(p: "AwsProvider", ec2: Any, region: str, cluster: str | None) -> list[Resource]:
+    filters = access.owner_filters(p.owner, cluster)
+    out = [
+        Resource(provider="aws", kind="instance", id=i["InstanceId"], region=region,
+                 cluster=_tag(i, access.TAG_CLUSTER), state=i["State"]["Name"])
+        for i in p._live_instances(ec2, cluster)
+    ]
+    for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
+        out.append(Resource(provider="aws", kind="security-group", id=g["GroupId"], region=region,
+                            cluster=_tag(g, access.TAG_CLUSTER)))
+    for k in call(ec2.describe_key_pairs, Filters=filters).get("KeyPairs", []):
+        out.append(Resource(provider="aws", kind="key-pair", id=k["KeyName"], region=region,
+                            cluster=_tag(k, access.TAG_CLUSTER)))
+    return out
+
+
+def release(p: "AwsProvider", resources: list[Resource], progress: Progress) -> None:
+    """Terminate instances, wait for them, then delete their groups and key pairs. Idempotent."""
+    by_region: dict[str, list[Resource]] = {}
+    for r in resources:
+        by_region.setdefault(r.region or "", []).append(r)
+    for region, items in by_region.items():
+        _release_region(p, region, items, progress)
+
+
+def _delete_group(ec2: Any, gid: str) -> bool | None:
+    """True once the group is gone; None while its instances still hold it."""
+    from botocore.exceptions import ClientError
+
+    try:
+        ec2.delete_security_group(GroupId=gid)
+    except ClientError as exc:
+        if error_code(exc) == "DependencyViolation":
+            return None
+        if error_code(exc) != "InvalidGroup.NotFound":
+            raise translate(exc, "DeleteSecurityGroup") from exc
+    return True
+
+
+def _release_region(p: "AwsProvider", region: str, items: list[Resource], progress: Progress) -> None:
+    aws = p._aws(region)
+    ec2 = aws.ec2()
+    timeout = p.spec.wait_timeout_s
+    instances = [r.id for r in items if r.kind == "instance"]
+    if instances:
+        progress(f"terminating {', '.join(instances)} in {region}")
+        call(ec2.terminate_instances, InstanceIds=instances)
+        wait_for(ec2, "instance_terminated", timeout, what=f"{len(instances)} instance(s) to terminate",
+                 hint="They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.",
+                 InstanceIds=instances)
+    for r in items:
+        if r.kind == "security-group":
+            # A group stays "in use" for a while after its instances terminate; no waiter covers it.
+            try:
+                poll(lambda gid=r.id: _delete_group(ec2, gid), timeout,
+                     on_wait=lambda waited, _, gid=r.id: progress(f"waiting for security group {gid} to be free ({waited:.0f}s)"))
+            except TimedOut as exc:
+                raise CloudError(f"timed out after {exc.waited_s:.0f}s waiting for security group {r.id} to be free",
+                                 "Rerun `gpuctl down` in a minute to finish.") from None
+            progress(f"deleted security group {r.id}")
+        elif r.kind == "key-pair":
+            call(ec2.delete_key_pair, KeyName=r.id)
+            progress(f"deleted key pair {r.id}")
+            if r.cluster:
+                path = access.key_path(p.home, r.cluster, region)
+                path.unlink(missing_ok=True)
+                path.with_suffix(".pub").unlink(missing_ok=True)

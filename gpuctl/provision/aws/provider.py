@@ -1,0 +1,243 @@
+"""The `aws` provider: EC2 GPU instances, found by their tags, never by local memory, so an `up`
+killed at any moment leaves nothing that `gpuctl status --all` cannot see and
+`gpuctl down --all -y` cannot remove."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuctl import seams
+from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
+from gpuctl.provision import remote_spec
+from gpuctl.provision.aws import access, catalog, lifecycle
+from gpuctl.provision.aws.launch import LaunchPlan, launch_one
+from gpuctl.provision.aws.session import Aws, call, wait_for
+from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
+from gpuctl.remote import guard
+from gpuctl.remote.host import Host
+from gpuctl.remote.ssh import Endpoint, SshHost
+from gpuctl.settings import Settings
+from gpuctl.types import ClusterSpec, InstanceRecord
+
+Progress = Callable[[str], None]
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class AwsProvider:
+    name = "aws"
+    reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
+    arms_guard_at_up = True  # billed by the second from now on
+    default_on_fire = "poweroff"  # shutdown behaviour terminate: powering off ends the bill
+    boot_hard_cap = True
+
+    def __init__(self, home: Path, spec: ClusterSpec):
+        self.home = Path(home)
+        self.spec = spec
+        self._owner: str | None = None
+
+    @classmethod
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+        if usd_per_hour is not None:
+            raise ConfigError("--usd-per-hour is for local and ssh clusters",
+                              "On aws the price comes from AWS (spot price history, or the on-demand list price).")
+        a = s.aws
+        return ClusterSpec(
+            name=s.cluster, provider=cls.name, instance_type=a.instance_type, market=a.market,
+            max_price=a.max_price or None, image=a.image or None, region=a.region or None, disk_gb=a.disk_gb,
+            launch_token=secrets.token_hex(8), profile=a.profile or None, fallback_on_demand=a.fallback_on_demand,
+            image_pattern=a.image_pattern, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
+            max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second",
+        )
+
+    def launch_question(self) -> str | None:
+        s = self.spec
+        return (f"launch a {s.instance_type} ({s.market}) for cluster {s.name!r}, "
+                f"billed until `gpuctl down` or the {s.max_hours:g} h hard cap")
+
+    @property
+    def owner(self) -> str:
+        if self._owner is None:
+            self._owner = access.owner_id(self.home)
+        return self._owner
+
+    def _aws(self, region: str | None = None) -> Aws:
+        return Aws(region=region or self.spec.region or "", profile=self.spec.profile or "")
+
+    # --- launch ---------------------------------------------------------------------------------
+
+    def launch(self, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
+        spec = self.spec
+        aws = self._aws(spec.region)
+        existing = self._live_instances(aws.ec2(), spec.name)
+        if existing:
+            if len(existing) > spec.nodes:
+                ids = ", ".join(i["InstanceId"] for i in existing)
+                raise CloudError(
+                    f"found {len(existing)} instances tagged for cluster {spec.name!r} where {spec.nodes} was asked: {ids} (a leak)",
+                    f"`gpuctl down {spec.name} -y` releases them all; then `gpuctl up` again.",
+                )
+            progress(f"reusing {existing[0]['InstanceId']} ({existing[0]['State']['Name']}), found by its tags")
+            return [self._record(aws, existing[0], spec, None, "recorded at launch")]
+
+        # Check everything that can be checked before creating anything.
+        info = catalog.instance_type_info(aws, spec.instance_type)
+        archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
+        arch = "x86_64" if "x86_64" in archs else archs[0]
+        zones = catalog.zones_offering(aws, spec.instance_type)
+        if not zones:
+            raise NoCapacityError(
+                f"{spec.instance_type} is not offered in any zone of {aws.region}", "Try another region (--region)."
+            )
+        market = spec.market
+        spot = catalog.spot_prices(aws, spec.instance_type) if market == "spot" else {}
+        if market == "spot" and not spot:
+            if not spec.fallback_on_demand:
+                raise CloudError(
+                    f"{spec.instance_type} has no spot offering in {aws.region}",
+                    "Launch it on-demand (--on-demand), or let gpuctl fall back (--fallback-on-demand).",
+                )
+            progress(f"{spec.instance_type} has no spot offering in {aws.region}: falling back to on-demand")
+            market = "on-demand"
+        if market == "spot":
+            zones = sorted(zones, key=lambda z: spot.get(z, float("inf")))
+        image = catalog.image_by_id(aws, spec.image) if spec.image else catalog.newest_image(aws, spec.image_pattern, arch)
+        progress(f"image {image.get('Name', '?')} ({image['ImageId']}, {image.get('CreationDate', '?')[:10]})")
+        cidr, open_world = access.ssh_cidr(spec.ssh_cidr)
+        if open_world:
+            progress(f"WARNING: SSH is open to the whole internet ({cidr}) because you asked for it")
+        vpc = access.default_vpc(aws)
+        subnets = access.zone_subnets(aws, vpc)
+        ordered = {z: subnets[z] for z in zones if z in subnets}
+        if not ordered:
+            raise CloudError(f"the default VPC has no subnet in the zones offering {spec.instance_type}: {', '.join(zones)}")
+
+        # From here on, resources exist; each is tagged as it is created.
+        key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
+        progress(f"key pair {key_name} (private key {key_path}, 0600)")
+        group = access.ensure_security_group(aws, vpc, spec.name, self.owner, cidr)
+        progress(f"security group {group}: SSH from {cidr} only")
+        plan = LaunchPlan(
+            cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=image["ImageId"],
+            root_device=image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
+            subnets=ordered, market=market, max_price=spec.max_price or 0.0,
+            fallback_on_demand=spec.fallback_on_demand, disk_gb=spec.disk_gb,
+            user_data=hard_cap_script(spec.max_hours),
+            token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}",
+        )
+        inst, used = launch_one(aws, plan, progress)
+        iid = inst["InstanceId"]
+        progress(f"launched {iid} ({used}) in {inst['Placement']['AvailabilityZone']}")
+        inst = self.wait_running(aws, iid, progress)
+        zone = inst["Placement"]["AvailabilityZone"]
+        if used == "spot":
+            usd, source = spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
+        else:
+            usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
+        record = self._record(aws, inst, spec, usd, source, image)
+        reference = catalog.ON_DEMAND_USD.get(spec.instance_type)
+        record = record.model_copy(update={
+            "price_steps": ((record.launched_at, record.usd_per_hour),),
+            "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
+        })
+        if wait_ssh:
+            record = self._first_login(record, progress)
+        return [record]
+
+    def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
+        progress(f"waiting for {iid} to run")
+        wait_for(aws.ec2(), "instance_running", self.spec.wait_timeout_s, what=f"{iid} to run",
+                 hint=f"{iid} may still start: `gpuctl status --all`; `gpuctl down -y` releases it.", InstanceIds=[iid])
+        inst = call(aws.ec2().describe_instances, InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+        return inst
+
+    def _first_login(self, record: InstanceRecord, progress: Progress) -> InstanceRecord:
+        """Log in once: proves SSH works with the cluster's key, pins the host key, and confirms
+        the boot-time hard cap."""
+        host = self.host(record, progress=progress)
+        host.run(["mkdir", "-p", record.workdir], cwd=False)
+        record = record.model_copy(update={"workdir": host.root})
+        progress(f"SSH works: {host.label}, host key pinned")
+        cap = host.read_bytes(HARD_CAP_MARK)
+        if cap:
+            at, _, how = cap.decode().strip().partition(" ")
+            progress(f"hard cap armed ({how}): powers off at {time.strftime('%Y-%m-%d %H:%M', time.localtime(float(at)))}")
+        else:
+            progress(f"WARNING: the boot-time hard cap is not confirmed yet ({HARD_CAP_MARK} missing; cloud-init "
+                     "may still be running); the watchdog enforces max_hours as well")
+        host.close()
+        return record
+
+    def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
+                image: dict[str, Any] | None = None) -> InstanceRecord:
+        return InstanceRecord(
+            id=inst["InstanceId"],
+            cluster=spec.name,
+            state=inst["State"]["Name"],
+            public_ip=inst.get("PublicIpAddress"),
+            private_ip=inst.get("PrivateIpAddress"),
+            zone=inst.get("Placement", {}).get("AvailabilityZone"),
+            market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
+            usd_per_hour=usd if usd is not None else 0.0,
+            price_source=source,
+            launched_at=inst["LaunchTime"].timestamp() if hasattr(inst.get("LaunchTime"), "timestamp") else time.time(),
+            workdir=self.spec.remote.workdir,
+            region=aws.region,
+            instance_type=inst.get("InstanceType"),
+            image_id=inst.get("ImageId"),
+            image_name=(image or {}).get("Name"),
+            ssh_user=spec.ssh_user,
+            key_path=str(access.key_path(self.home, spec.name, aws.region)),
+        )
+
+    def _live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
+        filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+        res = call(ec2.describe_instances, Filters=filters)
+        return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
+
+    def _live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
+        filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+        res = call(ec2.describe_instances, Filters=filters)
+        return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
+
+    def endpoint(self, instance: InstanceRecord) -> Endpoint:
+        """Where to SSH: the instance's public IP, port 22 (the tests redirect it: gpuctl.seams)."""
+        host, port = instance.public_ip or "", 22
+        target = seams.endpoint_override(host)
+        if target:
+            ep = Endpoint.parse(target, default_user=instance.ssh_user or "ubuntu")
+            host, port = ep.host, ep.port
+        if not host:
+            raise RemoteError(f"{instance.id} has no public IP address", "Check the subnet gives public IPs.")
+        return Endpoint(user=instance.ssh_user or self.spec.ssh_user, host=host, port=port)
+
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,
+             progress: Progress | None = None) -> SshHost:
+        r = self.spec.remote
+        # A new instance's sshd may accept the key only once cloud-init installed it: retry auth too.
+        return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
+                       connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress)
+
+    def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
+        return lifecycle.reconcile(self._aws, instances)
+
+    def set_hard_cap(self, host: Host, hours: float) -> bool:
+        return guard.set_hard_cap(host, hours)
+
+    # --- discover and release: provision/aws/inventory.py ----------------------------------------
+
+    def discover(self, cluster: str | None = None, region: str | None = None) -> list[Any]:
+        from gpuctl.provision.aws import inventory
+
+        return inventory.discover(self, cluster, region)
+
+    def release(self, resources: list[Any], progress: Progress = _quiet) -> None:
+        from gpuctl.provision.aws import inventory
+
+        inventory.release(self, resources, progress)

@@ -1,0 +1,145 @@
+"""Each command's own output, apart from status and cost (render_cost.py): plain lines, the guard
+table, config show, status --all. Tables follow the width rule of render.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import click
+from rich.console import Console
+
+from gpuctl.render import Col, clock, console, duration, say, table, usd
+
+if TYPE_CHECKING:
+    from gpuctl.types import (DownResult, ExecResult, GuardReport, Inventory, PullResult, SettingValue,
+                              SshConfigResult, SyncResult, TrainResult, UpResult)
+
+
+def up(result: UpResult) -> None:
+    max_hours = result.cluster.spec.max_hours  # the boot-time hard cap the provider armed
+    rate = sum(i.usd_per_hour for i in result.instances)
+    verb = "was already up; reused" if result.reused else "is up"
+    click.echo(f"Cluster {result.cluster.name!r} {verb} ({result.cluster.provider}, {len(result.instances)} "
+               f"instance(s), {usd(rate)}/h); it is the default for later commands.")
+    for i in result.instances:
+        if i.region:
+            click.echo(f"  {i.id}: {i.instance_type} {i.market} in {i.zone}, {i.public_ip or 'no public IP'}, "
+                       f"{usd(i.usd_per_hour)}/h ({i.price_source})")
+            click.echo(f"  image {i.image_name or '?'} ({i.image_id}); powers itself off {max_hours:g} h after boot")
+    click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
+
+
+def train_started(result: TrainResult, to_stderr: bool) -> None:
+    """With --wait these go to stderr: stdout is the run's log."""
+    for label, st in (("code", result.code_sync), ("data", result.data_sync)):
+        if st is not None:
+            click.echo(f"Pushed {label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes "
+                       f"sent in {st.seconds:.2f}s.", err=to_stderr)
+    run = result.run
+    click.echo(f"Run {run.run_id} started on {run.cluster} ({result.host}, tmux session {result.session}).",
+               err=to_stderr)
+    if not to_stderr:
+        click.echo(f"Follow it: gpuctl logs -f {run.run_id}")
+
+
+def synced(result: SyncResult) -> None:
+    for label, st, where in (("code", result.code, result.code_dir), ("data", result.data, result.data_dir)):
+        if st is not None:
+            click.echo(f"{label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes sent, "
+                       f"{st.files_deleted} deleted, {st.seconds:.2f}s -> {where}")
+
+
+def pulled(result: PullResult) -> None:
+    click.echo(f"Pulled {result.files} file(s) of {result.run_id} into {result.dest}")
+
+
+def down(result: DownResult, everything: bool) -> None:
+    if result.already_down:
+        what = f"Cluster {result.cluster!r} is already down" if result.cluster else "No cluster is up"
+        click.echo(f"{what}; nothing to do.")
+        return
+    click.echo(
+        f"{'Everything' if everything else 'Cluster ' + repr(result.cluster)} is down: released "
+        f"{len(result.released)} resource(s), {len(result.released_instances)} of them instances or work dirs; "
+        f"stopped {len(result.stopped_runs)} run(s). Reports stay: gpuctl cost"
+    )
+
+
+def exec_output(results: Sequence[ExecResult]) -> None:
+    for r in results:
+        prefix = f"[{r.host}] " if len(results) > 1 else ""
+        for line in r.stdout.splitlines():
+            click.echo(prefix + line)
+        for line in r.stderr.splitlines():
+            click.echo(prefix + line, err=True)
+
+
+def ssh_config(result: SshConfigResult, install: bool) -> None:
+    click.echo(f"Wrote {result.path} ({', '.join(result.hosts) or 'no hosts'}).")
+    if result.included_from:
+        click.echo(f"Included from {result.included_from}: "
+                   f"`ssh {result.hosts[0] if result.hosts else 'CLUSTER'}` works.")
+    elif not install:
+        click.echo(f"Add `Include {result.path}` at the top of ~/.ssh/config, or rerun with --install.")
+
+
+def config_values(values: Sequence[SettingValue], out: Console | None = None) -> None:
+    rows = [(v.key, json.dumps(v.value), short_path(v.source)) for v in values]
+    table(out or console(), [Col("setting"), Col("value", wrap=True), Col("source", wrap=True)], rows)
+
+
+def short_path(text: str) -> str:
+    """A file path as a user would type it (`~/...`, or relative to here); other text as is.
+    Paths do not wrap, so a shorter one keeps `config show` a table at 80 columns."""
+    if not text.startswith(os.sep):
+        return text
+    for base, shown in ((os.getcwd(), ""), (os.path.expanduser("~"), "~" + os.sep)):
+        if base != os.sep and text.startswith(base.rstrip(os.sep) + os.sep):
+            return shown + text[len(base.rstrip(os.sep)) + 1:]
+    return text
+
+
+def inventory(inv: Inventory, out: Console | None = None) -> None:
+    out = out or console()
+    if not inv.resources:
+        out.print("Nothing of gpuctl's is running anywhere it looked.")
+    else:
+        cols = [Col("provider", drop=3), Col("kind", drop=4), Col("id"), Col("region", drop=1),
+                Col("cluster"), Col("state", drop=2), Col("in ledger")]
+        rows = [(r.provider, r.kind, r.id, r.region or "-", r.cluster or "-", r.state or "-",
+                 "yes" if r.cluster in inv.ledger_clusters else "NO") for r in inv.resources]
+        table(out, cols, rows)
+    for note in inv.notes:
+        click.echo(note, err=True)
+
+
+def guard(report: GuardReport, out: Console | None = None, now: float | None = None) -> None:
+    """Each guard, its limit, and the time until it fires."""
+    out = out or console()
+    cfg, st = report.config, report.state
+    now = time.time() if now is None else now
+    action = cfg.get("poweroff_command") if cfg.get("on_fire") == "poweroff" else "gpuctl jobs only"
+    say(out, f"Cluster {report.cluster!r}: on fire -> {cfg.get('on_fire', '?')} ({action})")
+    guards = [
+        ("idle", cfg.get("idle_s"), "no job, idle GPU, no SSH session"),
+        ("stall", cfg.get("stall_s"), f"job hung -> {cfg.get('on_stall', 'warn')}"),
+        ("budget", cfg.get("budget_usd"), f"{usd(st.get('spent_usd', 0))} spent so far"),
+        ("run-done", cfg.get("grace_s") if cfg.get("down_after_run") else 0, "after the run (train --down)"),
+        ("hard-cap", cfg.get("hard_cap_at"), "max_hours after launch"),
+    ]
+    rows = []
+    for name, limit, what in guards:
+        if not limit:
+            rows.append((name, "off", "", ""))
+            continue
+        at = (st.get("fires_at") or {}).get(name)
+        when = f"fires in {duration(at - now)}" if at and at > now else ("due" if at else "not counting")
+        shown = usd(limit) if name == "budget" else clock(limit) if name == "hard-cap" else duration(limit)
+        rows.append((name, shown, when, what))
+    table(out, [Col("guard"), Col("limit"), Col("fires"), Col("what", wrap=True, drop=1)], rows)
+    fired = st.get("fired")
+    if fired:
+        say(out, f"FIRED: {fired['reason']} at {clock(fired['at'], '%H:%M:%S')}: {fired['detail']} -> {fired['action']}")

@@ -1,0 +1,168 @@
+"""`gpuctl status` and `gpuctl cost`: the tables, the compare view, the CSV.
+
+Under the width rule of render.py (money and ids whole), each table drops columns in this order:
+- status clusters: provider, uptime, state (kept: cluster, $/h, $ so far)
+- status runs: last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
+- cost clusters: provider, state, $ spot saved, uptime, $ storage, $ idle, $ compute, $/h (kept: cluster, $)
+- cost runs: finish, ex/s, mean epoch, $/M ex, cluster, state, epochs (kept: run, $ spent, $ projected)
+- epoch tables: examples, seconds, ex/s, metrics (which wraps first) (kept: epoch, $ epoch, $ cumulative)
+- compare: runs side by side while they fit; else one row per run, dropping ex/s, epochs, $/M ex,
+  epoch time, market, type, $/h (kept: run, $/epoch, projected)
+and stacks one block per row when even the kept columns do not fit. Wrapping comes before any drop.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from rich.console import Console
+
+from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, num, say, table, usd
+
+if TYPE_CHECKING:
+    from gpuctl.types import CostReport, RunCost, StatusReport
+
+RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
+
+
+def status(report: StatusReport, out: Console | None = None, now: float | None = None) -> None:
+    out = out or console()
+    now = time.time() if now is None else now
+    if not report.clusters:
+        say(out, "No clusters. Start one with: gpuctl up")
+        return
+    cols = [Col("cluster"), Col("provider", drop=1), Col("state", drop=3), Col("uptime", True, drop=2),
+            Col("$/h", True), Col("$ so far", True)]
+    table(out, cols, [(c.name + (" *" if c.is_default else ""), c.provider, c.state, duration(c.uptime_s),
+                       usd(c.usd_per_hour), usd(c.usd)) for c in report.clusters])
+    for c in report.clusters:
+        g = c.guard or {}
+        if c.note:
+            say(out, f"  {c.name}: {c.note}")
+        if g.get("error"):
+            say(out, f"  {c.name}: watchdog not reachable: {g['error']}")
+        elif g.get("fired"):
+            f = g["fired"]
+            say(out, f"  {c.name}: guard FIRED: {f['reason']} at {clock(f['at'], '%H:%M:%S')} ({f['detail']})"
+                     f" -> {f['action']}")
+        elif g.get("fires_at"):
+            soon = ", ".join(f"{k} in {duration(v - now)}"
+                             for k, v in sorted(g["fires_at"].items(), key=lambda kv: kv[1] or 0) if v)
+            stalled = f"; stalled: {', '.join(g['stalled'])}" if g.get("stalled") else ""
+            say(out, f"  {c.name}: guards: {soon or 'none counting'}{stalled}")
+    if not report.runs:
+        return
+    out.print()
+    cols = [Col("run"), Col("cluster", drop=3), Col("state"), Col("epoch", True, drop=4),
+            Col("elapsed", True, drop=2), Col("$ so far", True), Col("last metrics", wrap=True, drop=1)]
+    rows = []
+    for r in report.runs:
+        state = r.state + (f" ({r.exit_code})" if r.state == "failed" else "")
+        rows.append((r.run_id, r.cluster, state, f"{r.epoch}/{r.epochs_planned or '?'}", duration(r.elapsed_s),
+                     usd(r.usd), metrics(r.metrics)))
+    table(out, cols, rows)
+    for r in report.runs:
+        if r.log_tail:
+            out.print()
+            say(out, (r.run_id, "bold"), f" {r.state}; last lines of its log:")
+            out.out(r.log_tail, highlight=False)  # out(): the user's log as is, no markup, no wrapping
+
+
+def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None:
+    """Clusters, runs, and epoch tables (every run's if `detailed`, else the RECENT_RUNS newest)."""
+    out = out or console()
+    cols = [Col("cluster"), Col("provider", drop=1), Col("state", drop=2), Col("uptime", True, drop=4),
+            Col("$/h", True, drop=8), Col("$ compute", True, drop=7), Col("$ storage", True, drop=5),
+            Col("$", True), Col("$ idle", True, drop=6), Col("$ spot saved", True, drop=3)]
+    table(out, cols, [(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.compute_usd),
+                       usd(c.storage_usd), usd(c.usd), usd(c.idle_usd), usd(c.spot_savings_usd))
+                      for c in report.clusters])
+    if not report.runs:
+        return
+    out.print()
+    cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
+            Col("mean epoch", True, drop=3), Col("ex/s", True, drop=2), Col("$/M ex", True, drop=4),
+            Col("$ spent", True), Col("$ projected", True), Col("finish", True, drop=1)]
+    rows = []
+    for r in report.runs:
+        finish = clock(r.projected_finish_at) if r.projected_finish_at else "-"
+        rows.append((r.run_id, r.cluster, r.state, f"{r.epochs_done}/{r.epochs_planned or '?'}",
+                     duration(r.mean_epoch_s), num(r.examples_per_s), usd(r.usd_per_million_examples),
+                     usd(r.spent_usd), usd(r.projected_total_usd), finish))
+    table(out, cols, rows)
+    shown = report.runs if detailed else report.runs[-RECENT_RUNS:]
+    hidden: list[str] = []
+    for r in shown:
+        out.print()
+        hidden += [h for h in epochs(r, out) if h not in hidden]
+    if hidden:  # once for all the epoch tables, not under each
+        hidden_note(out, hidden, " in the epoch tables")
+    if len(shown) < len(report.runs):
+        out.print()
+        say(out, f"(epoch tables of {len(report.runs) - len(shown)} older runs hidden: gpuctl cost --all, or name runs)")
+    out.print()
+    say(out, f"Total across clusters: {usd(report.total_usd)}")
+
+
+def epochs(r: RunCost, out: Console) -> list[str]:
+    """One run's epoch table and its projection; the headers of the columns hidden to fit."""
+    say(out, (r.run_id, "bold"), f" on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs "
+                                 f"at {usd(r.usd_per_hour)}/h")
+    if not r.epochs:
+        say(out, "  no epoch reported yet")
+        return []
+    cols = [Col("epoch", True), Col("seconds", True, drop=2), Col("examples", True, drop=1),
+            Col("ex/s", True, drop=3), Col("$ epoch", True), Col("$ cumulative", True),
+            Col("metrics", wrap=True, drop=4)]
+    hidden = table(out, cols, [(str(e.epoch), f"{e.seconds:.2f}", num(e.examples, "{:,}"), num(e.examples_per_s),
+                                usd(e.epoch_cost_usd), usd(e.cumulative_usd), metrics(e.metrics)) for e in r.epochs],
+                   note=False)
+    say(out, f"  mean epoch {duration(r.mean_epoch_s)} / {usd(r.mean_epoch_usd)}; spent {usd(r.spent_usd)}; "
+             f"projected total {usd(r.projected_total_usd)} ({usd(r.projected_remaining_usd)} still to run)")
+    return hidden
+
+
+# (label, short label for the one-row-per-run view, drop order there, value)
+_COMPARED = [
+    ("instance type", "type", 6, lambda r: r.instance_type or "-"),
+    ("market", "market", 5, lambda r: r.market or "-"),
+    ("$/h", "$/h", 7, lambda r: usd(r.usd_per_hour)),
+    ("epochs", "epochs", 2, lambda r: f"{r.epochs_done}/{r.epochs_planned or '?'}"),
+    ("epoch time", "epoch time", 4, lambda r: duration(r.mean_epoch_s)),
+    ("$/epoch", "$/epoch", 0, lambda r: usd(r.mean_epoch_usd)),
+    ("examples/s", "ex/s", 1, lambda r: num(r.examples_per_s)),
+    ("$/M examples", "$/M ex", 3, lambda r: usd(r.usd_per_million_examples)),
+    ("projected total", "projected", 0, lambda r: usd(r.projected_total_usd)),
+]
+
+
+def compare(report: CostReport, out: Console | None = None) -> None:
+    """Runs side by side, one column each, while that fits; else one row per run."""
+    out = out or console()
+    cols = [Col("")] + [Col(r.run_id) for r in report.runs]
+    rows = [(label, *[get(r) for r in report.runs]) for label, _, _, get in _COMPARED]
+    if fit(cols, rows, out.width) is not None:
+        table(out, cols, rows)
+        return
+    cols = [Col("run")] + [Col(short, right=short not in ("type", "market"), drop=drop)
+                           for _, short, drop, _ in _COMPARED]
+    table(out, cols, [(r.run_id, *[get(r) for *_, get in _COMPARED]) for r in report.runs])
+
+
+CSV_COLUMNS = ["run_id", "cluster", "instance_type", "market", "epoch", "seconds", "examples", "examples_per_s",
+               "epoch_cost_usd", "cumulative_usd"]
+
+
+def cost_csv(report: CostReport, stream: TextIO | None = None) -> None:
+    """One row per epoch of every run in the report."""
+    writer = csv.writer(stream or sys.stdout)
+    writer.writerow(CSV_COLUMNS)
+    for r in report.runs:
+        for e in r.epochs:
+            writer.writerow([r.run_id, r.cluster, r.instance_type or "", r.market or "", e.epoch, f"{e.seconds:.3f}",
+                             e.examples if e.examples is not None else "",
+                             f"{e.examples_per_s:.3f}" if e.examples_per_s else "",
+                             f"{e.epoch_cost_usd:.6f}", f"{e.cumulative_usd:.6f}"])

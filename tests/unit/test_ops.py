@@ -1,0 +1,117 @@
+"""The use cases in gpuctl.ops, driven directly with a fake provider and host (tests/fakes.py):
+identity per `up`, failed launches, reconcile, settings that break after `up`, run end times."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuctl import provision
+from gpuctl.errors import CloudError, ConfigError
+from gpuctl.ops import clusters, costs, run_state
+from gpuctl.ops.session import Session
+from gpuctl.remote import jobs
+from gpuctl.types import RunRecord
+from tests.fakes import FakeProvider
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    monkeypatch.setitem(provision.PROVIDERS, "fake", "tests.fakes:FakeProvider")
+    FakeProvider.reset()
+    return FakeProvider.world
+
+
+def session(tmp_path, **env) -> Session:
+    base = {"GPUCTL_PROVIDER": "fake", "HOME": str(tmp_path / "user")}
+    return Session(tmp_path / "home", env={**base, **env})
+
+
+def test_each_up_of_a_name_is_its_own_cluster_with_its_own_dollars(fake, tmp_path):
+    s = session(tmp_path)
+    first = clusters.up(s, usd_per_hour=36.0).cluster
+    (i1,) = s.ledger.instances(first.id)
+    fake["ended"][i1.id] = i1.launched_at + 100  # ran 100 s at $36/h = $1
+    clusters.down(s, "default")
+    second = clusters.up(s, usd_per_hour=3600.0).cluster
+    (i2,) = s.ledger.instances(second.id)
+    fake["ended"][i2.id] = i2.launched_at + 10  # 10 s at $3600/h = $10
+    clusters.down(s, "default")
+    report = costs.cost(s)
+    assert [c.id for c in report.clusters] == [first.id, second.id]
+    assert [round(c.usd, 6) for c in report.clusters] == [1.0, 10.0]
+    assert report.total_usd == pytest.approx(11.0)
+
+
+def test_a_failed_up_leaves_no_cluster_unless_something_exists(fake, tmp_path):
+    s = session(tmp_path)
+    fake["fail_launch"] = CloudError("no such instance type")
+    with pytest.raises(CloudError):
+        clusters.up(s)
+    assert s.ledger.clusters() == []
+    fake["leave_on_failure"] = True  # killed half-way: the cloud holds something of it
+    with pytest.raises(CloudError):
+        clusters.up(s)
+    (kept,) = s.ledger.clusters()
+    assert kept.state == "up"  # so `status` shows it and `down` releases it
+    fake["fail_launch"] = None
+    assert clusters.down(s, "default").released
+
+
+def test_status_cost_and_down_work_from_the_recorded_spec_when_settings_break(fake, tmp_path):
+    clusters.up(session(tmp_path))
+    broken = session(tmp_path, GPUCTL_GUARDS__IDLE="5 parsecs", GPUCTL_PROVIDER="nowhere")
+    with pytest.raises(ConfigError):
+        broken.settings()
+    assert costs.status(broken).clusters[0].state == "up"
+    assert costs.cost(broken).clusters[0].usd >= 0
+    assert clusters.down_target(broken, None) == "default"
+    assert clusters.down(broken, None).cluster == "default"
+
+
+def test_reconcile_closes_a_cluster_at_the_providers_end_time(fake, tmp_path):
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    (inst,) = s.ledger.instances(c.id)
+    fake["ended"][inst.id] = inst.launched_at + 60
+    status = costs.status(s)
+    assert status.clusters[0].state == "down" and status.clusters[0].note == "fake end"
+    assert s.ledger.cluster(c.id).terminated_at == inst.launched_at + 60
+    assert status.clusters[0].usd == pytest.approx(60 * 36.0 / 3600)
+
+
+def test_a_run_ends_when_its_job_ended_on_the_instance_not_when_gpuctl_looked(fake, tmp_path):
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    (inst,) = s.ledger.instances(c.id)
+    host = FakeProvider(tmp_path, c.spec).host(inst)
+    paths = jobs.JobPaths("/fake/runs/r1")
+    run = RunRecord(run_id="r1", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py", state="running",
+                    started_at=1_000.0, usd_per_hour=36.0, run_dir=paths.run_dir)
+    s.ledger.put_run(run)
+    # The instance's clock is 7 hours off the client's: only the difference counts.
+    host.files[paths.started] = b"26200.5\n"
+    host.files[paths.ended] = b"26245.5\n"
+    host.files[paths.exitcode] = b"0\n"
+    done = run_state.refresh(s, run)
+    assert done.state == "succeeded" and done.ended_at == pytest.approx(1_045.0)
+    (shown,) = costs.status(s).runs
+    assert shown.elapsed_s == pytest.approx(45.0) and shown.usd == pytest.approx(0.45)
+
+
+def test_a_run_of_an_earlier_cluster_never_reads_the_new_cluster_of_that_name(fake, tmp_path):
+    s = session(tmp_path)
+    old = clusters.up(s).cluster
+    s.ledger.put_run(RunRecord(run_id="r-old", cluster="default", cluster_id=old.id, project="/p", entry="t.py",
+                               state="running", started_at=1.0, run_dir="/fake/runs/r-old"))
+    clusters.down(s, "default")  # its host is gone; the run was stopped or lost there
+    clusters.up(s)
+    assert run_state.refresh(s, s.ledger.run("r-old")).state in ("stopped", "lost")
+
+
+def test_launch_question_and_bad_prices(fake, tmp_path):
+    s = session(tmp_path)
+    assert "fake machine" in clusters.launch_question(s, 2.0)
+    for bad in (-1.0, float("inf"), float("nan"), 1e9):
+        with pytest.raises(ConfigError):
+            clusters.up(s, usd_per_hour=bad)
+    assert s.ledger.clusters() == []
