@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 
 
+def _labels(clusters: tuple) -> dict[int, str]:
+    """Each cluster's name, with `#id` where a name was used by several clusters (every `up` is its
+    own cluster; the rows must stay apart even when other columns are dropped)."""
+    names = [c.name for c in clusters]
+    return {c.id: c.name if names.count(c.name) == 1 else f"{c.name}#{c.id}" for c in clusters}
+
+
 def status(report: StatusReport, out: Console | None = None, now: float | None = None) -> None:
     out = out or console()
     now = time.time() if now is None else now
@@ -36,23 +43,24 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
         return
     cols = [Col("cluster"), Col("provider", drop=1), Col("state", drop=3), Col("uptime", True, drop=2),
             Col("$/h", True), Col("$ so far", True)]
-    table(out, cols, [(c.name + (" *" if c.is_default else ""), c.provider, c.state, duration(c.uptime_s),
+    label = _labels(report.clusters)
+    table(out, cols, [(label[c.id] + (" *" if c.is_default else ""), c.provider, c.state, duration(c.uptime_s),
                        usd(c.usd_per_hour), usd(c.usd)) for c in report.clusters])
     for c in report.clusters:
         g = c.guard or {}
         if c.note:
-            say(out, f"  {c.name}: {c.note}")
+            say(out, f"  {label[c.id]}: {c.note}")
         if g.get("error"):
-            say(out, f"  {c.name}: watchdog not reachable: {g['error']}")
+            say(out, f"  {label[c.id]}: watchdog not reachable: {g['error']}")
         elif g.get("fired"):
             f = g["fired"]
-            say(out, f"  {c.name}: guard FIRED: {f['reason']} at {clock(f['at'], '%H:%M:%S')} ({f['detail']})"
+            say(out, f"  {label[c.id]}: guard FIRED: {f['reason']} at {clock(f['at'], '%H:%M:%S')} ({f['detail']})"
                      f" -> {f['action']}")
         elif g.get("fires_at"):
             soon = ", ".join(f"{k} in {duration(v - now)}"
                              for k, v in sorted(g["fires_at"].items(), key=lambda kv: kv[1] or 0) if v)
             stalled = f"; stalled: {', '.join(g['stalled'])}" if g.get("stalled") else ""
-            say(out, f"  {c.name}: guards: {soon or 'none counting'}{stalled}")
+            say(out, f"  {label[c.id]}: guards: {soon or 'none counting'}{stalled}")
     if not report.runs:
         return
     out.print()
@@ -77,7 +85,8 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     cols = [Col("cluster"), Col("provider", drop=1), Col("state", drop=2), Col("uptime", True, drop=4),
             Col("$/h", True, drop=8), Col("$ compute", True, drop=7), Col("$ storage", True, drop=5),
             Col("$", True), Col("$ idle", True, drop=6), Col("$ spot saved", True, drop=3)]
-    table(out, cols, [(c.name, c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.compute_usd),
+    label = _labels(report.clusters)
+    table(out, cols, [(label[c.id], c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.compute_usd),
                        usd(c.storage_usd), usd(c.usd), usd(c.idle_usd), usd(c.spot_savings_usd))
                       for c in report.clusters])
     if not report.runs:

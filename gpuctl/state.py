@@ -110,6 +110,12 @@ class Ledger:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
+        if version > SCHEMA_VERSION:
+            from gpuctl.errors import ConfigError
+
+            raise ConfigError(f"the ledger {self.path} was written by a newer gpuctl (schema {version}, this one "
+                              f"knows {SCHEMA_VERSION})", "Upgrade gpuctl (pip install -U gpuctl), or point "
+                              "GPUCTL_HOME at another directory.")
         with self.write() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
             exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
@@ -124,13 +130,17 @@ class Ledger:
     def _migrate_1_to_2(db: sqlite3.Connection) -> None:
         for statement in filter(str.strip, MIGRATE_1_TO_2.split(";")):
             db.execute(statement)
-        # Version 1 priced aws clusters by EC2's rules without saying so in the spec.
-        rows = db.execute("SELECT id, spec_json FROM clusters WHERE provider = 'aws'").fetchall()
-        for cid, spec_json in rows:
+        # Version 1 recorded only what the user asked for, and priced aws clusters by EC2's rules
+        # without saying so in the spec.
+        for cid, provider, spec_json in db.execute("SELECT id, provider, spec_json FROM clusters").fetchall():
             spec = json.loads(spec_json)
-            spec.setdefault("billing", "per-second")
+            spec["version"] = 1
+            if provider == "aws":
+                spec.setdefault("billing", "per-second")
             db.execute("UPDATE clusters SET spec_json = ? WHERE id = ?", (json.dumps(spec), cid))
-        db.execute("UPDATE events SET cluster_id = (SELECT MAX(c.id) FROM clusters c WHERE c.name = events.cluster)")
+        # An event belongs to the newest cluster of its name created before it.
+        db.execute("UPDATE events SET cluster_id = (SELECT MAX(c.id) FROM clusters c"
+                   " WHERE c.name = events.cluster AND c.created_at <= events.ts)")
 
     def close(self) -> None:
         self._db.close()

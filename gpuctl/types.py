@@ -59,6 +59,9 @@ class ClusterSpec(_Frozen):
     # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
     # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).
     billing: Literal["per-second", "hourly-rate"] = "hourly-rate"
+    # 2: everything above is recorded at `up`. 1: recorded by gpuctl 0.1, which kept only what the
+    # user asked for and read the rest from the settings of each command (the ledger's upgrade marks it).
+    version: int = 2
 
 
 class InstanceRecord(_Frozen):

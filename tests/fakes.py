@@ -97,6 +97,10 @@ class FakeProvider:
         return ClusterSpec(name=settings.cluster, provider="fake", usd_per_hour=usd_per_hour or 36.0,
                            launch_token=secrets.token_hex(4))
 
+    def check(self) -> None:
+        if self.world.get("refuse"):
+            raise self.world["refuse"]
+
     def launch_question(self) -> str | None:
         return f"rent a fake machine at ${self.spec.usd_per_hour}/h"
 

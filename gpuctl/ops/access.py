@@ -54,7 +54,8 @@ def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
     included = None
     if install:
         user_cfg = Path(s.env.get("HOME", str(Path.home()))) / ".ssh" / "config"
-        include = f"Include {path}"
+        # Quoted: the default home on macOS ("Application Support") has a space.
+        include = f'Include "{path}"' if " " in str(path) else f"Include {path}"
         text = user_cfg.read_text() if user_cfg.exists() else ""
         if include not in text.splitlines():
             user_cfg.parent.mkdir(mode=0o700, exist_ok=True)

@@ -52,6 +52,8 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         spec = _reusable(s, live, spec)
         cluster = live
     else:
+        _refuse_shared_hosts(s, spec)
+        s.provider(spec).check()
         try:
             # Recorded before launching, so a launch killed half-way is still known locally too.
             cluster = s.ledger.add_cluster(spec)
@@ -66,10 +68,11 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         raise
     known = {i.id: i for i in s.ledger.instances(cluster.id)}
     for n, inst in enumerate(instances):
-        if inst.id in known:  # reused: the price and launch time recorded at launch stay
-            old = known[inst.id]
-            inst = inst.model_copy(update={"usd_per_hour": old.usd_per_hour, "price_source": old.price_source,
-                                           "launched_at": old.launched_at})
+        if inst.id in known:
+            # Reused: what was recorded at launch (price, periods, spot steps, image) stays; only
+            # what may have changed since (state, addresses) is taken from the provider.
+            inst = known[inst.id].model_copy(update={"state": inst.state, "public_ip": inst.public_ip,
+                                                     "private_ip": inst.private_ip})
             instances[n] = inst
         s.ledger.put_instance(cluster.id, inst)
     s.ledger.event("up", f"{len(instances)} instance(s) via {spec.provider}", cluster=cluster)
@@ -80,6 +83,20 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
     return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
 
 
+# What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.
+LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts"}
+
+
+def _refuse_shared_hosts(s: Session, spec: ClusterSpec) -> None:
+    """Two live clusters on one owned host would share its tmux server, work dir and watchdog:
+    `down` of one would end the other's jobs."""
+    for c in s.ledger.clusters(include_down=False):
+        shared = sorted(set(spec.hosts) & set(c.spec.hosts))
+        if shared:
+            raise ConflictError(f"{', '.join(shared)} is already in cluster {c.name!r}",
+                                f"Train there with `--cluster {c.name}`, or `gpuctl down {c.name} -y` first.")
+
+
 def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:
     """The live cluster's own spec, if `up` may reuse it as asked (same launch token: a retried
     launch cannot start a second instance)."""
@@ -88,8 +105,8 @@ def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpe
             f"a cluster named {asked.name!r} is already up",
             f"Use it (`gpuctl train --cluster {asked.name} ...`), pick another --name, or `gpuctl down {asked.name}`.",
         )
-    want = asked.model_dump(exclude={"launch_token"})
-    have = live.spec.model_dump(exclude={"launch_token"})
+    want = asked.model_dump(include=LAUNCH_FIELDS)
+    have = live.spec.model_dump(include=LAUNCH_FIELDS)
     if want != have:
         diff = ", ".join(f"{k}: {have[k]} -> {want[k]}" for k in want if want[k] != have.get(k))
         raise ConflictError(f"cluster {asked.name!r} is up with other settings ({diff})",
@@ -116,8 +133,13 @@ def reconcile(s: Session, cluster: ClusterRecord) -> ClusterRecord:
     instances = s.ledger.instances(cluster.id)
     if not instances:
         return cluster
-    fresh = s.provider(cluster.spec).reconcile(instances)
-    for old, new in zip(instances, fresh):
+    try:
+        fresh = s.provider(cluster.spec).reconcile(instances)
+    except GpuctlError:
+        return cluster  # cannot ask now (offline, throttled): the ledger's view stands
+    before = {i.id: i for i in instances}
+    for new in fresh:
+        old = before[new.id]
         if new != old:
             s.ledger.put_instance(cluster.id, new)
         if new.state != old.state:
@@ -149,9 +171,20 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet) -> Dow
             # such as its security group and key pair.
             leftovers = _release(s, ended[-1], progress)
             return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
+    return _down_cluster(s, s.resolve_cluster(name), progress)
+
+
+def _down_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_stop_jobs: bool = True) -> DownResult:
     # What the provider knows first: an instance that ended by itself keeps its own end time.
-    cluster = reconcile(s, s.resolve_cluster(name))
-    stopped = run_state.stop_runs(s, cluster) if cluster.state == "up" else []
+    cluster = reconcile(s, cluster)
+    stopped: list[str] = []
+    if cluster.state == "up":
+        try:
+            stopped = run_state.stop_runs(s, cluster)
+        except GpuctlError as exc:
+            if must_stop_jobs:
+                raise
+            progress(f"{cluster.name}: jobs not stopped ({exc.message}); releasing anyway")
     resources = _release(s, cluster, progress)
     _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
     return DownResult(cluster=cluster.name, stopped_runs=tuple(stopped),
@@ -207,29 +240,34 @@ def inventory(s: Session) -> Inventory:
 
 
 def down_all(s: Session, progress: Progress = quiet) -> DownResult:
-    """Release everything every provider finds (tags, not memory), and close the ledger's clusters."""
+    """Release every cluster the ledger knows (each with the spec it was launched with), then
+    everything else each provider finds by its tags with the current settings (orphans of a lost
+    ledger). A cluster is closed in the ledger only once its resources are released."""
     released: list[Resource] = []
     stopped: list[str] = []
-    for name in PROVIDERS:
-        clusters = [c for c in s.ledger.clusters(include_down=False) if c.provider == name]
+    failed: list[tuple[str, GpuctlError]] = []
+    for c in s.ledger.clusters(include_down=False):
         try:
-            for c in clusters:
-                if s.ledger.instances(c.id):
-                    try:
-                        stopped += run_state.stop_runs(s, c)
-                    except GpuctlError as exc:
-                        progress(f"{c.name}: jobs not stopped ({exc.message}); releasing anyway")
-            provider = _searcher(s, name)
-            resources = provider.discover()
+            result = _down_cluster(s, c, progress, must_stop_jobs=False)
         except GpuctlError as exc:
-            if clusters:
-                raise
+            progress(f"{c.name}: not released: {exc.message}")
+            failed.append((c.name, exc))
+            continue
+        released += result.released
+        stopped += result.stopped_runs
+    for name in PROVIDERS:
+        try:
+            provider = _searcher(s, name)
+            found = provider.discover()
+        except GpuctlError as exc:
             progress(f"{name}: not searched: {exc.message}")
             continue
-        provider.release(resources, progress)
-        released += resources
-        for c in clusters:
-            _close_in_ledger(s, c, "released by down --all")
+        provider.release(found, progress)
+        released += found
+    if failed:
+        first = failed[0][1]
+        raise type(first)("not released: " + "; ".join(f"{n} ({e.message})" for n, e in failed),
+                          "Fix that and rerun `gpuctl down --all -y`; `gpuctl status --all` shows what is left.")
     return DownResult(cluster="*", already_down=not released, stopped_runs=tuple(stopped),
                       released_instances=tuple(r.id for r in released if r.kind in ("instance", "workdir")),
                       released=tuple(released))

@@ -40,7 +40,8 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         "down_after_run": ("guards.down_after_run", g.down_after_run),
         "on_fire": ("guards.on_fire", g.on_fire or provider.default_on_fire),
         "poweroff_command": ("guards.poweroff_command", g.poweroff_command),
-        "hard_cap_at": ("guards.max_hours", inst.launched_at + g.max_hours * 3600 if provider.boot_hard_cap else None),
+        "hard_cap_at": ("guards.max_hours", inst.launched_at + _cap_hours(loaded, cluster) * 3600
+                        if provider.boot_hard_cap else None),
     }
     cfg = dict(existing)
     for key, (setting, value) in fresh.items():
@@ -53,6 +54,13 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
                usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name)
     return cfg
+
+
+def _cap_hours(loaded: LoadedSettings, cluster: ClusterRecord) -> float:
+    """The hard cap armed at boot (the spec's) unless this command sets another."""
+    if loaded.sources.get("guards.max_hours", "default") != "default":
+        return loaded.settings.guards.max_hours
+    return cluster.spec.max_hours
 
 
 def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 
-# glog's prefix: severity letter, MMDD, a time (before absl's init: 00:00:<epoch seconds>), thread id, file:line]
-GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:[\d.]+\s+\d+ [^\]]+\] ")
+# glog's prefix as TensorFlow's C++ writes it: severity letter, MMDD, a time (before absl's init:
+# 00:00:<epoch seconds>), thread id, and a C++ source file:line]. A Python script's own absl
+# logging names a .py file and always shows.
+GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:[\d.]+\s+\d+ [^\]\s]+\.(?:cc|cpp|h):\d+\] ")
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NO_GPU = "failed call to cuInit"
 

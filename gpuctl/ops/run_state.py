@@ -45,7 +45,10 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         return run
     cluster = s.live_cluster_of(run)
     if cluster is None:
-        updated = run.model_copy(update={"state": "lost", "ended_at": run.ended_at or time.time()})
+        # Its machines ended (a guard's poweroff, an interruption) while nobody looked: the run
+        # cost nothing after that.
+        ended = s.ledger.cluster(run.cluster_id).terminated_at or time.time()
+        updated = run.model_copy(update={"state": "lost", "ended_at": run.ended_at or min(ended, time.time())})
         s.ledger.put_run(updated)
         return updated
     _, host = s.host(cluster)

@@ -100,8 +100,8 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
         refusal = preflight.verdict(report, allow_cpu)
         if refusal:
             raise RemoteError(f"not starting on {host.label}: {refusal}",
-                              "Pass --allow-cpu to train on the CPU anyway, or set `remote.python` to the "
-                              "Python that has TensorFlow with GPU support.")
+                              "Pass --allow-cpu to train on the CPU anyway, or `gpuctl down` and `gpuctl up` "
+                              "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level)

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuctl.errors import ConflictError, NoClusterError, NotFoundError, RemoteError
-from gpuctl.provision import Provider, get_provider
+from gpuctl.errors import ConfigError, ConflictError, NoClusterError, NotFoundError, RemoteError
+from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, load_settings
 from gpuctl.state import Ledger, gpuctl_home
@@ -52,7 +52,18 @@ class Session:
         return self._settings[key]
 
     def provider(self, spec: ClusterSpec) -> Provider:
-        return get_provider(self.home, spec)
+        """The provider of a cluster, built from the spec recorded at its `up`."""
+        return get_provider(self.home, self._complete(spec) if spec.version < 2 else spec)
+
+    def _complete(self, spec: ClusterSpec) -> ClusterSpec:
+        """A spec recorded by gpuctl 0.1 holds only what the user asked for; as 0.1 did, the rest
+        (profile, login user, remote.*) comes from the settings of now, or their defaults."""
+        try:
+            now = self.settings().settings.model_copy(update={"provider": spec.provider, "cluster": spec.name})
+            fresh = spec_from_settings(now)
+        except ConfigError:
+            return spec
+        return ClusterSpec.model_validate({**fresh.model_dump(), **spec.model_dump(exclude_unset=True), "version": 2})
 
     # --- hosts: one connection per instance and command -------------------------------------
 

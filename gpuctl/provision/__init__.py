@@ -47,6 +47,10 @@ class Provider(Protocol):
     def spec_from_settings(cls, settings: "Settings", usd_per_hour: float | None = None) -> "ClusterSpec":
         """What `up` asks for, from the settings (the only place a provider reads settings)."""
 
+    def check(self) -> None:
+        """Raise what would stop a launch before it creates anything (credentials, region), so that
+        `up` records no cluster for it."""
+
     def launch_question(self) -> str | None:
         """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
 

@@ -88,6 +88,9 @@ class LocalHost:
             cwd = self.root if os.path.isdir(self.root) else None  # e.g. killing a removed cluster's tmux
             proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd)
         except FileNotFoundError:
+            if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
+                return CommandResult(argv=tuple(argv), returncode=127, stdout="",
+                                     stderr=f"{argv[0]}: command not found\n")
             raise RemoteError(
                 f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."
             ) from None

@@ -68,9 +68,11 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
         # SIGTERM while this script lives on to record the job's exit code.
         "trap 'true' TERM HUP",
         # The end time is written before the exit code: once the code exists, so does the time.
-        f"finish() {{ date +%s.%N > {q(paths.ended)}; echo \"$1\" > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}; "
+        # GNU date gives nanoseconds; BusyBox and BSD date print a literal N: seconds do there.
+        "now() { t=$(date +%s.%N); case $t in *N*) date +%s ;; *) echo \"$t\" ;; esac; }",
+        f"finish() {{ now > {q(paths.ended)}; echo \"$1\" > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}; "
         "exit \"$1\"; }",
-        f"date +%s.%N > {q(paths.started)}",
+        f"now > {q(paths.started)}",
         f"mkdir -p {q(paths.outputs)}",
         f"cd {q(workdir)} || finish 127",
     ]

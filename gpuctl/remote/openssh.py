@@ -104,7 +104,7 @@ def host_block(alias: str, ep: Endpoint, home: Path) -> list[str]:
 
     lines = [f"Host {alias}", f"    HostName {_token(ep.host)}", *_login(ep),
              f"    UserKnownHostsFile {_path(str(known_hosts_path(home)), 'the gpuctl home')}",
-             "    StrictHostKeyChecking yes"]
+             "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes"]
     if ep.jump:
         conf = config_file(ep, home)  # the hops' Host blocks live there
         lines.append(f"    ProxyCommand {_proxy_command(shutil.which('ssh') or 'ssh', conf, len(ep.jump) - 1)}")

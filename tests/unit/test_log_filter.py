@@ -31,6 +31,7 @@ def test_level_0_shows_everything_and_level_1_keeps_warnings():
     assert not noise("W0000 00:00:1.0 1 x.cc:1] careful", 1)
     assert noise("W0000 00:00:1.0 1 x.cc:1] careful", 2)
     assert not noise("I like trains", 3)  # not glog's format: the script's own
+    assert not noise("I1130 12:01:49.123456 140234 train.py:12] epoch 1 done", 2)  # the script's absl logging
 
 
 def test_a_partial_last_line_waits_for_its_end():

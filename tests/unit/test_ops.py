@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from gpuctl import provision
-from gpuctl.errors import CloudError, ConfigError
+from gpuctl.errors import CloudError, ConfigError, ConflictError
 from gpuctl.ops import clusters, costs, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
-from gpuctl.types import RunRecord
+from gpuctl.types import ClusterSpec, RunRecord
 from tests.fakes import FakeProvider
 
 
@@ -55,6 +55,11 @@ def test_a_failed_up_leaves_no_cluster_unless_something_exists(fake, tmp_path):
     assert kept.state == "up"  # so `status` shows it and `down` releases it
     fake["fail_launch"] = None
     assert clusters.down(s, "default").released
+    # A provider that cannot even be asked (no credentials, say) refuses before anything is recorded.
+    fake["refuse"] = CloudError("no AWS credentials")
+    with pytest.raises(CloudError):
+        clusters.up(s)
+    assert [c.state for c in s.ledger.clusters()] == ["down"]
 
 
 def test_status_cost_and_down_work_from_the_recorded_spec_when_settings_break(fake, tmp_path):
@@ -115,3 +120,31 @@ def test_launch_question_and_bad_prices(fake, tmp_path):
         with pytest.raises(ConfigError):
             clusters.up(s, usd_per_hour=bad)
     assert s.ledger.clusters() == []
+
+
+def test_a_run_whose_machine_ended_unwatched_stops_costing_when_the_machine_ended(fake, tmp_path):
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    (inst,) = s.ledger.instances(c.id)
+    s.ledger.put_run(RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py",
+                               state="running", started_at=inst.launched_at - 3600, usd_per_hour=36.0,
+                               run_dir="/fake/r"))
+    fake["ended"][inst.id] = inst.launched_at - 3000  # a guard powered it off 10 minutes in, an hour ago
+    (run,) = costs.status(s).runs
+    assert run.state == "lost" and run.elapsed_s == pytest.approx(600) and run.usd == pytest.approx(6.0)
+
+
+def test_a_cluster_recorded_by_gpuctl_0_1_is_completed_from_the_settings(fake, tmp_path):
+    s = session(tmp_path, GPUCTL_REMOTE__PYTHON="/opt/tf/bin/python")
+    legacy = ClusterSpec.model_validate({"name": "old", "provider": "fake", "usd_per_hour": 2.0, "version": 1})
+    provider = s.provider(legacy)
+    assert provider.spec.version == 2 and provider.spec.usd_per_hour == 2.0  # what it recorded stays
+    assert provider.spec.name == "old" and provider.spec.launch_token  # the rest: today's settings
+
+
+def test_two_live_clusters_never_share_an_owned_host(fake, tmp_path):
+    s = session(tmp_path)
+    s.ledger.add_cluster(ClusterSpec(name="a", provider="fake", hosts=("root@h",)))
+    clash = ClusterSpec(name="b", provider="fake", hosts=("root@h",))
+    with pytest.raises(ConflictError, match="already in cluster 'a'"):
+        clusters._refuse_shared_hosts(s, clash)

@@ -361,3 +361,11 @@ def test_piping_into_head_prints_no_error(command, tmp_path):
     proc = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.stderr == "" and proc.returncode in (0, 141), proc.stderr
     assert len(proc.stdout.splitlines()) == 1
+
+
+def test_clusters_sharing_a_name_stay_apart_at_80_columns():
+    """Every `up` is its own cluster: a name used again shows with its id, which no column drop hides."""
+    rows = tuple(ClusterCost(id=i, name="default", provider="local", state="down", uptime_s=60.0 * i,
+                             usd_per_hour=rate, usd=rate / 60 * i) for i, rate in ((1, 36.0), (2, 3600.0)))
+    text = draw(render_cost.cost, 80, CostReport(clusters=rows, runs=(), total_usd=sum(r.usd for r in rows)), False)
+    assert_whole(text, 80, ids=["default#1", "default#2"], money=[usd(0.6), usd(120.0)])

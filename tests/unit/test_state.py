@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from gpuctl.errors import ConfigError
 from gpuctl.state import Ledger
 from gpuctl.types import ClusterSpec, EpochReport, InstanceRecord, RunRecord
 
@@ -96,16 +97,28 @@ def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
               '"started_at": 1.0, "run_dir": "/d"}'
     db.execute("INSERT INTO runs VALUES ('r', 1, ?)", (old_run,))
     db.execute("INSERT INTO events (ts, cluster, kind, message) VALUES (1.0, 'gpu', 'up', 'x')")
+    # The name used again later: its events stay with the cluster that existed when they happened.
+    db.execute("INSERT INTO clusters VALUES (2, 'gpu', 'aws', 'up', 20.0, NULL, 1, ?)", (aws_spec,))
+    db.execute("INSERT INTO events (ts, cluster, kind, message) VALUES (21.0, 'gpu', 'up', 'y')")
     db.commit()
     db.close()
     led = Ledger(tmp_path)
-    (c,) = led.clusters()
+    c, _ = led.clusters()
     assert c.id == 1 and c.spec.billing == "per-second"  # aws clusters were priced by EC2's rules
+    assert c.spec.version == 1  # what it lacks is filled from the settings when it is used
     assert led.instances(1) == [inst]
     assert led.run("r").cluster_id == 1
-    assert len(led.events(1)) == 1
+    assert [e[4] for e in led.events(1)] == ["x"] and [e[4] for e in led.events(2)] == ["y"]
     Ledger(tmp_path)  # opening it again changes nothing
     assert led._db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_ledger_from_a_newer_gpuctl_is_refused_not_rewritten(tmp_path):
+    Ledger(tmp_path)._db.execute("PRAGMA user_version = 5")
+    with pytest.raises(ConfigError, match="newer gpuctl"):
+        Ledger(tmp_path)
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
 
 
 def _writer(home, worker, count):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl.errors import CloudError
 from gpuctl.provision.aws import access
-from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.retry import TimedOut, poll
 from gpuctl.types import Resource
 
@@ -30,7 +30,7 @@ def regions(aws: Aws) -> list[str]:
 
 def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
     """Every live instance, security group and key pair tagged for this owner (and cluster)."""
-    aws = p._aws(region)
+    aws = p.aws(region)
     names = [aws.region] if (region or cluster) else regions(aws)
     clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -43,7 +43,7 @@ def _discover_region(p: "AwsProvider", ec2: Any, region: str, cluster: str | Non
     out = [
         Resource(provider="aws", kind="instance", id=i["InstanceId"], region=region,
                  cluster=_tag(i, access.TAG_CLUSTER), state=i["State"]["Name"])
-        for i in p._live_instances(ec2, cluster)
+        for i in p.live_instances(ec2, cluster)
     ]
     for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
         out.append(Resource(provider="aws", kind="security-group", id=g["GroupId"], region=region,
@@ -77,26 +77,36 @@ def _delete_group(ec2: Any, gid: str) -> bool | None:
     return True
 
 
+def _poll(attempt: Callable[[], bool | None], timeout_s: float, what: str, progress: Progress, hint: str) -> None:
+    try:
+        poll(attempt, timeout_s, on_wait=lambda waited, _: progress(f"waiting for {what} ({waited:.0f}s)"))
+    except TimedOut:
+        raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}", hint) from None
+
+
 def _release_region(p: "AwsProvider", region: str, items: list[Resource], progress: Progress) -> None:
-    aws = p._aws(region)
+    aws = p.aws(region)
     ec2 = aws.ec2()
     timeout = p.spec.wait_timeout_s
     instances = [r.id for r in items if r.kind == "instance"]
     if instances:
         progress(f"terminating {', '.join(instances)} in {region}")
         call(ec2.terminate_instances, InstanceIds=instances)
-        wait_for(ec2, "instance_terminated", timeout, what=f"{len(instances)} instance(s) to terminate",
-                 hint="They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.",
-                 InstanceIds=instances)
+
+        def gone() -> bool | None:
+            # Polled rather than boto3's instance_terminated waiter, which gives up on an instance
+            # that is stopping or pending: those still end terminated, and down must go on then.
+            res = call(ec2.describe_instances, InstanceIds=instances)
+            states = [i["State"]["Name"] for r in res["Reservations"] for i in r["Instances"]]
+            return True if all(st == "terminated" for st in states) else None
+
+        _poll(gone, timeout, f"{len(instances)} instance(s) to terminate", progress,
+              "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.
-            try:
-                poll(lambda gid=r.id: _delete_group(ec2, gid), timeout,
-                     on_wait=lambda waited, _, gid=r.id: progress(f"waiting for security group {gid} to be free ({waited:.0f}s)"))
-            except TimedOut as exc:
-                raise CloudError(f"timed out after {exc.waited_s:.0f}s waiting for security group {r.id} to be free",
-                                 "Rerun `gpuctl down` in a minute to finish.") from None
+            _poll(lambda gid=r.id: _delete_group(ec2, gid), timeout, f"security group {r.id} to be free", progress,
+                  "Rerun `gpuctl down` in a minute to finish.")
             progress(f"deleted security group {r.id}")
         elif r.kind == "key-pair":
             call(ec2.delete_key_pair, KeyName=r.id)

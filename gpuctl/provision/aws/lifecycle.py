@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from gpuctl.errors import CloudError
-from gpuctl.provision.aws.session import Aws, call
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.types import InstanceRecord
 
 
@@ -62,6 +62,28 @@ def spot_steps(ec2: Any, inst: InstanceRecord) -> tuple[tuple[float, float], ...
     return tuple(([(inst.launched_at, before[-1][1])] if before else []) + after)
 
 
+def _describe(ec2: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """EC2's view of the instances; one missing from the answer is gone (EC2 forgets terminated
+    instances after about an hour). Only "not found" means gone: a network error, throttling or
+    expired credentials raise, so a flaky connection never closes a cluster that still runs."""
+    from botocore import exceptions as bx
+
+    try:
+        res = ec2.describe_instances(InstanceIds=ids)
+    except bx.ClientError as exc:
+        if not error_code(exc).startswith("InvalidInstanceID.NotFound"):
+            raise translate(exc, "DescribeInstances") from exc
+        if len(ids) == 1:
+            return {}
+        found: dict[str, dict[str, Any]] = {}
+        for iid in ids:  # which of them is gone: ask for each
+            found.update(_describe(ec2, [iid]))
+        return found
+    except bx.BotoCoreError as exc:
+        raise translate(exc, "DescribeInstances") from exc
+    return {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
+
+
 def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceRecord]) -> list[InstanceRecord]:
     """The instances as EC2 sees them now: state, and when and why they ended.
 
@@ -74,11 +96,7 @@ def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceReco
     out = []
     for region, items in by_region.items():
         ec2 = aws_for(region or None).ec2()
-        try:
-            res = call(ec2.describe_instances, InstanceIds=[i.id for i in items])
-            seen = {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
-        except CloudError:
-            seen = {}  # long gone: AWS forgets terminated instances after about an hour
+        seen = _describe(ec2, [i.id for i in items])
         for inst in items:
             live = seen.get(inst.id)
             state = live["State"]["Name"] if live else "terminated"

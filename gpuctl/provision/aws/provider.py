@@ -56,6 +56,11 @@ class AwsProvider:
             max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second",
         )
 
+    def check(self) -> None:
+        """Credentials and region, before `up` records anything: a launch that cannot even ask AWS
+        must leave no cluster behind."""
+        self.aws(self.spec.region)
+
     def launch_question(self) -> str | None:
         s = self.spec
         return (f"launch a {s.instance_type} ({s.market}) for cluster {s.name!r}, "
@@ -67,15 +72,16 @@ class AwsProvider:
             self._owner = access.owner_id(self.home)
         return self._owner
 
-    def _aws(self, region: str | None = None) -> Aws:
+    def aws(self, region: str | None = None) -> Aws:
+        """A boto3 session for the region (the spec's by default) and the spec's profile."""
         return Aws(region=region or self.spec.region or "", profile=self.spec.profile or "")
 
     # --- launch ---------------------------------------------------------------------------------
 
     def launch(self, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
         spec = self.spec
-        aws = self._aws(spec.region)
-        existing = self._live_instances(aws.ec2(), spec.name)
+        aws = self.aws(spec.region)
+        existing = self.live_instances(aws.ec2(), spec.name)
         if existing:
             if len(existing) > spec.nodes:
                 ids = ", ".join(i["InstanceId"] for i in existing)
@@ -196,12 +202,8 @@ class AwsProvider:
             key_path=str(access.key_path(self.home, spec.name, aws.region)),
         )
 
-    def _live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
-        filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
-        res = call(ec2.describe_instances, Filters=filters)
-        return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
-
-    def _live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
+    def live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
+        """Instances tagged for this owner (and cluster) that are not terminated."""
         filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
         res = call(ec2.describe_instances, Filters=filters)
         return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
@@ -225,7 +227,7 @@ class AwsProvider:
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress)
 
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
-        return lifecycle.reconcile(self._aws, instances)
+        return lifecycle.reconcile(self.aws, instances)
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return guard.set_hard_cap(host, hours)

@@ -10,14 +10,16 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuctl.provision import remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.jobs import kill_server
-from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+
+if TYPE_CHECKING:
+    from gpuctl.settings import Settings
 
 
 class LocalProvider:
@@ -36,6 +38,9 @@ class LocalProvider:
         rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
                            max_hours=s.guards.max_hours, remote=remote_spec(s))
+
+    def check(self) -> None:
+        pass  # this machine is here
 
     def launch_question(self) -> str | None:
         if self.spec.usd_per_hour <= 0:

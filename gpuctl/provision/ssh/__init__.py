@@ -8,11 +8,12 @@ are remembered in a small file under the gpuctl home, the provider's own view fo
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.provision import remote_spec
@@ -20,8 +21,10 @@ from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import kill_server
 from gpuctl.remote.ssh import Endpoint, SshHost
-from gpuctl.settings import Settings
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+
+if TYPE_CHECKING:
+    from gpuctl.settings import Settings
 
 NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
 
@@ -49,8 +52,13 @@ class SshProvider:
                               "Pass --host user@host[:port] (repeat it for more), or set `[ssh] hosts`.")
         rate = s.ssh.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, instance_type="ssh", usd_per_hour=rate,
-                           hosts=tuple(s.ssh.hosts), identity=s.ssh.identity or None, nodes=len(s.ssh.hosts),
+                           hosts=tuple(s.ssh.hosts),
+                           # Absolute: later commands may run from another directory.
+                           identity=os.path.abspath(os.path.expanduser(s.ssh.identity)) if s.ssh.identity else None, nodes=len(s.ssh.hosts),
                            launch_token=secrets.token_hex(8), max_hours=s.guards.max_hours, remote=remote_spec(s))
+
+    def check(self) -> None:
+        pass  # nothing to ask before launching: launch itself checks each host
 
     def launch_question(self) -> str | None:
         return None  # the machines are the user's own: using them spends nothing new
