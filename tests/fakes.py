@@ -119,6 +119,8 @@ class FakeProvider:
         return self.world["hosts"].setdefault(instance.id, FakeHost())
 
     def reconcile(self, instances):
+        if self.world.get("unreachable"):
+            raise self.world["unreachable"]
         ended = self.world["ended"]
         return [i.model_copy(update={"state": "terminated", "terminated_at": ended[i.id], "state_reason": "fake end"})
                 if i.id in ended else i for i in instances]

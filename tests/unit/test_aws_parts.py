@@ -154,3 +154,36 @@ def test_config_error_for_bad_cidr_setting(tmp_path):
 
     with pytest.raises(ConfigError, match="aws.ssh_cidr"):
         load_settings(env={"GPUCTL_AWS__SSH_CIDR": "1.2.3.4/33"}, cwd=tmp_path)
+
+
+def _ec2():
+    import boto3
+
+    return boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+
+
+def test_only_not_found_means_an_instance_is_gone():
+    """moto cannot fail a DescribeInstances on demand: the Stubber plays AWS's answers. A
+    throttled or unauthorized answer must never close a cluster that still runs (review of
+    issue 9); InvalidInstanceID.NotFound for one of two ids is resolved id by id."""
+    from botocore.stub import Stubber
+
+    from gpuctl.provision.aws import lifecycle
+    from gpuctl.types import InstanceRecord
+
+    ec2 = _ec2()
+    aws = type("A", (), {"ec2": lambda self: ec2})()
+    recs = [InstanceRecord(id=i, cluster="c", state="running", launched_at=1.0, workdir="/w", region="us-east-1")
+            for i in ("i-1", "i-2")]
+    with Stubber(ec2) as stub:
+        stub.add_client_error("describe_instances", "RequestLimitExceeded", "slow down")
+        with pytest.raises(CloudError):
+            lifecycle.reconcile(lambda region: aws, recs)
+    running = {"Reservations": [{"Instances": [{"InstanceId": "i-2", "State": {"Name": "running", "Code": 16}}]}]}
+    with Stubber(ec2) as stub:
+        stub.add_client_error("describe_instances", "InvalidInstanceID.NotFound", "i-1 is gone")
+        stub.add_client_error("describe_instances", "InvalidInstanceID.NotFound", "i-1 is gone")
+        stub.add_response("describe_instances", running)
+        gone, live = lifecycle.reconcile(lambda region: aws, recs)
+    assert gone.state == "terminated" and gone.state_reason == "no longer known to EC2"
+    assert live.state == "running"

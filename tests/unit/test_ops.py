@@ -148,3 +148,11 @@ def test_two_live_clusters_never_share_an_owned_host(fake, tmp_path):
     clash = ClusterSpec(name="b", provider="fake", hosts=("root@h",))
     with pytest.raises(ConflictError, match="already in cluster 'a'"):
         clusters._refuse_shared_hosts(s, clash)
+
+
+def test_a_cloud_that_cannot_be_asked_leaves_the_ledgers_view(fake, tmp_path):
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    fake["unreachable"] = CloudError("could not connect to the endpoint URL")
+    assert costs.status(s).clusters[0].state == "up"
+    assert s.ledger.cluster(c.id).state == "up"
