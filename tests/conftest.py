@@ -114,13 +114,8 @@ class SshLab:
 @pytest.fixture(scope="session")
 def ssh_lab():
     """Two real sshd test hosts for the session (see tests/sshd.py)."""
-    reason = sshd.available()
-    if reason:
-        pytest.fail(reason)
-    sshd.cleanup_stale()
-    base = Path(f"/var/tmp/gpuctl-test-hosts-{os.getpid()}")
-    key = sshd.client_key(base)
-    hosts = [sshd.TestHost(i, base / f"h{i}", tag=str(os.getpid())) for i in (1, 2)]
+    base, key, tag = sshd.prepare("test-hosts")
+    hosts = [sshd.TestHost(i, base / f"h{i}", tag=tag) for i in (1, 2)]
     try:
         for h in hosts:
             h.create(key.with_suffix(".pub").read_text())

@@ -215,6 +215,19 @@ def cleanup_stale() -> None:
         _run("ip", "route", "del", "unreachable", f"{BEHIND_SUBNET}{octet}.0/24", check=False)
 
 
+def prepare(kind: str) -> tuple[Path, Path, str]:
+    """(base dir, client key, tag) for a lab of test hosts; stale labs of dead runs removed first.
+    Fails the test with the reason when hosts cannot be made here."""
+    import pytest
+
+    reason = available()
+    if reason:
+        pytest.fail(reason)
+    cleanup_stale()
+    base = Path(f"/var/tmp/gpuctl-{kind}-{os.getpid()}")
+    return base, client_key(base), str(os.getpid())
+
+
 def client_key(base: Path) -> Path:
     key = base / "client_ed25519"
     if not key.exists():

@@ -52,13 +52,7 @@ class JumpLab:
 def jump_lab():
     """A bastion (index 3, reachable from here) and a box behind it (index 4, reachable only from
     the bastion's namespace); namespaces destroyed at the end."""
-    reason = sshd.available()
-    if reason:
-        pytest.fail(reason)
-    sshd.cleanup_stale()
-    base = Path(f"/var/tmp/gpuctl-jump-hosts-{os.getpid()}")
-    key = sshd.client_key(base)
-    tag = str(os.getpid())
+    base, key, tag = sshd.prepare("jump-hosts")
     bastion = sshd.TestHost(3, base / "bastion", tag=tag)
     box = sshd.TestHost(4, base / "box", tag=tag, behind=bastion)
     made = []
@@ -219,20 +213,16 @@ def test_changed_host_keys_behind_and_of_the_bastion_are_refused(lab, isolated):
     ep = resolved()
     connect(ep, isolated).close()  # pins both keys
     # (The module's later tests use fresh gpuctl homes: the new keys are pinned there afresh.)
-    lab.box.new_host_key()
-    lab.box.restart()
-    with pytest.raises(RemoteError, match=rf"host key of gpubox \(root@{lab.box.ip}:22\) via .* has CHANGED"):
-        connect(ep, isolated)
-    res = _openssh(ep, isolated)
-    assert res.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr
-
-    lab.bastion.new_host_key()
-    lab.bastion.restart()
-    with pytest.raises(RemoteError, match=rf"host key of jump host root@{lab.bastion.ip}:22 .* has CHANGED"):
-        connect(ep, isolated)
-    res = _openssh(ep, isolated)
-    assert res.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr
-    assert lab.bastion.ip in res.stderr
+    # The box behind the jump first, then the jump host itself: both paths refuse each.
+    for host, named in ((lab.box, rf"gpubox \(root@{lab.box.ip}:22\) via .*"),
+                        (lab.bastion, rf"jump host root@{lab.bastion.ip}:22 .*")):
+        host.new_host_key()
+        host.restart()
+        with pytest.raises(RemoteError, match=rf"host key of {named} has CHANGED"):
+            connect(ep, isolated)
+        res = _openssh(ep, isolated)
+        assert res.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr
+        assert host.ip in res.stderr
 
 
 def _openssh(ep: Endpoint, home: Path) -> subprocess.CompletedProcess:
