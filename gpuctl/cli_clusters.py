@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from gpuctl.cli_common import CONTEXT, PositiveFloat, confirm, json_option, progress_sink, session
+from gpuctl.cli_common import (
+    CONTEXT,
+    PositiveFloat,
+    confirm,
+    json_option,
+    progress_sink,
+    session,
+)
 
 
 @click.command(context_settings=CONTEXT)
@@ -35,7 +42,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
        image: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
        usd_per_hour: float | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
        as_json: bool) -> None:
-    """Create a cluster (or reuse it) and make it the default for later commands."""
+    """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
     from gpuctl import render, render_commands
     from gpuctl.ops import clusters
 

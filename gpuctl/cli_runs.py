@@ -6,6 +6,7 @@ failures in them raise GpuctlError before the child runs, so they keep gpuctl's 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -139,6 +140,12 @@ def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
     if print_only:
         click.echo(shlex.join(argv))
         return
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        from gpuctl.errors import ConfigError
+
+        raise ConfigError("attach needs a terminal (tmux draws the run's screen there)",
+                          "Run it in a terminal, follow the output with `gpuctl logs -f`, or print the "
+                          "command with `gpuctl attach --print`.")
     ctx.exit(run_child(argv, cwd))
 
 

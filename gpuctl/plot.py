@@ -14,6 +14,8 @@ from gpuctl.types import CostReport
 def check_target(path: Path) -> Path:
     """Refuse before any work: a missing directory or a missing matplotlib."""
     path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"cannot write {path}: the plot is a PNG image", "Name the file with .png, e.g. --plot cost.png.")
     if not path.parent.is_dir():
         raise ConfigError(f"cannot write {path}: the directory {path.parent} does not exist",
                           "Create it first, or pass a path in an existing directory.")

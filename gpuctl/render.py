@@ -43,7 +43,7 @@ def usd(value: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or seconds != seconds or abs(seconds) == float("inf"):
         return "-"
     s = int(round(seconds))
     h, rem = divmod(s, 3600)

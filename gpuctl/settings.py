@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpuctl.errors import ConfigError
 from gpuctl.types import SettingValue
@@ -31,11 +38,12 @@ PROJECT_FILE = "gpuctl.toml"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # inf and nan are refused everywhere: a price or budget of inf would be stored and break every report.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class LocalSettings(_Section):
-    usd_per_hour: float = Field(0.0, ge=0, description="Price the local provider charges per hour (for cost reports).")
+    usd_per_hour: float = Field(0.0, ge=0, le=1e6, description="Price the local provider charges per hour (for cost reports).")
 
 
 class TrainSettings(_Section):
@@ -82,10 +90,10 @@ def _duration(v: str) -> str:
 
 class GuardSettings(_Section):
     max_hours: float = Field(
-        8.0, gt=0, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
+        8.0, gt=0, le=24 * 365, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
     )
     budget_usd: float = Field(
-        0.0, ge=0, description="Stop a run gracefully once its epochs (payload) or the uptime (watchdog) cost this much; 0 = no cap."
+        0.0, ge=0, le=1e6, description="Stop a run gracefully once its epochs (payload) or the uptime (watchdog) cost this much; 0 = no cap."
     )
     idle: str = Field("30m", description="Shut down after this long with no job, an idle GPU and no SSH session; 0 = never.")
     stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")
@@ -124,7 +132,7 @@ class AwsSettings(_Section):
     profile: str = Field("", description="AWS profile from ~/.aws; empty = boto3's default chain.")
     instance_type: str = Field("g5.xlarge", min_length=1, description="EC2 instance type.")
     market: Literal["spot", "on-demand"] = Field("spot", description="spot or on-demand.")
-    max_price: float = Field(0.0, ge=0, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
+    max_price: float = Field(0.0, ge=0, le=1e6, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
     fallback_on_demand: bool = Field(False, description="Launch on-demand when spot fails in every zone.")
     image: str = Field("", description="AMI id to launch; empty = the newest image matching image_pattern.")
     image_pattern: str = Field(
@@ -148,7 +156,7 @@ class AwsSettings(_Section):
 class SshSettings(_Section):
     hosts: list[str] = Field(default_factory=list, description="user@host[:port] of each machine of an ssh cluster.")
     identity: str = Field("", description="Private key for the ssh provider; empty = ssh-agent and ~/.ssh keys.")
-    usd_per_hour: float = Field(0.0, ge=0, description="What an hour of these machines costs you (for reports).")
+    usd_per_hour: float = Field(0.0, ge=0, le=1e6, description="What an hour of these machines costs you (for reports).")
 
     @field_validator("hosts")
     @classmethod
@@ -183,7 +191,9 @@ class Settings(_Section):
     @field_validator("provider")
     @classmethod
     def _known_provider(cls, v: str) -> str:
-        from gpuctl.provision import PROVIDERS  # a dict of names: cheap, imports no provider
+        from gpuctl.provision import (
+            PROVIDERS,  # a dict of names: cheap, imports no provider
+        )
 
         if v not in PROVIDERS:
             raise ValueError(f"unknown provider; known: {', '.join(sorted(PROVIDERS))}")

@@ -15,7 +15,8 @@ FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No inf or nan crosses a layer: JSON has no spelling for them, and the ledger must read back what it wrote.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RemoteSpec(_Frozen):

@@ -137,7 +137,9 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
 
 
 def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
-    text = _read_log(s, run, 0).decode("utf-8", "replace")
+    """The last lines of the run's output, less TensorFlow's start-up chatter."""
+    quiet = LineFilter(run.tf_log_level)
+    text = quiet.feed(_read_log(s, run, 0).decode("utf-8", "replace")) + quiet.flush()
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 

@@ -82,7 +82,8 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
     entry = settings.train.entry
     if not (project / entry).is_file():
         raise ProjectError(f"no entry point: {project / entry} does not exist",
-                           "Add train.py to the project, or set `[train] entry = \"your_script.py\"` in its gpuctl.toml.")
+                           f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
+                           "gpuctl.toml (or pass --entry).")
     data = _data_dir(data)
     record = s.resolve_cluster(cluster)
     inst, host = s.host(record)

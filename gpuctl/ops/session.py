@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuctl.errors import ConfigError, ConflictError, NoClusterError, NotFoundError, RemoteError
+from gpuctl.errors import (
+    ConfigError,
+    ConflictError,
+    NoClusterError,
+    NotFoundError,
+    RemoteError,
+)
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, load_settings
@@ -115,7 +121,7 @@ class Session:
         if not live:
             raise NoClusterError("no cluster is up")
         raise ConflictError(f"several clusters are up ({', '.join(c.name for c in live)}) and none is the default",
-                            "Name one with --cluster.")
+                            "Name one: `--cluster NAME` (`gpuctl down NAME` for down).")
 
     def find_run(self, run_id: str | None) -> RunRecord:
         """The named run, else the newest."""

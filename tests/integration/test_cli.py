@@ -303,3 +303,30 @@ def test_an_up_that_created_nothing_leaves_no_row(gpuctl, monkeypatch):
     gpuctl("up", "--name", "bad name!", code=3)
     gpuctl("up", "--usd-per-hour", "-1", code=3)
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+
+
+def test_infinite_and_huge_numbers_are_refused_wherever_they_come_from(gpuctl, quick_project, monkeypatch):
+    """A price of inf from the environment was stored as null and broke every later command; a
+    budget of inf broke `status`. Tried: inf, nan and 1e308 through env, file and flags."""
+    monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "inf")
+    assert "local.usd_per_hour" in gpuctl("up", "-y", code=3).stderr
+    monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "nan")
+    gpuctl("up", "-y", code=3)
+    monkeypatch.delenv("GPUCTL_LOCAL__USD_PER_HOUR")
+    Path("gpuctl.toml").write_text("[local]\nusd_per_hour = inf\n")
+    gpuctl("up", "-y", code=3)
+    Path("gpuctl.toml").unlink()
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+    gpuctl("up")
+    for budget in ("inf", "nan", "1e308"):
+        gpuctl("train", quick_project, "--budget", budget, code=3)
+    gpuctl("status")  # still answers
+
+
+def test_attach_off_a_terminal_and_a_plot_that_is_not_a_png(gpuctl, quick_project, tmp_path):
+    gpuctl("up")
+    gpuctl("train", quick_project)
+    assert "needs a terminal" in gpuctl("attach", code=3).stderr
+    assert "tmux" in gpuctl("attach", "--print").stdout
+    assert ".png" in gpuctl("cost", "--plot", tmp_path / "cost.txt", code=3).stderr
+    assert not (tmp_path / "cost.txt").exists()
