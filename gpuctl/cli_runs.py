@@ -21,7 +21,8 @@ from gpuctl.errors import RunFailedError
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
 @click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
-@click.option("--budget", type=float, help="Stop the run once its epochs cost this many dollars (setting `guards.budget_usd`).")
+@click.option("--budget", type=float, help="Stop this run once its own epochs cost this many dollars (setting "
+              "`train.budget_usd`; the cluster's uptime budget is `guard set --budget`).")
 @click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
 @click.option("--down/--no-down", "down_after", default=None,
               help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
@@ -35,7 +36,7 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
     from gpuctl import render, render_commands
     from gpuctl.ops import runs
 
-    s = session(ctx, **{"train.entry": entry, "guards.budget_usd": budget})
+    s = session(ctx, **{"train.entry": entry, "train.budget_usd": budget})
     with progress_sink() as progress:
         result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
                             progress=progress, down_after_run=down_after)

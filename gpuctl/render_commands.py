@@ -126,7 +126,7 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
     guards = [
         ("idle", cfg.get("idle_s"), "no job, idle GPU, no SSH session"),
         ("stall", cfg.get("stall_s"), f"job hung -> {cfg.get('on_stall', 'warn')}"),
-        ("budget", cfg.get("budget_usd"), f"{usd(st.get('spent_usd', 0))} spent so far"),
+        ("budget", cfg.get("budget_usd"), f"the cluster's uptime: {usd(st.get('spent_usd', 0))} so far"),
         ("run-done", cfg.get("grace_s") if cfg.get("down_after_run") else 0, "after the run (train --down)"),
         ("hard-cap", cfg.get("hard_cap_at"), "max_hours after launch"),
     ]
@@ -139,7 +139,11 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
         when = f"fires in {duration(at - now)}" if at and at > now else ("due" if at else "not counting")
         shown = usd(limit) if name == "budget" else clock(limit) if name == "hard-cap" else duration(limit)
         rows.append((name, shown, when, what))
+    for run_id, budget in sorted(report.run_budgets.items()):
+        rows.append(("run budget", usd(budget), "", f"{run_id}'s own epochs (train --budget)"))
     table(out, [Col("guard"), Col("limit"), Col("fires"), Col("what", wrap=True, drop=1)], rows)
+    if st.get("stalled"):
+        say(out, f"STALLED (GPU idle, log silent): {', '.join(st['stalled'])}")
     fired = st.get("fired")
     if fired:
         say(out, f"FIRED: {fired['reason']} at {clock(fired['at'], '%H:%M:%S')}: {fired['detail']} -> {fired['action']}")

@@ -52,6 +52,10 @@ class TrainSettings(_Section):
         "auto", description="auto: mixed_float16 on GPUs of compute capability >= 7.0."
     )
     memory_growth: bool = Field(True, description="Let TensorFlow grow GPU memory instead of taking it all.")
+    budget_usd: float = Field(
+        0.0, ge=0, le=1e6, description="Stop a run gracefully once its own epochs cost this many dollars (the "
+        "payload counts them); 0 = no cap. Flag: `train --budget`. Forgotten with the run."
+    )
     tf_log_level: int = Field(
         2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
         "(oneDNN, cuInit), errors still show; 0 shows everything."
@@ -93,7 +97,8 @@ class GuardSettings(_Section):
         8.0, gt=0, le=24 * 365, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
     )
     budget_usd: float = Field(
-        0.0, ge=0, le=1e6, description="Stop a run gracefully once its epochs (payload) or the uptime (watchdog) cost this much; 0 = no cap."
+        0.0, ge=0, le=1e6, description="The cluster's uptime budget: once the instance's uptime costs this much, the "
+        "watchdog stops the jobs and shuts down; 0 = no cap. Flag: `guard set --budget`."
     )
     idle: str = Field("30m", description="Shut down after this long with no job, an idle GPU and no SSH session; 0 = never.")
     stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")

@@ -140,6 +140,7 @@ class RunRecord(_Frozen):
     usd_per_hour: float = 0.0
     run_dir: str
     tf_log_level: int = 2  # TF_CPP_MIN_LOG_LEVEL it ran with: what `logs` hides of TensorFlow's start-up
+    budget_usd: float = 0.0  # its own budget (its epochs' dollars; train --budget); 0 = none
 
 
 class EpochReport(_Frozen):
@@ -322,3 +323,5 @@ class GuardReport(_Frozen):
     cluster: str
     config: dict[str, Any]
     state: dict[str, Any]
+    # Budgets of the cluster's live runs (train --budget), beside the cluster's uptime budget.
+    run_budgets: dict[str, float] = {}

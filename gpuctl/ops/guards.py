@@ -13,8 +13,9 @@ from gpuctl.ops.session import Session
 from gpuctl.provision import Provider
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
+from gpuctl.retry import TimedOut, poll
 from gpuctl.settings import LoadedSettings
-from gpuctl.types import ClusterRecord, GuardReport, InstanceRecord
+from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, GuardReport, InstanceRecord
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
@@ -43,17 +44,31 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         "hard_cap_at": ("guards.max_hours", inst.launched_at + _cap_hours(loaded, cluster) * 3600
                         if provider.boot_hard_cap else None),
     }
-    cfg = dict(existing)
+    # What the host has counts only if this very cluster wrote it: a host used before by another
+    # cluster must not lend it its limits (issue 10: a 10 s idle guard carried over and fired at once).
+    ours = dict(existing) if existing.get("cluster_id") == cluster.id else {}
+    cfg = dict(ours)
     for key, (setting, value) in fresh.items():
         if key not in cfg or loaded.sources.get(setting, "default") != "default":
             cfg[key] = value
     if down_after_run is not None:
         cfg["down_after_run"] = down_after_run
-    if cfg.get("down_after_run") and (down_after_run or not existing.get("down_after_run")):
-        cfg["down_after_run_since"] = time.time()
+    if cfg.get("down_after_run") and (down_after_run or not ours.get("down_after_run")):
+        # The watchdog compares this with file times on the instance: the instance's clock, not ours.
+        cfg["down_after_run_since"] = instance_now(host)
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
-               usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name)
+               usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name,
+               cluster_id=cluster.id)
     return cfg
+
+
+def instance_now(host: Host) -> float:
+    """The instance's clock (a laptop's may be minutes off it)."""
+    res = host.run(["date", "+%s"], check=False)
+    try:
+        return float(res.stdout.strip())
+    except ValueError:
+        return time.time()
 
 
 def _cap_hours(loaded: LoadedSettings, cluster: ClusterRecord) -> float:
@@ -63,19 +78,49 @@ def _cap_hours(loaded: LoadedSettings, cluster: ClusterRecord) -> float:
     return cluster.spec.max_hours
 
 
+FIRST_TICK_WAIT_S = 20.0  # the watchdog looks once as soon as it starts
+
+
 def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None) -> str:
-    """Push the watchdog and (re)start it with the settings' limits; how it runs there."""
-    inst, host = s.host(cluster)
-    host.push(PAYLOAD_DIR, payload_dir(host))
-    cfg = _config(loaded, s.provider(cluster.spec), cluster, inst, host, guard.read_config(host), down_after_run)
-    return guard.install(host, cfg, host.python, payload_dir(host))
+    """Push the watchdog to every instance of the cluster and (re)start it with the settings'
+    limits; a watchdog that was not running must show its first look, or this fails loudly."""
+    provider = s.provider(cluster.spec)
+    how = []
+    for inst, host in s.hosts(cluster):
+        host.push(PAYLOAD_DIR, payload_dir(host))
+        fresh = not guard.state(host)
+        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run)
+        how.append(guard.install(host, cfg, host.python, payload_dir(host)))
+        if fresh:
+            _first_tick(host)
+    return how[0] + (f" (on each of {len(how)} instances)" if len(how) > 1 else "")
+
+
+def _first_tick(host: Host) -> None:
+    def looked() -> bool | None:
+        return True if guard.state(host).get("at") else None
+
+    try:
+        poll(looked, FIRST_TICK_WAIT_S, first_delay_s=0.25, max_delay_s=2.0)
+    except TimedOut:
+        out = guard.output_tail(host)
+        raise RemoteError(f"the watchdog on {host.label} did not start: no first look within {FIRST_TICK_WAIT_S:.0f}s"
+                          + (f" ({out})" if out else ""),
+                          "Nothing guards this instance's spend yet (the boot-time hard cap still does on aws). "
+                          "Check `remote.python` and `gpuctl logs --guard`; `gpuctl down -y` releases it.") from None
 
 
 def show(s: Session, cluster: str | None = None) -> GuardReport:
     """Each guard's limit and what the watchdog last saw."""
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
-    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host))
+    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host),
+                       run_budgets=_run_budgets(s, record))
+
+
+def _run_budgets(s: Session, cluster: ClusterRecord) -> dict[str, float]:
+    return {r.run_id: r.budget_usd for r in s.ledger.runs(cluster.id)
+            if r.budget_usd and r.state not in FINAL_RUN_STATES}
 
 
 def apply(s: Session, cluster: str | None = None) -> GuardReport:
@@ -102,7 +147,7 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
     guard.write_config(host, cfg)
     s.ledger.event("guard", "set " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.sources.items())
                                               if k.startswith("guards.")), cluster=record)
-    return GuardReport(cluster=record.name, config=cfg, state=guard.state(host))
+    return GuardReport(cluster=record.name, config=cfg, state=guard.state(host), run_budgets=_run_budgets(s, record))
 
 
 def decisions(s: Session, cluster: str | None = None) -> str:

@@ -11,13 +11,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuctl.errors import ConfigError, ProjectError, RemoteError
+from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
 from gpuctl.ops import guards
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import Host
+from gpuctl.settings import LoadedSettings
 from gpuctl.types import (
+    ClusterRecord,
     ExecResult,
     PullResult,
     RunRecord,
@@ -85,7 +87,16 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
                            f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
                            "gpuctl.toml (or pass --entry).")
     data = _data_dir(data)
-    record = s.resolve_cluster(cluster)
+    with s.cluster_lock(s.resolve_cluster(cluster)) as record:
+        if record.state != "up":  # a `down` released it while this command waited
+            raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
+                                "Start one with `gpuctl up`, then train again.")
+        return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run)
+
+
+def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRecord, entry: str, args: tuple[str, ...],
+           data: Path | None, allow_cpu: bool, progress: Progress, down_after_run: bool | None) -> TrainResult:
+    settings = loaded.settings
     inst, host = s.host(record)
 
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -105,9 +116,10 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
                               "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
-                    run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level)
+                    run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
+                    budget_usd=settings.train.budget_usd)
     config = {
-        "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.guards.budget_usd,
+        "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.train.budget_usd,
         "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
         "report_path": paths.epochs,
     }

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from gpuctl.errors import (
     ConfigError,
@@ -143,6 +144,22 @@ class Session:
             return None
         return cluster if cluster.state == "up" else None
 
+
+    @contextmanager
+    def cluster_lock(self, cluster: ClusterRecord) -> Iterator[ClusterRecord]:
+        """Serialize the commands that conflict on one cluster (`train` starting a job, `down`
+        releasing it), across processes. Yields the cluster as the ledger has it once the lock is
+        held: a `train` that waited for a `down` finds the cluster down and must not start."""
+        import fcntl
+
+        locks = self.home / "locks"
+        locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(locks / f"cluster-{cluster.id}.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield self.ledger.cluster(cluster.id)
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def run_on_live_cluster(self, run_id: str | None) -> tuple[RunRecord, ClusterRecord]:
         """The run and its cluster, which must still be up (for pull, attach)."""

@@ -92,8 +92,16 @@ def uninstall(host: Any) -> None:
               " | crontab - ; "
               f"tmux -L {shlex.quote(host.tmux_socket)} kill-session -t ={SESSION} 2>/dev/null; "
               "if [ -f /etc/systemd/system/gpuctl-watchdog.service ]; then "
-              "S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now gpuctl-watchdog.service; fi; true"],
+              "S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now gpuctl-watchdog.service; fi; "
+              # Its limits and what it saw go too: the next cluster on this host starts clean.
+              f"rm -f {shlex.quote(config_path(host))} {shlex.quote(posixpath.join(guard_dir(host), 'state.json'))}; true"],
              check=False)
+
+
+def output_tail(host: Any, lines: int = 3) -> str:
+    """The last lines the watchdog printed (its errors, when it cannot start)."""
+    data = host.read_bytes(posixpath.join(guard_dir(host), "watchdog.out")) or b""
+    return " / ".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
 
 
 def state(host: Any) -> dict[str, Any]:

@@ -199,7 +199,7 @@ def test_up_refuses_a_name_in_use_and_bad_values(gpuctl, monkeypatch):
 
 def test_negative_budget_flag(gpuctl, quick_project):
     gpuctl("up")
-    assert_one_line_error(gpuctl("train", quick_project, "--budget", "-3", code=3), 3, "guards.budget_usd = -3.0")
+    assert_one_line_error(gpuctl("train", quick_project, "--budget", "-3", code=3), 3, "train.budget_usd = -3.0")
     assert ledger_snapshot(gpuctl)[1] == []
 
 

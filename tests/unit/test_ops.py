@@ -156,3 +156,36 @@ def test_a_cloud_that_cannot_be_asked_leaves_the_ledgers_view(fake, tmp_path):
     fake["unreachable"] = CloudError("could not connect to the endpoint URL")
     assert costs.status(s).clusters[0].state == "up"
     assert s.ledger.cluster(c.id).state == "up"
+
+
+def test_down_waits_for_a_starting_train_and_a_waiting_train_finds_the_cluster_down(fake, tmp_path):
+    import threading
+
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    holder = session(tmp_path)
+    done = threading.Event()
+    with holder.cluster_lock(c):  # a train in the middle of starting its job
+        t = threading.Thread(target=lambda: (clusters.down(session(tmp_path), "default"), done.set()))
+        t.start()
+        assert not done.wait(0.5)  # down waits for the start to finish
+    t.join(10)
+    assert done.is_set()
+    with holder.cluster_lock(c) as now:
+        assert now.state == "down"  # so a train that waited must not start
+
+
+def test_down_after_run_is_timed_by_the_instances_clock(fake, tmp_path):
+    from gpuctl.ops import guards
+    from gpuctl.types import CommandResult
+
+    s = session(tmp_path, GPUCTL_GUARDS__DOWN_AFTER_RUN="true")
+    c = clusters.up(s).cluster
+    inst, host = s.host(c)
+    host.answers["date"] = CommandResult(argv=("date",), returncode=0, stdout="1234567.0\n", stderr="")
+    cfg = guards._config(s.settings(), s.provider(c.spec), c, inst, host, {})
+    assert cfg["down_after_run_since"] == 1234567.0 and cfg["cluster_id"] == c.id
+    # A config written by another cluster on the same host lends this one nothing.
+    foreign = {"cluster_id": c.id + 1, "idle_s": 10, "on_fire": "stop-jobs"}
+    cfg = guards._config(s.settings(), s.provider(c.spec), c, inst, host, foreign)
+    assert cfg["idle_s"] == 1800 and cfg["on_fire"] == "poweroff"
