@@ -1,7 +1,8 @@
 """Real OpenSSH test hosts: one network namespace per host, each with its own IP (10.251.X.Y, a
-veth pair to this machine), its own tmux socket directory (/tmp/tmux-0, so its own tmux) and its
-own /srv (gpuctl's work dir in these tests, a small tmpfs so "disk full" is real), running
-/usr/sbin/sshd in the foreground.
+veth pair to this machine), its own tmux socket directory (/tmp/tmux-0, so its own tmux), its
+own /srv (gpuctl's work dir in these tests, a small tmpfs so "disk full" is real) and its own
+/run with a real /run/utmp (so tmux panes and pty logins are recorded as on Ubuntu), running
+/usr/sbin/sshd in the foreground. Login holds an interactive pty login to a host open.
 Traffic stays inside namespaces the tests create. Needs root (as CI and this workplace run).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -20,6 +22,17 @@ SUBNET = "10.251."
 # which this machine's routing table rejects outright (nothing leaves for the default gateway).
 BEHIND_SUBNET = "10.252."
 WORKDIR = "/srv/gpuctl"
+
+
+# Each host's own /run, as on an Ubuntu instance: /run/sshd (sshd's privilege separation
+# directory) and a real /run/utmp (root:utmp 0664), so sshd records every pty login there and
+# tmux, linked with libutempter as Debian and Ubuntu ship it, records every pane. This machine's
+# own /run has no utmp, and nothing written here leaves the host's mount namespace. /var/log is
+# private too: sshd appends each login to /var/log/wtmp and lastlog.
+RUN_AS_UBUNTU = (
+    "mount -t tmpfs -o mode=755,size=16m tmpfs /run && mount -t tmpfs -o mode=755,size=16m tmpfs /var/log && "
+    "mkdir -m 755 /run/sshd && : > /run/utmp && chmod 664 /run/utmp && { chgrp utmp /run/utmp 2>/dev/null || true; }"
+)
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -108,14 +121,13 @@ class TestHost:
             "UsePAM no", "StrictModes no", "AllowTcpForwarding yes", "X11Forwarding no", "PrintMotd no",
             "Subsystem sftp internal-sftp", "LogLevel VERBOSE", *self.extra_config,
         ]) + "\n")
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         hide = "".join(f"mount --bind /dev/null {p} && " for p in self.hidden)
         # Only tmux's socket directory is private, not all of /tmp: the repository (and its .venv,
         # the Python the jobs run with) may itself live under /tmp, as in CI's clone.
         Path("/tmp/tmux-0").mkdir(mode=0o700, exist_ok=True)
         inner = (
             f"mount -t tmpfs -o mode=700 tmpfs /tmp/tmux-0 && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
-            f"{hide}exec /usr/sbin/sshd -D -e -f {cfg}"
+            f"{RUN_AS_UBUNTU} && {hide}exec /usr/sbin/sshd -D -e -f {cfg}"
         )
         log = open(self.base / "sshd.log", "ab")
         self.proc = subprocess.Popen(
@@ -151,7 +163,8 @@ class TestHost:
         self.proc = None
 
     def restart(self, srv_size: str | None = None, hidden: tuple[str, ...] = ()) -> None:
-        """A fresh host: new /tmp and /srv (so no tmux server, no files), same IP and host key."""
+        """A fresh host: new /tmp, /srv and /run (so no tmux server, no files, an empty utmp), same IP
+        and host key."""
         self.stop()
         self.srv_size = srv_size or "256m"
         self.hidden = hidden
@@ -171,6 +184,17 @@ class TestHost:
             target = pid
             break
         return _run("nsenter", "-t", str(target), "-m", "-n", "sh", "-c", command, check=False)
+
+    def who(self) -> list[str]:
+        """The host's utmp as `who -u` shows it: one line per login and per tmux pane."""
+        return [line for line in self.run("who -u").stdout.splitlines() if line.strip()]
+
+    def ssh_argv(self, key: Path, known_hosts: Path) -> list[str]:
+        """Plain OpenSSH asking for a pty login here (`-tt`: a terminal even when this side has
+        none), with the lab's key and gpuctl's known_hosts, the host key checked strictly."""
+        return ["ssh", "-tt", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes",
+                "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", self.address]
 
     def pids(self, pattern: bytes) -> list[int]:
         """Processes in this host's namespace whose command line matches `pattern` (a regex)."""
@@ -193,6 +217,82 @@ class TestHost:
         if self.behind:
             _run("ip", "route", "del", "unreachable", self._rejected_net, check=False)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+class Login:
+    """An interactive SSH login held open, as a person at a terminal holds one: `argv` (`gpuctl
+    ssh`, or TestHost.ssh_argv) runs on a pseudo-terminal of its own here, so ssh asks sshd for a
+    pty and sshd records the login in the host's utmp. type() sends keystrokes; what the terminal
+    shows is collected in `output`. Use as a context manager: the login ends on leaving."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
+        import threading
+
+        self.master, slave = os.openpty()
+        # ssh needs only a terminal on stdin to ask sshd for a pty (`ssh -t`); a session of its own
+        # keeps the test's signals (Ctrl-C) away from it.
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
+        os.close(slave)
+        self.output = bytearray()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the client closed the terminal
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    @property
+    def text(self) -> str:
+        return self.output.decode("utf-8", "replace")
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def wait_for(self, needle: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
+                raise AssertionError(f"{needle!r} not seen on the login's terminal; it shows:\n{self.text[-2000:]}")
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def pause(self) -> None:
+        """The laptop goes to sleep: the client stops, its TCP connection stays open, sshd sees nothing."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def close(self, timeout: float = 10) -> int:
+        """Log out (`exit`); the client is killed if it does not end in `timeout`."""
+        if self.alive():
+            self.resume()
+            self.type("exit\n")
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self._reader.join(timeout)
+        try:
+            os.close(self.master)
+        except OSError:
+            pass
+        return self.proc.returncode
+
+    def __enter__(self) -> Login:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def cleanup_stale() -> None:

@@ -1,8 +1,11 @@
 """Jobs under tmux: one detached session per run, named after the run, on gpuctl's own tmux server.
 
-The job's output goes to a log file and its exit code to a file written when it ends; the code
-never trusts tmux's pane status (a pane can die with the server). Run state is derived from two
-facts: does the exit-code file exist, and does the session still exist.
+The job's output goes to a log file and its exit code to a file written when it ends. Run state
+is derived from the exit-code file and the job's pane: remain-on-exit keeps a dead pane (and its
+session) after the job ends, so a session that exists proves nothing; a dead pane means the job is
+over. Only when its script could not write the file (killed by a signal it cannot trap) does tmux's
+pane status stand in for the code, recorded once on the instance (a pane can die with the server,
+so that status is never the first source).
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
         "#!/usr/bin/env bash",
         "# Written by gpuctl: runs one job, tees its output to the log, records its exit code.",
         # A trap (not an ignore, which children would inherit) lets the job be stopped with
-        # SIGTERM while this script lives on to record the job's exit code.
-        "trap 'true' TERM HUP",
+        # SIGTERM, or Ctrl-C in `gpuctl attach` (SIGINT to the pane's process group), while this
+        # script lives on to record the job's exit code (130 for a job ended by Ctrl-C).
+        "trap 'true' TERM HUP INT",
         # The end time is written before the exit code: once the code exists, so does the time.
         # GNU date gives nanoseconds; BusyBox and BSD date print a literal N: seconds do there.
         "now() { t=$(date +%s.%N); case $t in *N*) date +%s ;; *) echo \"$t\" ;; esac; }",
@@ -78,8 +82,9 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
     ]
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
     lines += [
-        # tee ignores TERM: a job stopped gracefully can still print while it checkpoints.
-        f"{shlex.join(command)} 2>&1 | (trap '' TERM; exec tee -a {q(paths.log)})",
+        # tee ignores TERM and INT: a job stopped gracefully (or by Ctrl-C) can still print while
+        # it checkpoints or shows its traceback; tee ends when the job closes the pipe.
+        f"{shlex.join(command)} 2>&1 | (trap '' TERM INT; exec tee -a {q(paths.log)})",
         "finish \"${PIPESTATUS[0]}\"",
     ]
     return "\n".join(lines) + "\n"
@@ -101,6 +106,51 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
 
 def session_alive(host: Host, session: str) -> bool:
     return host.run(_tmux(host, "has-session", "-t", "=" + session), check=False).returncode == 0
+
+
+@dataclass(frozen=True)
+class Pane:
+    pid: str
+    dead: bool
+    status: str  # exit status of a dead pane's process, "" if unknown or killed by a signal
+    signal: str  # the signal that killed it (tmux 3.3+), else ""
+    time: str  # when it died, epoch seconds by the instance's clock (tmux 3.3+), else ""
+
+
+def pane(host: Host, session: str) -> Pane | None:
+    """The job's pane; None when its session is gone."""
+    res = host.run(_tmux(host, "list-panes", "-t", f"={session}:", "-F",
+                         "#{pane_pid}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_dead_time}"),
+                   check=False)
+    if res.returncode != 0 or not res.stdout.strip():
+        return None
+    pid, dead, status, signal, at = (res.stdout.strip().splitlines()[0].split("|") + [""] * 4)[:5]
+    return Pane(pid, dead == "1", status, signal, at)
+
+
+def tmux_exit_code(p: Pane) -> int | None:
+    """A dead pane's exit code as tmux saw it (128 + N for signal N, as bash reports it)."""
+    if p.status.isdigit():
+        return int(p.status)
+    if p.signal.isdigit():
+        return 128 + int(p.signal)
+    return None  # tmux before 3.3 keeps no signal
+
+
+def record_exit_from_pane(host: Host, paths: JobPaths, p: Pane) -> int | None:
+    """For a dead pane whose script wrote no exit code: write tmux's code (and the end time) on
+    the instance, once, so every reader (this client, the watchdog, a later `status`) agrees.
+    None when tmux does not know it either; the run is over all the same."""
+    code = tmux_exit_code(p)
+    if code is None:
+        return None
+    q = shlex.quote
+    tmp = paths.exitcode + ".pane.tmp"
+    when = q(p.time) if p.time.isdigit() else "$(date +%s)"  # the instance's clock, like the script's
+    script = (f"[ -e {q(paths.exitcode)} ] && exit 0; [ -e {q(paths.ended)} ] || echo {when} > {q(paths.ended)}; "
+              f"echo {code} > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}")
+    host.run(["sh", "-c", script], check=False)
+    return read_exit_code(host, paths)
 
 
 def read_exit_code(host: Host, paths: JobPaths) -> int | None:
@@ -127,12 +177,17 @@ def duration(host: Host, paths: JobPaths) -> float | None:
 
 
 def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:
-    """('running' | 'succeeded' | 'failed' | 'lost', exit code or None)."""
-    alive = session_alive(host, session)  # checked first: a job ending now has written its code
+    """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
+    nobody knows is 'failed' with None: over, not running."""
+    p = pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
     code = read_exit_code(host, paths)
+    if code is None and p is not None and p.dead:
+        code = record_exit_from_pane(host, paths, p)
+        if code is None:
+            return "failed", None
     if code is not None:
         return ("succeeded" if code == 0 else "failed"), code
-    return ("running" if alive else "lost"), None
+    return ("running" if p is not None else "lost"), None
 
 
 def capture_pane(host: Host, session: str) -> str:
@@ -144,17 +199,20 @@ def capture_pane(host: Host, session: str) -> str:
 
 def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = 10.0) -> int | None:
     """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
-    res = host.run(_tmux(host, "list-panes", "-t", f"={session}:", "-F", "#{pane_pid} #{pane_dead}"), check=False)
-    if res.returncode == 0:
-        pid, _, dead = res.stdout.strip().partition(" ")
-        if pid and dead.strip() != "1":
+    p = pane(host, session)
+    if p is not None:
+        if p.pid and not p.dead:
             # tmux starts each pane as a session leader: its pid is the job's process group.
-            host.run(["kill", "-TERM", "--", "-" + pid], check=False)
+            host.run(["kill", "-TERM", "--", "-" + p.pid], check=False)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and read_exit_code(host, paths) is None:
                 time.sleep(0.2)
             if read_exit_code(host, paths) is None:
-                host.run(["kill", "-KILL", "--", "-" + pid], check=False)
+                host.run(["kill", "-KILL", "--", "-" + p.pid], check=False)
+                time.sleep(0.2)  # for tmux to see the pane die
+                p = pane(host, session)
+        if p is not None and p.dead and read_exit_code(host, paths) is None:
+            record_exit_from_pane(host, paths, p)  # before the session, and tmux's word, are gone
         host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
     return read_exit_code(host, paths)
 

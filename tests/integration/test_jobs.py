@@ -66,6 +66,47 @@ def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_pa
     assert jobs.job_state(host, "s", paths)[0] == "failed"
 
 
+def wait_log(host, paths, needle, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in (host.read_bytes(paths.log) or b"").decode():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} never reached the log")
+
+
+def test_ctrl_c_in_the_pane_ends_the_job_with_130(host, tmp_path):
+    """Ctrl-C in `gpuctl attach` is SIGINT to the pane's whole process group: the script records
+    the code (it traps INT), tee outlives it (the traceback reaches the log), and the run is over.
+    Before: the script died with the job, the dead pane was kept, and the run was "running" forever."""
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "c"))
+    jobs.start_job(host, "c", host.root, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                   {}, paths)
+    wait_log(host, paths, "up")
+    host.run(["tmux", "-L", host.tmux_socket, "send-keys", "-t", "=c:", "C-c"])
+    assert wait_final(host, "c", paths, timeout=10) == ("failed", 130)
+    assert host.read_bytes(paths.exitcode) == b"130\n"  # written by the script itself
+    assert "KeyboardInterrupt" in host.read_bytes(paths.log).decode()
+    assert jobs.duration(host, paths) is not None
+
+
+@pytest.mark.parametrize("signal, code", [("KILL", 137), ("QUIT", 131)])
+def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path, signal, code):
+    """The script itself killed (SIGKILL to the group, or Ctrl-\\): nothing wrote the exit code.
+    The dead pane ends the run, and tmux's status is recorded once, as the fallback."""
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "k"))
+    jobs.start_job(host, "k", host.root, ["bash", "-c", "echo up; sleep 300"], {}, paths)
+    wait_log(host, paths, "up")
+    p = jobs.pane(host, "k")
+    assert p is not None and not p.dead
+    host.run(["kill", f"-{signal}", "--", f"-{p.pid}"])
+    assert wait_final(host, "k", paths, timeout=10) == ("failed", code)
+    assert host.read_bytes(paths.exitcode) == f"{code}\n".encode()  # recorded for every reader
+    assert jobs.duration(host, paths) is not None  # and its end, by the instance's clock
+    assert jobs.stop_job(host, "k", paths) == code  # stopping an ended job changes nothing
+    assert not jobs.session_alive(host, "k")
+
+
 NASTY = ["sp ace", "quo'te", 'dq"x', "$(touch pwned1)", "`touch pwned2`", "; touch pwned3", "ünï©ødé", "*"]
 
 
