@@ -124,7 +124,7 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
     action = cfg.get("poweroff_command") if cfg.get("on_fire") == "poweroff" else "gpuctl jobs only"
     say(out, f"Cluster {report.cluster!r}: on fire -> {cfg.get('on_fire', '?')} ({action})")
     guards = [
-        ("idle", cfg.get("idle_s"), "no job, idle GPU, no SSH session"),
+        ("idle", cfg.get("idle_s"), "no job, idle GPU, no interactive SSH login"),
         ("stall", cfg.get("stall_s"), f"job hung -> {cfg.get('on_stall', 'warn')}"),
         ("budget", cfg.get("budget_usd"), f"the cluster's uptime: {usd(st.get('spent_usd', 0))} so far"),
         ("run-done", cfg.get("grace_s") if cfg.get("down_after_run") else 0, "after the run (train --down)"),
@@ -142,6 +142,14 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
     for run_id, budget in sorted(report.run_budgets.items()):
         rows.append(("run budget", usd(budget), "", f"{run_id}'s own epochs (train --budget)"))
     table(out, [Col("guard"), Col("limit"), Col("fires"), Col("what", wrap=True, drop=1)], rows)
+    logins = st.get("logins") or {}
+    if logins.get("counted") or logins.get("ignored"):
+        held = ", ".join(f"{e.get('user')}@{e.get('line')} from {e.get('host') or '?'}" for e in logins.get("counted", []))
+        why: dict[str, int] = {}
+        for e in logins.get("ignored", []):
+            why[e.get("why", "?")] = why.get(e.get("why", "?"), 0) + 1
+        skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(why.items()))
+        say(out, f"logins: {held or 'none counted'}" + (f" (not counted: {skipped})" if skipped else ""))
     if st.get("stalled"):
         say(out, f"STALLED (GPU idle, log silent): {', '.join(st['stalled'])}")
     fired = st.get("fired")

@@ -369,3 +369,11 @@ def test_clusters_sharing_a_name_stay_apart_at_80_columns():
                              usd_per_hour=rate, usd=rate / 60 * i) for i, rate in ((1, 36.0), (2, 3600.0)))
     text = draw(render_cost.cost, 80, CostReport(clusters=rows, runs=(), total_usd=sum(r.usd for r in rows)), False)
     assert_whole(text, 80, ids=["default#1", "default#2"], money=[usd(0.6), usd(120.0)])
+
+
+def test_guard_show_says_which_logins_hold_the_idle_guard_off():
+    state = {"logins": {"utmp": "/run/utmp", "counted": [{"user": "root", "line": "pts/0", "host": "10.0.0.1"}],
+                        "ignored": [{"why": "tmux pane"}, {"why": "tmux pane"}, {"why": "process gone"}]}}
+    report = GuardReport(cluster="c", config={"idle_s": 1800, "on_fire": "stop-jobs"}, state=state)
+    text = draw(render_commands.guard, 80, report)
+    assert "logins: root@pts/0 from 10.0.0.1 (not counted: 1 process gone, 2 tmux pane)" in text
