@@ -88,17 +88,22 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     how = []
     for inst, host in s.hosts(cluster):
         host.push(PAYLOAD_DIR, payload_dir(host))
-        fresh = not guard.state(host)
+        before = guard.state(host)
         cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run)
         how.append(guard.install(host, cfg, host.python, payload_dir(host)))
-        if fresh:
-            _first_tick(host)
+        if not _alive(host, before.get("pid")):  # a watchdog that runs reads the new config on its next look
+            _first_tick(host, before.get("at"))
     return how[0] + (f" (on each of {len(how)} instances)" if len(how) > 1 else "")
 
 
-def _first_tick(host: Host) -> None:
+def _alive(host: Host, pid: Any) -> bool:
+    return isinstance(pid, int) and host.run(["kill", "-0", str(pid)], check=False).returncode == 0
+
+
+def _first_tick(host: Host, previous_at: Any) -> None:
     def looked() -> bool | None:
-        return True if guard.state(host).get("at") else None
+        at = guard.state(host).get("at")
+        return True if at and at != previous_at else None
 
     try:
         poll(looked, FIRST_TICK_WAIT_S, first_delay_s=0.25, max_delay_s=2.0)

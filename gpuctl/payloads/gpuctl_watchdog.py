@@ -123,13 +123,33 @@ def summarize(ignored):
     return ", ".join("%d %s" % (n, why) for why, n in sorted(counts.items()))
 
 
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def inherited_idle_since(previous, cfg, boot):
+    """The idle start an earlier watchdog recorded, if it may count: written in this boot, for this
+    cluster, and never before this cluster started (a host used by an earlier cluster, or a state
+    file from before a reboot, must not make a new cluster look idle for ages: issue 10)."""
+    since = previous.get("idle_since")
+    if since is None or previous.get("boot_id") != boot or previous.get("cluster_id") != cfg.get("cluster_id"):
+        return None
+    return max(float(since), float(cfg.get("started_at", 0)))
+
+
 class Watchdog(object):
     def __init__(self, config_path):
         self.config_path = config_path
         self.guard_dir = os.path.dirname(os.path.abspath(config_path))
-        state = read_json(os.path.join(self.guard_dir, "state.json"), {}) or {}
-        # A revived watchdog keeps counting idle time from where the last one left off.
-        self.idle_since = state.get("idle_since")
+        # A revived watchdog keeps counting idle time from where the last one left off, but only
+        # if that one watched this cluster in this boot (checked on the first tick, with the config).
+        self.previous = read_json(os.path.join(self.guard_dir, "state.json"), {}) or {}
+        self.idle_since = None
+        self.boot_id = boot_id()
         self.warned = set()
 
     # --- what is there ---------------------------------------------------------------------------
@@ -299,7 +319,7 @@ class Watchdog(object):
         state = {"at": now, "jobs": [r[0] for r in running], "gpu_util": gpu, "ssh_sessions": sessions,
                  "logins": {"utmp": utmp, "counted": counted, "ignored": ignored},
                  "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
-                 "fired": fired, "pid": os.getpid()}
+                 "fired": fired, "pid": os.getpid(), "boot_id": self.boot_id, "cluster_id": cfg.get("cluster_id")}
 
         reason = detail = None
         # budget: the uptime's cost, whatever the jobs do
@@ -339,6 +359,9 @@ class Watchdog(object):
         # input on any login. A login keeps the instance busy until its terminal has been quiet for
         # `idle_s`; once it is gone (or quiet), its last input still counts, so idle fires `idle_s`
         # after the user's last keystroke, not `idle_s` after the guard noticed.
+        if self.previous is not None:
+            self.idle_since = inherited_idle_since(self.previous, cfg, self.boot_id)
+            self.previous = None
         if not running and gpu_idle:
             if self.idle_since is None:
                 self.idle_since = now

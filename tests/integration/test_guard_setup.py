@@ -88,3 +88,22 @@ def test_a_train_racing_a_down_leaves_no_invisible_job(gpuctl, make_project, iso
         assert runs == []
     time.sleep(1)
     assert subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True).returncode == 1
+
+
+def test_idle_time_left_on_a_host_by_an_earlier_cluster_never_counts(gpuctl, ssh, monkeypatch):
+    """A new `up` on a host used before fired at once: the watchdog restored `idle_since` from an
+    old state.json. Here the old file says this boot, and even the same cluster id (a fresh gpuctl
+    home numbers its clusters from 1 again): idle still counts from this cluster's start only."""
+    host = ssh.hosts[0]
+    boot = host.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    old = {"idle_since": time.time() - 1000, "boot_id": boot, "cluster_id": 1, "at": time.time() - 900}
+    host.run(f"mkdir -p /srv/gpuctl/guard && echo '{json.dumps(old)}' > /srv/gpuctl/guard/state.json")
+    for key, value in {"CHECK_INTERVAL": "1s", "IDLE": "8s", "ON_FIRE": "poweroff",
+                       "POWEROFF_COMMAND": f"date +%s >> {MARK}"}.items():
+        monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
+    t0 = time.time()
+    up_ssh(gpuctl, ssh)
+    time.sleep(3)
+    assert fired(host) is None and marks(host) == []  # the old file would have fired on the first look
+    state = json.loads(gpuctl("guard", "show", "--json").stdout)["state"]
+    assert state["idle_since"] >= t0 - 2 and state["boot_id"] == boot
