@@ -26,7 +26,8 @@ def payload_dir(host: Host) -> str:
 
 
 def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
-            existing: dict[str, Any], down_after_run: bool | None = None) -> dict[str, Any]:
+            existing: dict[str, Any], down_after_run: bool | None = None, armed_at: float | None = None
+            ) -> dict[str, Any]:
     """The watchdog's config from the settings; values the user never set keep what the host has
     (so a `guard set` survives the next `train`)."""
     g = loaded.settings.guards
@@ -46,7 +47,7 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
     }
     # What the host has counts only if this very cluster wrote it: a host used before by another
     # cluster must not lend it its limits (issue 10: a 10 s idle guard carried over and fired at once).
-    ours = dict(existing) if existing.get("cluster_id") == cluster.id else {}
+    ours = dict(existing) if existing.get("cluster_key") == cluster_key(cluster) else {}
     cfg = dict(ours)
     for key, (setting, value) in fresh.items():
         if key not in cfg or loaded.sources.get(setting, "default") != "default":
@@ -55,11 +56,17 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         cfg["down_after_run"] = down_after_run
     if cfg.get("down_after_run") and (down_after_run or not ours.get("down_after_run")):
         # The watchdog compares this with file times on the instance: the instance's clock, not ours.
-        cfg["down_after_run_since"] = instance_now(host)
+        cfg["down_after_run_since"] = armed_at if armed_at is not None else instance_now(host)
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
                usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name,
-               cluster_id=cluster.id)
+               cluster_key=cluster_key(cluster))
     return cfg
+
+
+def cluster_key(cluster: ClusterRecord) -> str:
+    """Names this `up` on the instance: the ledger's id alone is not enough (every gpuctl home
+    numbers its clusters from 1), the launch token is random per `up`."""
+    return f"{cluster.id}-{cluster.spec.launch_token}"
 
 
 def instance_now(host: Host) -> float:
@@ -78,10 +85,13 @@ def _cap_hours(loaded: LoadedSettings, cluster: ClusterRecord) -> float:
     return cluster.spec.max_hours
 
 
-FIRST_TICK_WAIT_S = 20.0  # the watchdog looks once as soon as it starts
+# The watchdog looks once as soon as it starts; that look may wait up to 30 s for nvidia-smi on a
+# freshly booted instance with several GPUs.
+FIRST_TICK_WAIT_S = 45.0
 
 
-def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None) -> str:
+def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_after_run: bool | None = None,
+            armed_at: float | None = None) -> str:
     """Push the watchdog to every instance of the cluster and (re)start it with the settings'
     limits; a watchdog that was not running must show its first look, or this fails loudly."""
     provider = s.provider(cluster.spec)
@@ -89,7 +99,7 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     for inst, host in s.hosts(cluster):
         host.push(PAYLOAD_DIR, payload_dir(host))
         before = guard.state(host)
-        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run)
+        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at)
         how.append(guard.install(host, cfg, host.python, payload_dir(host)))
         if not _alive(host, before.get("pid")):  # a watchdog that runs reads the new config on its next look
             _first_tick(host, before.get("at"))

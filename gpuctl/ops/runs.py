@@ -132,6 +132,10 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
            "TF_CPP_MIN_LOG_LEVEL": str(settings.train.tf_log_level)}
     if data_dir:
         env["GPUCTL_DATA_DIR"] = data_dir
+    # train --down counts runs that end after this moment (the instance's clock): taken before the
+    # job starts, so a script that fails at once still ends the spend after the grace.
+    down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
+    armed_at = guards.instance_now(host) if down_after else None
     try:
         jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args],
                        env, paths)
@@ -140,7 +144,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
         raise
     run = run.model_copy(update={"state": "running"})
     s.ledger.put_run(run)
-    progress(f"watchdog: {guards.install(s, loaded, record, down_after_run)}")
+    progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
     s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
     return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
 

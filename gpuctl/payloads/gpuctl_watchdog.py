@@ -28,10 +28,24 @@ WATCHDOG_SESSION = "gpuctl-watchdog"
 # The login records, read directly: `who` output differs between coreutils versions and locales,
 # and it hides the record's pid, which tells a live login from a stale record.
 UTMP_PATHS = ("/run/utmp", "/var/run/utmp")
-# glibc's `struct utmp` on Linux, the same 384 bytes on x86_64 and aarch64 (Ubuntu 22.04/24.04,
-# Amazon Linux 2023): type, pid, line, id, user, host, exit status, session, time (32-bit sec and
-# usec even on 64-bit), IPv6 address, reserved.
-UTMP_RECORD = struct.Struct("=h2xi32s4s32s256s2hi2i4i20s")
+# glibc's `struct utmp` on Linux: type, pid, line, id, user, host, exit status, session, time,
+# IPv6 address, reserved. On x86_64 (and 32-bit x86) glibc keeps the session and the time 32-bit
+# for compatibility (__WORDSIZE_TIME64_COMPAT32): 384 bytes. On aarch64 (Graviton: g5g) and other
+# 64-bit Linux they are 64-bit: 400 bytes. The time is field 9 in both.
+UTMP_COMPAT32 = struct.Struct("=h2xi32s4s32s256s2hi2i4i20s")
+UTMP_LP64 = struct.Struct("=h2xi32s4s32s256s2hqqq4i20s4x")
+
+
+def utmp_record(size_of_file):
+    """The record layout of this machine, checked against the file: one whose size the file is not a
+    multiple of is the wrong one."""
+    import platform
+
+    native = UTMP_COMPAT32 if platform.machine() in ("x86_64", "amd64", "i386", "i686") else UTMP_LP64
+    other = UTMP_LP64 if native is UTMP_COMPAT32 else UTMP_COMPAT32
+    if size_of_file % native.size and not size_of_file % other.size:
+        return other
+    return native
 USER_PROCESS = 7
 # The host field of a pane's record (tmux via libutempter, GNU screen, an X terminal): not an
 # address sshd would write ("::1" and other IPv6 addresses do not match).
@@ -81,9 +95,10 @@ def read_utmp():
     else:
         return None, []
     out = []
-    size = UTMP_RECORD.size
+    record = utmp_record(len(data))
+    size = record.size
     for off in range(0, len(data) - size + 1, size):
-        fields = UTMP_RECORD.unpack_from(data, off)
+        fields = record.unpack_from(data, off)
         if fields[0] != USER_PROCESS:
             continue
         text = [f.split(b"\0", 1)[0].decode("utf-8", "replace") for f in fields[2:6]]
@@ -136,7 +151,7 @@ def inherited_idle_since(previous, cfg, boot):
     cluster, and never before this cluster started (a host used by an earlier cluster, or a state
     file from before a reboot, must not make a new cluster look idle for ages: issue 10)."""
     since = previous.get("idle_since")
-    if since is None or previous.get("boot_id") != boot or previous.get("cluster_id") != cfg.get("cluster_id"):
+    if since is None or previous.get("boot_id") != boot or previous.get("cluster_key") != cfg.get("cluster_key"):
         return None
     return max(float(since), float(cfg.get("started_at", 0)))
 
@@ -319,7 +334,7 @@ class Watchdog(object):
         state = {"at": now, "jobs": [r[0] for r in running], "gpu_util": gpu, "ssh_sessions": sessions,
                  "logins": {"utmp": utmp, "counted": counted, "ignored": ignored},
                  "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
-                 "fired": fired, "pid": os.getpid(), "boot_id": self.boot_id, "cluster_id": cfg.get("cluster_id")}
+                 "fired": fired, "pid": os.getpid(), "boot_id": self.boot_id, "cluster_key": cfg.get("cluster_key")}
 
         reason = detail = None
         # budget: the uptime's cost, whatever the jobs do

@@ -182,6 +182,13 @@ def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | Non
     p = pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
     code = read_exit_code(host, paths)
     if code is None and p is not None and p.dead:
+        # tmux marks a pane dead when its terminal closes, and learns the status a moment later when
+        # it reaps the process: give it that moment before calling the code unknown.
+        for _ in range(5):
+            if tmux_exit_code(p) is not None:
+                break
+            time.sleep(0.2)
+            p = pane(host, session) or p
         code = record_exit_from_pane(host, paths, p)
         if code is None:
             return "failed", None

@@ -92,11 +92,12 @@ def test_a_train_racing_a_down_leaves_no_invisible_job(gpuctl, make_project, iso
 
 def test_idle_time_left_on_a_host_by_an_earlier_cluster_never_counts(gpuctl, ssh, monkeypatch):
     """A new `up` on a host used before fired at once: the watchdog restored `idle_since` from an
-    old state.json. Here the old file says this boot, and even the same cluster id (a fresh gpuctl
-    home numbers its clusters from 1 again): idle still counts from this cluster's start only."""
+    old state.json. Here the old file says this boot and cluster number 1 (a fresh gpuctl home
+    numbers its clusters from 1 again): idle still counts from this cluster's start only."""
     host = ssh.hosts[0]
     boot = host.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-    old = {"idle_since": time.time() - 1000, "boot_id": boot, "cluster_id": 1, "at": time.time() - 900}
+    old = {"idle_since": time.time() - 1000, "boot_id": boot, "cluster_key": "1-an-earlier-up",
+           "at": time.time() - 900}
     host.run(f"mkdir -p /srv/gpuctl/guard && echo '{json.dumps(old)}' > /srv/gpuctl/guard/state.json")
     for key, value in {"CHECK_INTERVAL": "1s", "IDLE": "8s", "ON_FIRE": "poweroff",
                        "POWEROFF_COMMAND": f"date +%s >> {MARK}"}.items():
