@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 
 from tests.integration.test_guards import MARK, fired, marks
