@@ -19,7 +19,7 @@ PAYLOADS = sorted((Path(gpuctl_report.__file__).parent).glob("gpuctl_*.py"))
 @pytest.mark.parametrize("path", PAYLOADS, ids=lambda p: p.name)
 def test_payload_parses_as_python_38_and_imports_only_stdlib_and_tf(path):
     tree = ast.parse(path.read_text(), feature_version=(3, 8))
-    allowed = set(sys.stdlib_module_names) | {"tensorflow", "keras", "tf_keras", "gpuctl_report"}
+    allowed = set(sys.stdlib_module_names) | {"tensorflow", "keras", "tf_keras", "gpuctl_report", "gpuctl_logins"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -90,3 +90,13 @@ def test_count_examples_for_arrays():
 )
 def test_mixed_precision_decision(setting, ccs, expected):
     assert gpuctl_run.want_mixed_precision(setting, ccs) is expected
+
+
+def test_utmp_layouts_match_glibc_on_both_architectures():
+    """384 bytes where glibc keeps the session and time 32-bit (x86), 400 on aarch64; a file whose
+    size only the other layout divides is read with that one."""
+    from gpuctl.payloads import gpuctl_logins as gl
+
+    assert (gl.UTMP_COMPAT32.size, gl.UTMP_LP64.size) == (384, 400)
+    assert gl.utmp_record(400 * 3) is gl.UTMP_LP64  # 1200 bytes: only 400-byte records fit
+    assert gl.utmp_record(384 * 5) is gl.UTMP_COMPAT32  # 1920 bytes: only 384-byte records fit
