@@ -151,6 +151,12 @@ def reconcile(s: Session, cluster: ClusterRecord) -> ClusterRecord:
     return cluster
 
 
+def reconcile_live(s: Session) -> None:
+    """Bring every live cluster's instances up to date with its provider (status, cost)."""
+    for c in s.ledger.clusters(include_down=False):
+        reconcile(s, c)
+
+
 def down_target(s: Session, name: str | None) -> str | None:
     """The live cluster `down [NAME]` would release (to confirm first); None when none is live."""
     if name is None and not s.ledger.clusters(include_down=False):

@@ -54,8 +54,7 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
 
 def status(s: Session) -> StatusReport:
     """Every cluster and run: state, epoch k of N, last metrics, elapsed, cost so far."""
-    for c in s.ledger.clusters(include_down=False):
-        clusters.reconcile(s, c)
+    clusters.reconcile_live(s)
     now = time.time()
     out = []
     for c in s.ledger.clusters():
@@ -92,8 +91,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
     with compare, the named runs side by side (two or more)."""
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
-    for c in s.ledger.clusters(include_down=False):
-        clusters.reconcile(s, c)
+    clusters.reconcile_live(s)
     runs = [run_state.refresh(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
     now = time.time()
     costs = tuple(_with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id) for r in runs)

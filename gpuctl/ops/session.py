@@ -8,7 +8,6 @@ so a broken settings file never stops `status`, `logs`, `cost` or `down`.
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,7 +52,7 @@ class Session:
 
     def settings(self, project_dir: Path | None = None) -> LoadedSettings:
         """The settings for this command (cached: files and flags stay put while it runs)."""
-        key = json.dumps([str(project_dir)], default=str)
+        key = str(project_dir)  # files and flags are the same for the whole command
         if key not in self._settings:
             self._settings[key] = load_settings(self.flags, project_dir=project_dir, env=self.env)
         return self._settings[key]
