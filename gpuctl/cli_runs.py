@@ -26,7 +26,8 @@ from gpuctl.errors import RunFailedError
 @click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
 @click.option("--down/--no-down", "down_after", default=None,
               help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
-@click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status.")
+@click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status (with --json: the log on "
+              "stderr, the ended run as JSON).")
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
@@ -46,8 +47,10 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
     if not wait:
         return
     for chunk in runs.logs(s, result.run.run_id, follow=True):
-        click.echo(chunk, nl=False)
+        click.echo(chunk, nl=False, err=as_json)  # with --json, stdout holds the JSON alone
     final = runs.wait(s, result.run.run_id)
+    if as_json:
+        render.emit_json(result.model_copy(update={"run": final}))
     if final.state != "succeeded":
         # The log was just streamed above, so its tail is not repeated here.
         raise RunFailedError(
@@ -123,8 +126,7 @@ def ssh_(ctx: click.Context, command: tuple[str, ...], cluster: str | None) -> N
     """
     from gpuctl.ops import access
 
-    argv, cwd = access.shell(session(ctx), cluster, list(command) or None)
-    ctx.exit(run_child(argv, cwd))
+    ctx.exit(access.shell(session(ctx), cluster, list(command) or None, run_child))
 
 
 @click.command(context_settings=CONTEXT)
@@ -137,17 +139,20 @@ def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
 
     from gpuctl.ops import access
 
-    argv, cwd = access.attach(session(ctx), run)
     if print_only:
-        click.echo(shlex.join(argv))
+        click.echo(shlex.join(access.attach_command(session(ctx), run)[0]))
         return
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        from gpuctl.errors import ConfigError
 
-        raise ConfigError("attach needs a terminal (tmux draws the run's screen there)",
-                          "Run it in a terminal, follow the output with `gpuctl logs -f`, or print the "
-                          "command with `gpuctl attach --print`.")
-    ctx.exit(run_child(argv, cwd))
+    def in_terminal(argv: list[str], cwd: str | None) -> int:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            from gpuctl.errors import ConfigError
+
+            raise ConfigError("attach needs a terminal (tmux draws the run's screen there)",
+                              "Run it in a terminal, follow the output with `gpuctl logs -f`, or print the "
+                              "command with `gpuctl attach --print`.")
+        return run_child(argv, cwd)
+
+    ctx.exit(access.attach(session(ctx), run, in_terminal))
 
 
 @click.command("ssh-config", context_settings=CONTEXT)

@@ -136,8 +136,21 @@ def ssh(ssh_lab, monkeypatch):
         if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
             h.restart()
         else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
-            h.run("tmux -L gpuctl kill-server 2>/dev/null; rm -rf /srv/gpuctl")
+            h.run(sshd.CLEAN)
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
     monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
     return ssh_lab
+
+
+MARK = "/srv/POWEROFF"  # what the test hosts' poweroff command leaves
+
+
+@pytest.fixture
+def fast_guards(ssh, monkeypatch):
+    """The ssh lab with guards checked every second, idle after 3 s, and a poweroff that only
+    leaves a mark in the host's own /srv."""
+    for key, value in {"CHECK_INTERVAL": "1s", "IDLE": "3s", "STALL": "0", "GRACE": "2s", "ON_FIRE": "poweroff",
+                       "POWEROFF_COMMAND": f"date +%s.%N >> {MARK}"}.items():
+        monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
+    return ssh

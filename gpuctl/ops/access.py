@@ -9,29 +9,43 @@ import os
 import posixpath
 import shlex
 from pathlib import Path
+from typing import Callable, Optional
 
 from gpuctl.errors import RemoteError
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
-from gpuctl.types import SshConfigResult
+from gpuctl.types import ClusterRecord, SshConfigResult
 
 TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
 
 
-def shell(s: Session, cluster: str | None, command: list[str] | None) -> tuple[list[str], str | None]:
-    """(argv, cwd) for a login shell on the cluster's first host, or for `command` there. Like
+Runner = Callable[[list[str], Optional[str]], int]  # runs argv in the foreground; its exit status
+
+
+def shell(s: Session, cluster: str | None, command: list[str] | None, runner: Runner) -> int:
+    """A login shell on the cluster's first host, or `command` there; its exit status. Like
     `ssh host cmd`, the words are joined with spaces into one shell line, so `'echo $HOME; exit 3'`
-    runs as written."""
-    _, host = s.host(s.resolve_cluster(cluster))
-    return host.interactive(" ".join(command) if command else None, tty=not command)
+    runs as written. The watchdog counts it as activity while it runs."""
+    record = s.resolve_cluster(cluster)
+    _, host = s.host(record)
+    argv, cwd = host.interactive(" ".join(command) if command else None, tty=not command)
+    with s.working(record, "ssh"):
+        return runner(argv, cwd)
 
 
-def attach(s: Session, run_id: str | None) -> tuple[list[str], str | None]:
-    """(argv, cwd) attaching to the run's live tmux session."""
+def attach_command(s: Session, run_id: str | None) -> tuple[list[str], str | None, ClusterRecord]:
+    """(argv, cwd, cluster) attaching to the run's live tmux session."""
     run, cluster = s.run_on_live_cluster(run_id)
     _, host = s.host(cluster)
     tmux = ["tmux", "-L", host.tmux_socket, "attach-session", "-t", f"={run.run_id}"]
-    return host.interactive(shlex.join(tmux), tty=True)
+    return (*host.interactive(shlex.join(tmux), tty=True), cluster)
+
+
+def attach(s: Session, run_id: str | None, runner: Runner) -> int:
+    """Attach to the run's tmux session until the user detaches; the exit status."""
+    argv, cwd, cluster = attach_command(s, run_id)
+    with s.working(cluster, "attach"):
+        return runner(argv, cwd)
 
 
 def ssh_config(s: Session, install: bool = False) -> SshConfigResult:

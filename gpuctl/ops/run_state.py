@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -119,21 +120,23 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     run = s.find_run(run_id)
     quiet = LineFilter(0 if raw else run.tf_log_level)
     offset = 0
-    while True:
-        chunk = _read_log(s, run, offset)
-        offset += len(chunk)
-        shown = quiet.feed(chunk.decode("utf-8", "replace")) if chunk else ""
-        if shown:
-            yield shown
-        ended = run.state in FINAL_RUN_STATES and not chunk
-        if not follow or ended:
-            rest = quiet.flush()
-            if rest:
-                yield rest
-            return
-        if not chunk:
-            time.sleep(poll_s)
-        run = refresh(s, run)
+    cluster = s.live_cluster_of(run) if follow else None
+    with s.working(cluster, "logs") if cluster is not None else nullcontext():
+        while True:
+            chunk = _read_log(s, run, offset)
+            offset += len(chunk)
+            shown = quiet.feed(chunk.decode("utf-8", "replace")) if chunk else ""
+            if shown:
+                yield shown
+            ended = run.state in FINAL_RUN_STATES and not chunk
+            if not follow or ended:
+                rest = quiet.flush()
+                if rest:
+                    yield rest
+                return
+            if not chunk:
+                time.sleep(poll_s)
+            run = refresh(s, run)
 
 
 def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:

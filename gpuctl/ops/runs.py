@@ -70,8 +70,10 @@ def sync(s: Session, project: Path, cluster: str | None = None, data: Path | Non
          progress: Progress = quiet) -> SyncResult:
     """Push the project (and data) to the cluster's first host without starting anything."""
     project, data = _project(project), _data_dir(data)
-    _, host = s.host(s.resolve_cluster(cluster))
-    code, data_stats, code_dir, data_dir = _push(host, project, data, progress)
+    record = s.resolve_cluster(cluster)
+    _, host = s.host(record)
+    with s.working(record, "push"):
+        code, data_stats, code_dir, data_dir = _push(host, project, data, progress)
     return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
 
 
@@ -91,7 +93,9 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
                                 "Start one with `gpuctl up`, then train again.")
-        return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run)
+        guards.check_for(s, loaded, record)
+        with s.working(record, "train"):  # the push and the preflight are not idleness
+            return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run)
 
 
 def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRecord, entry: str, args: tuple[str, ...],
@@ -154,7 +158,8 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     run, cluster = s.run_on_live_cluster(run_id)
     _, host = s.host(cluster)
     target = Path(dest) / run.run_id
-    files = host.pull_tree(run.run_dir, target)
+    with s.working(cluster, "pull"):
+        files = host.pull_tree(run.run_dir, target)
     return PullResult(run_id=run.run_id, dest=str(target), files=files)
 
 
@@ -162,8 +167,9 @@ def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = Non
     """Run a command on every host of the cluster, in parallel."""
     if not command:
         raise ConfigError("no command given", "Put the command after --, e.g. `gpuctl exec -- nvidia-smi`.")
-    pairs = s.hosts(s.resolve_cluster(cluster))
-    with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+    record = s.resolve_cluster(cluster)
+    pairs = s.hosts(record)
+    with s.working(record, "exec"), ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
         results = list(pool.map(lambda p: p[1].run(list(command), check=False), pairs))
     return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
             for (_, h), r in zip(pairs, results)]

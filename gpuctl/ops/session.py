@@ -21,6 +21,7 @@ from gpuctl.errors import (
     RemoteError,
 )
 from gpuctl.provision import Provider, get_provider, spec_from_settings
+from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, load_settings
 from gpuctl.state import Ledger, gpuctl_home
@@ -91,6 +92,11 @@ class Session:
     def host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
         """The cluster's first instance (the one runs start on) and its Host."""
         return self.hosts(cluster)[0]
+
+    def working(self, cluster: ClusterRecord, what: str) -> Heartbeat:
+        """Context manager: tells the cluster's watchdogs that gpuctl is at work there (a push, a
+        preflight, `exec`, `ssh`, `logs -f`), so none of it is taken for idleness."""
+        return Heartbeat([host for _, host in self.hosts(cluster)], what)
 
     def close(self) -> None:
         """Close the connections this command opened."""

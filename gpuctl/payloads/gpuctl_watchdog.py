@@ -1,12 +1,13 @@
 """gpuctl's watchdog: runs on the instance and ends the spend by itself. Stdlib only; Python 3.8+.
 
-Usage: python gpuctl_watchdog.py GUARD_DIR/config.json
+Usage: python gpuctl_watchdog.py GUARD_DIR/config.json           (the watchdog)
+       python gpuctl_watchdog.py --check GUARD_DIR/config.json   (one dry look, as JSON)
 
 Every check interval it reloads its config (so `gpuctl guard set` applies at once), looks at the
 jobs, the GPU and the interactive logins, decides, and appends the decision and its reasons to
 decisions.log; state.json holds the latest picture for `gpuctl status`. Guards:
   idle      no gpuctl job, GPU under the threshold (or no GPU), no input on any interactive login
-            (see logins()), for `idle_s`
+            (see logins()), no gpuctl command at work here (see busy()), for `idle_s`
   stall     a job lives, its GPU is idle and its log has not grown for `stall_s`: warn (or fire)
   budget    $/h x uptime reaches `budget_usd`: stop the jobs gracefully (SIGTERM, grace), then fire
   run-done  `down_after_run`: a run ended (success or failure) and `grace_s` passed
@@ -51,6 +52,14 @@ def sh(argv, timeout=30):
         return None
 
 
+def entries(folder):
+    """The names in a folder, sorted; none if it is missing or unreadable."""
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
 def boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
@@ -79,6 +88,11 @@ class Watchdog(object):
         self.idle_since = None
         self.boot_id = boot_id()
         self.warned = set()
+        self.dry = False  # --check: look and decide, change nothing, fire nothing
+
+    def log(self, text):
+        if not self.dry:
+            log_line(self.guard_dir, text)
 
     # --- what is there ---------------------------------------------------------------------------
 
@@ -89,10 +103,7 @@ class Watchdog(object):
         """[(run_id, run_dir, running, ended_at)] for every run gpuctl started on this host."""
         out = []
         runs_dir = cfg["runs_dir"]
-        try:
-            names = sorted(os.listdir(runs_dir))
-        except OSError:
-            return out
+        names = entries(runs_dir)
         for name in names:
             run_dir = os.path.join(runs_dir, name)
             if not os.path.isfile(os.path.join(run_dir, "job.sh")):
@@ -128,6 +139,8 @@ class Watchdog(object):
             code = 128 + int(pane["signal"])
         else:
             return
+        if self.dry:
+            return
         ended = os.path.join(run_dir, "ended")
         if not os.path.exists(ended):
             at = float(pane["time"]) if pane["time"].isdigit() else time.time()
@@ -137,7 +150,7 @@ class Watchdog(object):
         with open(tmp, "w") as fh:
             fh.write("%d\n" % code)
         os.replace(tmp, os.path.join(run_dir, "exitcode"))
-        log_line(self.guard_dir, "run %s: its pane died without recording an exit code; tmux says %d"
+        self.log("run %s: its pane died without recording an exit code; tmux says %d"
                  % (os.path.basename(run_dir), code))
 
     def gpu_utilization(self):
@@ -150,6 +163,30 @@ class Watchdog(object):
     def logins(self, now, idle_s):
         """(utmp path or None, counted, ignored): gpuctl_logins.logins."""
         return gpuctl_logins.logins(now, idle_s)
+
+    def busy(self, cfg, now):
+        """Names of gpuctl commands at work on this host (gpuctl.remote.heartbeat): a file in
+        busy/ whose mtime (this host's clock) is younger than `heartbeat_stale_s`. A stale one was
+        left by a client that vanished mid-command: it is removed and counts no more."""
+        out = []
+        stale_s = float(cfg.get("heartbeat_stale_s", 20))
+        folder = os.path.join(self.guard_dir, "busy")
+        names = entries(folder)
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                age = now - os.path.getmtime(path)
+            except OSError:
+                continue  # its command just ended
+            if age < stale_s:
+                out.append(name)
+            elif not self.dry:
+                self.log("gpuctl command %s: no heartbeat for %.0fs, no longer counted" % (name, age))
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        return out
 
     def stop_jobs(self, cfg, running, grace_s):
         for name, run_dir, _, _ in running:
@@ -170,9 +207,29 @@ class Watchdog(object):
                     sh(["kill", "-KILL", "--", "-" + pid])
             self.tmux(cfg, "kill-session", "-t", "=" + name)
 
+    def neighbours_at_work(self, now):
+        """Other gpuctl clusters on this host (an ssh host shared by several: sibling work dirs)
+        whose watchdogs saw a job in the last few minutes: their work is not this cluster's to end."""
+        root = os.path.dirname(self.guard_dir)
+        parent = os.path.dirname(root)
+        out = []
+        names = entries(parent)
+        for name in names:
+            if os.path.join(parent, name) == root:
+                continue
+            st = read_json(os.path.join(parent, name, "guard", "state.json"))
+            if isinstance(st, dict) and st.get("jobs") and now - float(st.get("at") or 0) < 180:
+                out.append(name)
+        return out
+
     def fire(self, cfg, reason, detail, running):
         action = cfg.get("on_fire") or "stop-jobs"
-        log_line(self.guard_dir, "FIRE %s: %s -> %s" % (reason, detail, action))
+        if action == "poweroff":
+            neighbours = self.neighbours_at_work(time.time())
+            if neighbours:
+                self.log("poweroff held back: cluster(s) %s on this host run jobs" % ", ".join(neighbours))
+                action = "stop-jobs"
+        self.log("FIRE %s: %s -> %s" % (reason, detail, action))
         write_json(os.path.join(self.guard_dir, "fired.json"),
                    {"reason": reason, "detail": detail, "at": time.time(), "action": action})
         if running:
@@ -193,6 +250,7 @@ class Watchdog(object):
         gpu_idle = gpu is None or gpu < float(cfg.get("gpu_idle_percent", 5))
         idle_s = float(cfg.get("idle_s", 0))
         utmp, counted, ignored = self.logins(now, idle_s)
+        busy = self.busy(cfg, now)
         sessions = len(counted)
         spent = float(cfg.get("usd_per_hour", 0)) * max(0.0, now - float(cfg.get("started_at", now))) / 3600.0
         budget = float(cfg.get("budget_usd", 0))
@@ -200,7 +258,7 @@ class Watchdog(object):
         fired = read_json(os.path.join(self.guard_dir, "fired.json"))
         state = {"at": now, "jobs": [r[0] for r in running], "gpu_util": gpu, "ssh_sessions": sessions,
                  "logins": {"utmp": utmp, "counted": counted, "ignored": ignored},
-                 "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
+                 "busy": busy, "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
                  "fired": fired, "pid": os.getpid(), "boot_id": self.boot_id, "cluster_key": cfg.get("cluster_key")}
 
         reason = detail = None
@@ -233,7 +291,7 @@ class Watchdog(object):
             if stall_s > 0 and gpu_idle and quiet >= stall_s:
                 state["stalled"].append(name)
                 if name not in self.warned:
-                    log_line(self.guard_dir, "WARN stall: %s: GPU idle and log silent for %.0fs" % (name, quiet))
+                    self.log("WARN stall: %s: GPU idle and log silent for %.0fs" % (name, quiet))
                     self.warned.add(name)
                 if cfg.get("on_stall") == "fire" and reason is None:
                     reason, detail = "stall", "%s hung: GPU idle, log silent %.0fs" % (name, quiet)
@@ -244,7 +302,7 @@ class Watchdog(object):
         if self.previous is not None:
             self.idle_since = inherited_idle_since(self.previous, cfg, self.boot_id)
             self.previous = None
-        if not running and gpu_idle:
+        if not running and gpu_idle and not busy:
             if self.idle_since is None:
                 self.idle_since = now
             for entry in counted:
@@ -259,12 +317,15 @@ class Watchdog(object):
         else:
             self.idle_since = None
 
-        log_line(self.guard_dir, "jobs=%d gpu=%s ssh=%d%s%s spent=$%.4f%s -> %s" % (
+        self.log("jobs=%d gpu=%s ssh=%d%s%s%s spent=$%.4f%s -> %s" % (
             len(running), "none" if gpu is None else "%.0f%%" % gpu, sessions,
             " (%s)" % ", ".join("%s@%s from %s, no input for %.0fs" % (e["user"], e["line"], e["host"] or "?", e["quiet_s"])
                                 for e in counted) if counted else "",
-            " [not counted: %s]" % gpuctl_logins.summarize(ignored) if ignored else "" if utmp else " [no utmp: logins unseen]", spent,
+            " [not counted: %s]" % gpuctl_logins.summarize(ignored) if ignored else "" if utmp else " [no utmp: logins unseen]",
+            " gpuctl at work: %s" % ", ".join(busy) if busy else "", spent,
             "" if budget <= 0 else "/$%.4f" % budget, "fire %s" % reason if reason else "ok"))
+        if self.dry:
+            return state, reason, detail
         write_json(os.path.join(self.guard_dir, "state.json"), state)
         if reason:
             self.fire(cfg, reason, detail, running)
@@ -272,20 +333,60 @@ class Watchdog(object):
             state["fired"] = read_json(os.path.join(self.guard_dir, "fired.json"))
             state["idle_since"] = None
             write_json(os.path.join(self.guard_dir, "state.json"), state)
+        return state, reason, detail
+
+    def check(self):
+        """One look, as the running watchdog would take it now, printed as JSON; nothing written,
+        nothing fired (`gpuctl guard show --check`)."""
+        self.dry = True
+        cfg = read_json(self.config_path)
+        if not cfg:
+            return {"error": "no config at %s" % self.config_path}
+        state, reason, detail = self.tick()
+        running = read_json(os.path.join(self.guard_dir, "state.json"), {}) or {}
+        poweroff = (cfg.get("poweroff_command") or "").split()
+        sudo = sh(["sudo", "-n", "true"]) if poweroff[:1] == ["sudo"] else None
+        return {"now": time.time(), "state": state, "would_fire": reason, "detail": detail,
+                "watchdog": {"pid": running.get("pid"), "last_look": running.get("at"),
+                             "alive": alive(running.get("pid"))},
+                "probes": {"python": sys.version.split()[0], "utmp": state["logins"]["utmp"],
+                           "nvidia_smi": which("nvidia-smi"), "systemd": os.path.isdir("/run/systemd/system"),
+                           "poweroff_command": poweroff[0] if poweroff else None,
+                           "poweroff_found": bool(poweroff) and which(poweroff[0]) is not None,
+                           "sudo_without_password": None if poweroff[:1] != ["sudo"] else bool(sudo and sudo.returncode == 0)}}
 
     def run_forever(self):
-        log_line(self.guard_dir, "watchdog started (pid %d)" % os.getpid())
+        self.log("watchdog started (pid %d)" % os.getpid())
         while True:
             try:
                 self.tick()
             except Exception as exc:  # a bad tick must not end the guard
-                log_line(self.guard_dir, "ERROR %s: %s" % (type(exc).__name__, exc))
+                self.log("ERROR %s: %s" % (type(exc).__name__, exc))
             cfg = read_json(self.config_path) or {}
             time.sleep(max(0.2, float(cfg.get("check_interval_s", 60))))
 
 
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (TypeError, ValueError, OSError):
+        return False
+
+
+def which(name):
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) + ["/usr/sbin", "/sbin"]:
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.stderr.write("usage: gpuctl_watchdog.py GUARD_DIR/config.json\n")
+    if len(sys.argv) == 3 and sys.argv[1] == "--check":
+        sys.stdout.write(json.dumps(Watchdog(sys.argv[2]).check()) + "\n")
+    elif len(sys.argv) == 2:
+        Watchdog(sys.argv[1]).run_forever()
+    else:
+        sys.stderr.write("usage: gpuctl_watchdog.py [--check] GUARD_DIR/config.json\n")
         sys.exit(2)
-    Watchdog(sys.argv[1]).run_forever()
