@@ -164,14 +164,16 @@ def guard() -> None:
 
 @guard.command("show", context_settings=CONTEXT)
 @click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--check", is_flag=True, help="Also let the watchdog's code look once now on every instance and say "
+              "what it sees, what it would decide, and whether firing would work (changes nothing).")
 @json_option
 @click.pass_context
-def guard_show(ctx: click.Context, cluster: str | None, as_json: bool) -> None:
+def guard_show(ctx: click.Context, cluster: str | None, check: bool, as_json: bool) -> None:
     """Each guard, its limit, and the time until it fires."""
     from gpuctl import render, render_commands
     from gpuctl.ops import guards
 
-    report = guards.show(session(ctx), cluster)
+    report = guards.show(session(ctx), cluster, check=check)
     return render.emit_json(report) if as_json else render_commands.guard(report)
 
 
@@ -189,7 +191,10 @@ def guard_show(ctx: click.Context, cluster: str | None, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def guard_set(ctx: click.Context, cluster: str | None, as_json: bool, **values: Any) -> None:
-    """Change the limits of a live cluster: gpuctl guard set --idle 30m --max-hours 6 --budget 20"""
+    """Change the limits of a live cluster: gpuctl guard set --idle 30m --max-hours 6 --budget 20
+
+    On every instance of the cluster; a watchdog that stopped is started again (with no flag too).
+    """
     from gpuctl import render, render_commands
     from gpuctl.ops import guards
 

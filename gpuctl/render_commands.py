@@ -14,7 +14,7 @@ from rich.console import Console
 from gpuctl.render import Col, clock, console, duration, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.types import (DownResult, ExecResult, GuardReport, Inventory, PullResult, SettingValue,
+    from gpuctl.types import (DownResult, ExecResult, GuardCheck, GuardReport, Inventory, PullResult, SettingValue,
                               SshConfigResult, SyncResult, TrainResult, UpResult)
 
 
@@ -155,3 +155,45 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
     fired = st.get("fired")
     if fired:
         say(out, f"FIRED: {fired['reason']} at {clock(fired['at'], '%H:%M:%S')}: {fired['detail']} -> {fired['action']}")
+    for check in report.checks:
+        _guard_check(out, check, cfg)
+
+
+def _guard_check(out: Console, check: GuardCheck, cfg: dict) -> None:
+    """One dry look on one host: what the watchdog sees and would decide now, and its probes."""
+    r = check.result
+    out.print()
+    say(out, (f"Check on {check.host}", "bold"), " (one look now by the watchdog's own code; nothing changed):")
+    if r.get("error"):
+        say(out, f"  could not look: {r['error']}")
+        return
+    st, wd, pr = r.get("state") or {}, r.get("watchdog") or {}, r.get("probes") or {}
+    now = r.get("now") or time.time()
+    if wd.get("alive"):
+        say(out, f"  watchdog: pid {wd.get('pid')}, last look {duration(now - (wd.get('last_look') or now))} ago")
+    else:
+        say(out, "  watchdog: NOT RUNNING: nothing ends this spend by itself; re-arm it with `gpuctl guard set`")
+    gpu = st.get("gpu_util")
+    say(out, f"  jobs running: {', '.join(st.get('jobs') or []) or 'none'}; GPU: "
+             + ("no nvidia-smi answer (counts as idle)" if gpu is None else f"{gpu:.0f}% (idle under "
+                f"{cfg.get('gpu_idle_percent', 5):g}%)"))
+    logins = st.get("logins") or {}
+    counted = ", ".join(f"{e.get('user')}@{e.get('line')} (no input for {duration(e.get('quiet_s'))})"
+                        for e in logins.get("counted") or [])
+    say(out, f"  interactive logins counted: {counted or 'none'}"
+             + ("" if logins.get("utmp") else " (no utmp on this host: logins cannot be seen)"))
+    say(out, f"  gpuctl commands at work: {', '.join(st.get('busy') or []) or 'none'}")
+    if st.get("idle_since"):
+        say(out, f"  idle since {duration(now - st['idle_since'])} ago")
+    if st.get("stalled"):
+        say(out, f"  stalled: {', '.join(st['stalled'])}")
+    say(out, f"  would fire now: {r['would_fire']} ({r.get('detail')})" if r.get("would_fire")
+        else "  would fire now: nothing")
+    smi = pr.get("nvidia_smi")
+    say(out, f"  probes: python {pr.get('python')}; utmp {pr.get('utmp') or 'none'}; nvidia-smi {smi or 'missing'}; "
+             f"systemd {'yes' if pr.get('systemd') else 'no'}")
+    if cfg.get("on_fire") == "poweroff":
+        ok = pr.get("poweroff_found") and pr.get("sudo_without_password") is not False
+        say(out, f"  poweroff: `{cfg.get('poweroff_command')}` "
+                 + ("can run" if ok else "WOULD FAIL: " + ("command not found" if not pr.get("poweroff_found")
+                                                          else "sudo asks for a password")))

@@ -52,7 +52,13 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
             say(out, f"  {label[c.id]}: {c.note}")
         if g.get("error"):
             say(out, f"  {label[c.id]}: watchdog not reachable: {g['error']}")
-        elif g.get("fired"):
+            continue
+        if g.get("watchdog_alive") is False:
+            say(out, f"  {label[c.id]}: NO WATCHDOG RUNS (its last look was {duration(g.get('seen_s'))} ago): nothing "
+                     f"ends this spend by itself; re-arm it with `gpuctl guard set --cluster {c.name}`")
+        elif g.get("watchdog_alive"):
+            say(out, f"  {label[c.id]}: watchdog pid {g.get('pid')}, last look {duration(g.get('seen_s'))} ago")
+        if g.get("fired"):
             f = g["fired"]
             say(out, f"  {label[c.id]}: guard FIRED: {f['reason']} at {clock(f['at'], '%H:%M:%S')} ({f['detail']})"
                      f" -> {f['action']}")

@@ -92,6 +92,9 @@ class InstanceRecord(_Frozen):
     # ssh config resolved them at `up`, and the key each logs in with ("" = ssh-agent and ~/.ssh keys).
     jump_hosts: tuple[str, ...] = ()
     jump_keys: tuple[str, ...] = ()
+    # gpuctl's tmux server on the host (`tmux -L`). "gpuctl" is what every cluster used before
+    # clusters on one host got their own (issue 10); an ssh cluster's is unique to its `up`.
+    tmux_socket: str = "gpuctl"
     state_reason: Optional[str] = None  # why it stopped or ended, as the provider says
     # (since, $/h) steps of its price over its life: spot prices change; one step otherwise.
     price_steps: tuple[tuple[float, float], ...] = ()
@@ -319,9 +322,17 @@ class SshConfigResult(_Frozen):
     included_from: Optional[str] = None
 
 
+class GuardCheck(_Frozen):
+    """One dry look by the watchdog's own code on one host (`guard show --check`): what it sees,
+    what it would decide now, and whether what firing needs is there. As the host reports it."""
+    host: str
+    result: dict[str, Any]
+
+
 class GuardReport(_Frozen):
     cluster: str
     config: dict[str, Any]
     state: dict[str, Any]
     # Budgets of the cluster's live runs (train --budget), beside the cluster's uptime budget.
     run_budgets: dict[str, float] = {}
+    checks: tuple[GuardCheck, ...] = ()

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,10 @@ SUBNET = "10.251."
 # which this machine's routing table rejects outright (nothing leaves for the default gateway).
 BEHIND_SUBNET = "10.252."
 WORKDIR = "/srv/gpuctl"
+ROOT = WORKDIR + "/box"  # where the tests' cluster ("box") works on a host: WORKDIR/CLUSTER
+# Ends every tmux server on a host (gpuctl's, one per cluster, and the user's) and empties its /srv
+# (gpuctl's work dirs, the poweroff marks).
+CLEAN = "for s in /tmp/tmux-0/*; do tmux -S \"$s\" kill-server; done 2>/dev/null; rm -rf /srv/*"
 
 
 # Each host's own /run, as on an Ubuntu instance: /run/sshd (sshd's privilege separation
@@ -345,3 +350,16 @@ def available() -> str | None:
         if not shutil.which(tool):
             return f"{tool} is missing: ./scripts/test installs it"
     return None
+
+
+def gpuctl_tmux(host, root: str = ROOT) -> str:
+    """`tmux -L SOCKET` for the gpuctl cluster working in `root` on the host (its watchdog's config
+    names the cluster's own tmux server)."""
+    cfg = json.loads(host.run(f"cat {root}/guard/config.json").stdout)
+    return f"tmux -L {cfg['tmux_socket']}"
+
+
+def gpuctl_servers(host) -> list[str]:
+    """The gpuctl tmux servers that run on the host (one per live cluster)."""
+    out = host.run("for s in /tmp/tmux-0/gpuctl*; do tmux -S \"$s\" ls >/dev/null 2>&1 && echo \"${s##*/}\"; done").stdout
+    return out.split()

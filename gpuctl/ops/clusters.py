@@ -47,12 +47,12 @@ def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None
 def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None) -> UpResult:
     """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the default."""
     spec = _asked(s, usd_per_hour)
+    guards.check_settings(s.settings())
     live = s.ledger.live_cluster(spec.name)
     if live is not None:
         spec = _reusable(s, live, spec)
         cluster = live
     else:
-        _refuse_shared_hosts(s, spec)
         s.provider(spec).check()
         try:
             # Recorded before launching, so a launch killed half-way is still known locally too.
@@ -85,16 +85,6 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
 
 # What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.
 LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts"}
-
-
-def _refuse_shared_hosts(s: Session, spec: ClusterSpec) -> None:
-    """Two live clusters on one owned host would share its tmux server, work dir and watchdog:
-    `down` of one would end the other's jobs."""
-    for c in s.ledger.clusters(include_down=False):
-        shared = sorted(set(spec.hosts) & set(c.spec.hosts))
-        if shared:
-            raise ConflictError(f"{', '.join(shared)} is already in cluster {c.name!r}",
-                                f"Train there with `--cluster {c.name}`, or `gpuctl down {c.name} -y` first.")
 
 
 def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:

@@ -3,6 +3,7 @@ and what `status` shows of them."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 from pathlib import Path
@@ -11,11 +12,11 @@ from typing import Any
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.ops.session import Session
 from gpuctl.provision import Provider
-from gpuctl.remote import guard
+from gpuctl.remote import guard, heartbeat
 from gpuctl.remote.host import Host
 from gpuctl.retry import TimedOut, poll
 from gpuctl.settings import LoadedSettings
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, GuardReport, InstanceRecord
+from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, GuardCheck, GuardReport, InstanceRecord
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
@@ -59,8 +60,35 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         cfg["down_after_run_since"] = armed_at if armed_at is not None else instance_now(host)
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
                usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name,
-               cluster_key=cluster_key(cluster))
+               cluster_key=cluster_key(cluster), heartbeat_stale_s=heartbeat.STALE_S)
     return cfg
+
+
+def check_limits(cfg: dict[str, Any], where: str = "") -> None:
+    """Idle and stall limits the watchdog can notice: none shorter than its check interval. Checked
+    on the values that will be in force (the host's merged with this command's), before anything
+    is written."""
+    interval = float(cfg["check_interval_s"])
+    for key in ("idle_s", "stall_s"):
+        if 0 < float(cfg[key]) < interval:
+            raise ConfigError(f"guards.{key[:-2]} ({cfg[key]:g}s) is shorter than check_interval ({interval:g}s){where}; "
+                              "the watchdog could not notice it in time",
+                              "Raise it, or lower the interval in the same command (--check-interval, "
+                              "`guards.check_interval`).")
+
+
+def check_settings(loaded: LoadedSettings) -> None:
+    """The limits a new cluster's watchdog would get (`up`: every value comes from the settings)."""
+    g = loaded.settings.guards
+    check_limits({"check_interval_s": g.seconds("check_interval"), "idle_s": g.seconds("idle"),
+                  "stall_s": g.seconds("stall")})
+
+
+def check_for(s: Session, loaded: LoadedSettings, cluster: ClusterRecord) -> None:
+    """The limits `train` would put in force on the cluster's first host, checked before it pushes."""
+    inst, host = s.host(cluster)
+    cfg = _config(loaded, s.provider(cluster.spec), cluster, inst, host, guard.read_config(host), armed_at=0.0)
+    check_limits(cfg, f" in force on {cluster.name}")
 
 
 def cluster_key(cluster: ClusterRecord) -> str:
@@ -125,12 +153,28 @@ def _first_tick(host: Host, previous_at: Any) -> None:
                           "Check `remote.python` and `gpuctl logs --guard`; `gpuctl down -y` releases it.") from None
 
 
-def show(s: Session, cluster: str | None = None) -> GuardReport:
-    """Each guard's limit and what the watchdog last saw."""
+def show(s: Session, cluster: str | None = None, check: bool = False) -> GuardReport:
+    """Each guard's limit and what the watchdog last saw; with `check`, also one dry look on every
+    instance, taken now by the watchdog's own code (nothing written, nothing fired)."""
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
+    checks = tuple(GuardCheck(host=h.label, result=_dry_look(h)) for _, h in s.hosts(record)) if check else ()
     return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host),
-                       run_budgets=_run_budgets(s, record))
+                       run_budgets=_run_budgets(s, record), checks=checks)
+
+
+def _dry_look(host: Host) -> dict[str, Any]:
+    script = posixpath.join(payload_dir(host), guard.WATCHDOG)
+    res = host.run([host.python, script, "--check", guard.config_path(host)], check=False)
+    lines = res.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        found = None
+    if isinstance(found, dict):
+        return found
+    why = (res.stderr or res.stdout).strip().splitlines()
+    return {"error": why[-1][:300] if why else f"exit {res.returncode}"}
 
 
 def _run_budgets(s: Session, cluster: ClusterRecord) -> dict[str, float]:
@@ -139,8 +183,9 @@ def _run_budgets(s: Session, cluster: ClusterRecord) -> dict[str, float]:
 
 
 def apply(s: Session, cluster: str | None = None) -> GuardReport:
-    """`guard set`: apply the guard flags to a live cluster. Everything is validated before the host is touched."""
-    loaded = s.settings()  # raises ConfigError on a bad duration, budget or interval
+    """`guard set`: apply the guard flags to every instance of a live cluster, and re-arm a
+    watchdog that no longer runs. Everything is validated before a host is touched."""
+    loaded = s.settings()  # raises ConfigError on a bad duration or budget
     record = s.resolve_cluster(cluster)
     inst, host = s.host(record)
     existing = guard.read_config(host)
@@ -148,21 +193,17 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
         raise RemoteError(f"no watchdog on cluster {record.name!r} yet",
                           "It is installed by `gpuctl train` (and by `gpuctl up` on remote clusters).")
     provider = s.provider(record.spec)
-    cfg = _config(loaded, provider, record, inst, host, existing)
-    # Cross-check the merged values as the settings model would (e.g. idle vs check interval).
-    interval = cfg["check_interval_s"]
-    for name in ("idle_s", "stall_s"):
-        if 0 < cfg[name] < interval:
-            raise ConfigError(f"guards.{name[:-2]} ({cfg[name]:g}s) is shorter than the check interval "
-                              f"({interval:g}s) in force on {record.name}",
-                              "Raise it, or lower --check-interval in the same command.")
+    check_limits(_config(loaded, provider, record, inst, host, existing), f" in force on {record.name}")
     if loaded.sources.get("guards.max_hours", "default") != "default" and provider.boot_hard_cap:
-        if not provider.set_hard_cap(host, loaded.settings.guards.max_hours):
-            s.ledger.event("guard", "boot-time hard cap timer not found; the watchdog enforces max_hours", cluster=record)
-    guard.write_config(host, cfg)
+        for _, each in s.hosts(record):
+            if not provider.set_hard_cap(each, loaded.settings.guards.max_hours):
+                s.ledger.event("guard", f"{each.label}: boot-time hard cap timer not found; the watchdog enforces "
+                                        "max_hours", cluster=record)
+    install(s, loaded, record)
     s.ledger.event("guard", "set " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.sources.items())
                                               if k.startswith("guards.")), cluster=record)
-    return GuardReport(cluster=record.name, config=cfg, state=guard.state(host), run_budgets=_run_budgets(s, record))
+    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host),
+                       run_budgets=_run_budgets(s, record))
 
 
 def decisions(s: Session, cluster: str | None = None) -> str:
@@ -177,6 +218,10 @@ def status_of(s: Session, cluster: ClusterRecord) -> dict[str, Any] | None:
         timeout = min(STATUS_CONNECT_TIMEOUT_S, cluster.spec.remote.connect_timeout_s)
         _, host = s.hosts(cluster, connect_timeout_s=timeout)[0]
         st = guard.state(host)
+        if st:
+            # Is anything still guarding? Its pid, and the age of its last look by the instance's clock.
+            st["watchdog_alive"] = _alive(host, st.get("pid"))
+            st["seen_s"] = max(0.0, instance_now(host) - float(st.get("at") or 0))
     except GpuctlError as exc:
         return {"error": exc.message}
     return st or None

@@ -13,6 +13,8 @@ import posixpath
 import shlex
 from typing import Any
 
+from gpuctl.remote import jobs
+
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
 SESSION = "gpuctl-watchdog"
@@ -47,8 +49,14 @@ def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
         "#!/bin/sh\n"
         "# Written by gpuctl: start the watchdog's session unless it runs. Cron calls this every minute.\n"
         f"{tmux} has-session -t ={SESSION} 2>/dev/null && exit 0\n"
-        f"cd {q(host.root)} && exec {tmux} new-session -d -s {SESSION} {q(loop)}\n"
+        # Marked like every process of this cluster's tmux server, so `down` finds them all.
+        f"cd {q(host.root)} && exec {shlex.join(jobs.server_env(host))} {tmux} new-session -d -s {SESSION} {q(loop)}\n"
     )
+
+
+def unit_name(host: Any) -> str:
+    """The systemd unit of this cluster's watchdog: one per cluster on a host that has several."""
+    return "gpuctl-watchdog.service" if host.tmux_socket == "gpuctl" else f"gpuctl-watchdog-{host.tmux_socket}.service"
 
 
 def _systemd_unit(host: Any, python: str, payload_dir: str, user: str) -> str:
@@ -69,12 +77,13 @@ def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> st
                       '{ [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; } && id -un'], check=False)
     user = probe.stdout.strip()
     if probe.returncode == 0 and user:
-        unit = posixpath.join(guard_dir(host), "gpuctl-watchdog.service")
+        unit = posixpath.join(guard_dir(host), unit_name(host))
         host.write_text(unit, _systemd_unit(host, python, payload_dir, user))
         sudo = "" if user == "root" else "sudo -n "
-        host.run(["sh", "-c", f"{sudo}install -m 0644 {shlex.quote(unit)} /etc/systemd/system/gpuctl-watchdog.service"
-                              f" && {sudo}systemctl daemon-reload && {sudo}systemctl enable --now gpuctl-watchdog.service"])
-        return "systemd service gpuctl-watchdog (Restart=always)"
+        name = unit_name(host)
+        host.run(["sh", "-c", f"{sudo}install -m 0644 {shlex.quote(unit)} /etc/systemd/system/{name}"
+                              f" && {sudo}systemctl daemon-reload && {sudo}systemctl enable --now {name}"])
+        return f"systemd service {name.removesuffix('.service')} (Restart=always)"
     ensure = posixpath.join(guard_dir(host), "ensure.sh")
     host.write_text(ensure, _ensure_script(host, python, payload_dir), mode=0o755)
     host.run(["sh", ensure])
@@ -91,8 +100,8 @@ def uninstall(host: Any) -> None:
               f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vF {shlex.quote(CRON_MARK + ' ' + host.root)}"
               " | crontab - ; "
               f"tmux -L {shlex.quote(host.tmux_socket)} kill-session -t ={SESSION} 2>/dev/null; "
-              "if [ -f /etc/systemd/system/gpuctl-watchdog.service ]; then "
-              "S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now gpuctl-watchdog.service; fi; "
+              f"if [ -f /etc/systemd/system/{unit_name(host)} ]; then "
+              f"S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now {unit_name(host)}; fi; "
               # Its limits and what it saw go too: the next cluster on this host starts clean.
               f"rm -f {shlex.quote(config_path(host))} {shlex.quote(posixpath.join(guard_dir(host), 'state.json'))}; true"],
              check=False)

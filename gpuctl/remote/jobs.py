@@ -94,11 +94,21 @@ def _tmux(host: Host, *args: str) -> list[str]:
     return ["tmux", "-L", host.tmux_socket, *args]
 
 
+MARK_VAR = "GPUCTL_TMUX"
+
+
+def server_env(host: Host) -> list[str]:
+    """argv prefix for a tmux command that may start gpuctl's server: the server, and so every
+    pane and every process a job starts (daemons included), carries GPUCTL_TMUX=<socket>, which is
+    how `down` finds them all (end_processes)."""
+    return ["env", f"{MARK_VAR}={host.tmux_socket}"]
+
+
 def start_job(host: Host, session: str, workdir: str, command: Sequence[str], env: Mapping[str, str], paths: JobPaths) -> None:
     """Start `command` in a detached tmux session; returns once tmux has it."""
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
     host.run(
-        _tmux(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))
+        server_env(host) + _tmux(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))
         # remain-on-exit keeps the pane for `capture-pane`/attach after the job ends.
         + [";", "set-option", "-t", session, "remain-on-exit", "on"]
     )
@@ -226,6 +236,40 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = 10.0) -
 
 def kill_server(host: Host) -> None:
     host.run(_tmux(host, "kill-server"), check=False)
+
+
+# Every process of this host's user that carries the cluster's mark: set at the server's start
+# (server_env), or tmux's own TMUX=<socket path>,<pid>,<n> in a pane that a server without the mark
+# started. Reads /proc (Linux: the instances, the test hosts); other users' processes are unreadable
+# and so never matched. Prints what is left after SIGTERM, a wait and SIGKILL; exits 1 if anything is.
+_END_PROCESSES = r'''
+sock=$1; grace=$2
+pids() {
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    grep -qzxE "(GPUCTL_TMUX=$sock|TMUX=.*/$sock,[0-9]+,[0-9]+)" "$d/environ" 2>/dev/null && echo "$p"
+  done
+}
+p=$(pids); [ -z "$p" ] && exit 0
+kill -TERM $p 2>/dev/null
+n=0; while [ $n -lt $((grace * 10)) ]; do sleep 0.1; p=$(pids); [ -z "$p" ] && exit 0; n=$((n + 1)); done
+kill -KILL $p 2>/dev/null; sleep 0.5
+p=$(pids); [ -z "$p" ] && exit 0
+for q in $p; do printf '%s %s
+' "$q" "$(tr '\0' ' ' < /proc/$q/cmdline 2>/dev/null | cut -c1-80)"; done
+exit 1
+'''
+
+
+def end_processes(host: Host, grace_s: int = 3) -> list[str]:
+    """End every process of the cluster's tmux server on the host (jobs, their children and daemons,
+    TensorBoard, the watchdog's loop, the server itself): SIGTERM, `grace_s`, SIGKILL, then look
+    again. The processes still there ("pid command"); [] when none is."""
+    if not all(c.isalnum() or c in "-_" for c in host.tmux_socket):
+        raise ValueError(f"unexpected tmux socket name {host.tmux_socket!r}")  # it goes into a regex
+    res = host.run(["sh", "-c", _END_PROCESSES, "end-processes", host.tmux_socket, str(int(grace_s))], check=False)
+    return [line for line in res.stdout.splitlines() if line.strip()] if res.returncode else []
 
 
 def tail_text(host: Host, path: str, lines: int = 20) -> str:

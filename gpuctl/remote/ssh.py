@@ -112,7 +112,7 @@ class SshHost:
 
     def __init__(self, ep: Endpoint, home: Path, identity: str | None, workdir: str, python: str = "",
                  connect_timeout_s: float = 30.0, retry_auth: bool = False,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, tmux_socket: str = "gpuctl"):
         from gpuctl.remote.ssh_connect import open_chain
 
         ep = replace(ep, identity=identity or ep.identity)
@@ -120,7 +120,7 @@ class SshHost:
         self.home = home
         self.identity = ep.identity
         self.label = ep.name
-        self.tmux_socket = "gpuctl"
+        self.tmux_socket = tmux_socket
         self.local = False
         self.root = ""  # set below, once $HOME is known
         # One Fabric Connection per hop, the host's last; kept for the whole command.

@@ -4,7 +4,8 @@ cluster's uptime budget; a watchdog that cannot start fails `up` loudly; a `trai
 `down` never leaves a job that `down` did not see. Real sshd hosts, real tmux, real TensorFlow.
 
 Bad inputs tried: a Python that does not exist for the watchdog, a run budget far below the
-cluster's uptime so far, a train and a down started together."""
+cluster's uptime so far, a train and a down started together, idle limits shorter than the check
+interval in force (by `guard set`, `train` and `up`: each refused before anything changed)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import time
 
-from tests.integration.test_guards import MARK, fired, marks
+from tests.conftest import MARK, QUICK_TRAIN
+from tests.sshd import ROOT, gpuctl_tmux
+from tests.integration.test_guards import fired, marks
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
 
@@ -30,7 +33,7 @@ def test_a_new_cluster_on_a_used_host_starts_from_its_own_settings(gpuctl, ssh, 
     for key in ("CHECK_INTERVAL", "IDLE", "ON_FIRE", "POWEROFF_COMMAND"):
         monkeypatch.delenv(f"GPUCTL_GUARDS__{key}")
     monkeypatch.setenv("GPUCTL_HOME", str(tmp_path / "a fresh home"))
-    up_ssh(gpuctl, ssh, name="next")
+    up_ssh(gpuctl, ssh)  # the same name from another home: the same work dir on the host
     cfg = json.loads(gpuctl("guard", "show", "--json").stdout)["config"]
     assert cfg["idle_s"] == 1800 and cfg["check_interval_s"] == 60 and cfg["on_fire"] == "stop-jobs"
     time.sleep(12)  # the old 10 s idle limit would have fired by now
@@ -97,7 +100,7 @@ def test_idle_time_left_on_a_host_by_an_earlier_cluster_never_counts(gpuctl, ssh
     boot = host.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
     old = {"idle_since": time.time() - 1000, "boot_id": boot, "cluster_key": "1-an-earlier-up",
            "at": time.time() - 900}
-    host.run(f"mkdir -p /srv/gpuctl/guard && echo '{json.dumps(old)}' > /srv/gpuctl/guard/state.json")
+    host.run(f"mkdir -p {ROOT}/guard && echo '{json.dumps(old)}' > {ROOT}/guard/state.json")
     for key, value in {"CHECK_INTERVAL": "1s", "IDLE": "8s", "ON_FIRE": "poweroff",
                        "POWEROFF_COMMAND": f"date +%s >> {MARK}"}.items():
         monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
@@ -107,3 +110,65 @@ def test_idle_time_left_on_a_host_by_an_earlier_cluster_never_counts(gpuctl, ssh
     assert fired(host) is None and marks(host) == []  # the old file would have fired on the first look
     state = json.loads(gpuctl("guard", "show", "--json").stdout)["state"]
     assert state["idle_since"] >= t0 - 2 and state["boot_id"] == boot
+
+
+def test_limits_are_checked_against_the_interval_in_force_on_the_instance(gpuctl, ssh, make_project, monkeypatch):
+    """Before: `guard set --idle 5s` on an instance checking every second was refused for the
+    default 60 s interval, and `--idle 500ms` passed on an instance checking every minute."""
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "0")
+    # `up` refuses limits its own watchdog could not notice, before it creates anything.
+    monkeypatch.setenv("GPUCTL_GUARDS__STALL", "10s")
+    res = up_ssh(gpuctl, ssh, code=3)
+    assert "guards.stall (10s) is shorter than check_interval (60s)" in res.stderr
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+    monkeypatch.setenv("GPUCTL_GUARDS__STALL", "0")
+    monkeypatch.setenv("GPUCTL_GUARDS__CHECK_INTERVAL", "1s")
+    up_ssh(gpuctl, ssh)
+    monkeypatch.delenv("GPUCTL_GUARDS__CHECK_INTERVAL")  # the default (60 s) from here on
+    cfg = json.loads(gpuctl("guard", "set", "--idle", "5s", "--json").stdout)["config"]
+    assert cfg["idle_s"] == 5 and cfg["check_interval_s"] == 1
+    gpuctl("guard", "set", "--check-interval", "2m", "--idle", "10m")
+    before = host.run(f"cat {ROOT}/guard/config.json").stdout
+    res = gpuctl("guard", "set", "--idle", "30s", code=3)
+    assert "guards.idle (30s) is shorter than check_interval (120s) in force on box" in res.stderr
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "30s")
+    proj = make_project("quick", {"train.py": QUICK_TRAIN})
+    res = gpuctl("train", proj, "--allow-cpu", code=3)
+    assert "in force on box" in res.stderr
+    assert host.run(f"cat {ROOT}/guard/config.json").stdout == before
+    assert host.run(f"ls {ROOT}/runs 2>/dev/null").stdout.strip() == ""  # nothing started or pushed
+    assert host.run(f"ls {ROOT}/code 2>/dev/null").stdout.strip() == ""
+
+
+def test_guard_show_check_shows_each_guards_inputs_live_and_changes_nothing(gpuctl, fast_guards, monkeypatch):
+    """`guard show --check`: the watchdog's own code looks once on the instance and says what it
+    sees and would decide now, and whether firing can work there (a poweroff command that does
+    not exist is a bad input tried: flagged, never run)."""
+    host = fast_guards.hosts[0]
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "1h")
+    up_ssh(gpuctl, fast_guards)
+    result = json.loads(gpuctl("guard", "show", "--check", "--json").stdout)["checks"][0]["result"]
+    assert result["would_fire"] is None and result["watchdog"]["alive"]
+    assert result["state"]["jobs"] == [] and result["state"]["idle_since"] > 0
+    assert result["probes"]["utmp"] == "/run/utmp" and result["probes"]["poweroff_found"]
+    assert result["probes"]["systemd"] is False  # the test hosts run no systemd: docs/guards.md says what that leaves
+    text = gpuctl("guard", "show", "--check").stdout
+    assert "would fire now: nothing" in text and "watchdog: pid" in text and "can run" in text
+    monkeypatch.setenv("GPUCTL_GUARDS__POWEROFF_COMMAND", "no-such-poweroff --now")
+    gpuctl("guard", "set")
+    text = gpuctl("guard", "show", "--check").stdout
+    assert "`no-such-poweroff --now` WOULD FAIL: command not found" in text
+    # With the limit passed the check says it would fire, and fires nothing itself: the watchdog is
+    # stopped first, so only the check could have.
+    pid = json.loads(host.run(f"cat {ROOT}/guard/state.json").stdout)["pid"]
+    host.run(f"{gpuctl_tmux(host)} kill-session -t =gpuctl-watchdog; kill {pid}")
+    monkeypatch.setenv("GPUCTL_GUARDS__POWEROFF_COMMAND", f"date +%s.%N >> {MARK}")
+    cfg = json.loads(host.run(f"cat {ROOT}/guard/config.json").stdout)
+    host.run(f"cat > {ROOT}/guard/config.json <<'X'\n{json.dumps({**cfg, 'idle_s': 1, 'poweroff_command': 'date >> ' + MARK})}\nX")
+    time.sleep(2)
+    log_before = host.run(f"cat {ROOT}/guard/decisions.log").stdout
+    text = gpuctl("guard", "show", "--check").stdout
+    assert "would fire now: idle (idle for" in text and "watchdog: NOT RUNNING" in text, text
+    assert marks(host) == [] and fired(host) is None
+    assert host.run(f"cat {ROOT}/guard/decisions.log").stdout == log_before

@@ -21,20 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests import sshd
+from tests.conftest import MARK
+from tests.sshd import ROOT
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
 
 GPUCTL = [sys.executable, "-m", "gpuctl"]  # the CLI as a user runs it, in a process of its own
 
-MARK = "/srv/POWEROFF"
-
-
-@pytest.fixture
-def fast_guards(ssh, monkeypatch):
-    for key, value in {"CHECK_INTERVAL": "1s", "IDLE": "3s", "STALL": "0", "GRACE": "2s", "ON_FIRE": "poweroff",
-                       "POWEROFF_COMMAND": f"date +%s.%N >> {MARK}"}.items():
-        monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
-    return ssh
 
 
 def wait_for(check, timeout=40, every=0.2):
@@ -48,7 +41,7 @@ def wait_for(check, timeout=40, every=0.2):
 
 
 def fired(host):
-    res = host.run("cat /srv/gpuctl/guard/fired.json")
+    res = host.run(f"cat {ROOT}/guard/fired.json")
     return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
 
 
@@ -57,7 +50,7 @@ def wait_fired(host, timeout=30):
     try:
         return wait_for(lambda: fired(host), timeout=timeout)
     except AssertionError:
-        log = host.run("tail -n 25 /srv/gpuctl/guard/decisions.log; tail -n 5 /srv/gpuctl/guard/watchdog.out").stdout
+        log = host.run(f"tail -n 25 {ROOT}/guard/decisions.log; tail -n 5 {ROOT}/guard/watchdog.out").stdout
         raise AssertionError(f"the watchdog did not fire in {timeout}s; it logged:\n{log}") from None
 
 
@@ -74,7 +67,7 @@ def test_idle_fires_within_one_interval_after_the_limit(gpuctl, fast_guards):
     assert f["reason"] == "idle" and f["action"] == "poweroff"
     assert marks(host), "the poweroff command ran"
     # idle for 3 s, checked every 1 s: it fires between 3 and 4 s (+ start-up) after it began.
-    log = host.run("cat /srv/gpuctl/guard/decisions.log").stdout
+    log = host.run(f"cat {ROOT}/guard/decisions.log").stdout
     assert "FIRE idle: idle for" in log and "-> poweroff" in log
     assert 3.0 <= f["at"] - t_up <= 3.0 + 1.0 + 6.0
     status = gpuctl("status").stdout
@@ -86,7 +79,7 @@ def fire_times(host, reason):
     import datetime as dt
 
     out = []
-    for line in host.run("cat /srv/gpuctl/guard/decisions.log").stdout.splitlines():
+    for line in host.run(f"cat {ROOT}/guard/decisions.log").stdout.splitlines():
         stamp, _, text = line.partition(" ")
         if text.startswith(f"FIRE {reason}"):
             out.append(dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp())
@@ -99,8 +92,8 @@ def test_never_fires_while_training_then_idle_after(gpuctl, fast_guards, make_pr
     proj = make_project("busy", {"train.py": "import time\nfor i in range(16):\n    print(i, flush=True)\n    time.sleep(0.5)\n"})
     res = gpuctl("train", proj, "--allow-cpu", "--wait")
     assert "15" in res.stdout
-    start = float(host.run("stat -c %Y /srv/gpuctl/runs/*/job.sh").stdout.split()[0])
-    end = float(host.run("stat -c %Y /srv/gpuctl/runs/*/exitcode").stdout.split()[0])
+    start = float(host.run(f"stat -c %Y {ROOT}/runs/*/job.sh").stdout.split()[0])
+    end = float(host.run(f"stat -c %Y {ROOT}/runs/*/exitcode").stdout.split()[0])
     assert end - start >= 7
     # Once the run is over, idle fires again after its 3 s (+ one 1 s interval).
     after = wait_for(lambda: [t for t in fire_times(host, "idle") if t >= end])
@@ -121,12 +114,16 @@ def test_budget_stops_the_job_gracefully_then_fires(gpuctl, fast_guards, make_pr
         "print('checkpoint written', flush=True)\n"
     )
     proj = make_project("costly", {"train.py": script})
-    gpuctl("guard", "set", "--budget", "20")
     run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json").stdout)["run"]["run_id"]
+    # The budget is set once the job trains: a SIGTERM before `fit` (TensorFlow still importing on a
+    # busy machine) ends the script at once, before its checkpoint code, as it should.
+    wait_for(lambda: host.run(f"test -s {ROOT}/runs/{run_id}/epochs.jsonl").returncode == 0, timeout=120)
+    spent = json.loads(host.run(f"cat {ROOT}/guard/state.json").stdout)["spent_usd"]
+    gpuctl("guard", "set", "--budget", str(int(spent) + 6))
     f = wait_for(lambda: fired(host), timeout=90)
     assert f["reason"] == "budget"
     wait_for(lambda: marks(host))  # powered off once the job had stopped
-    assert host.run(f"cat /srv/gpuctl/runs/{run_id}/outputs/checkpoint.txt").stdout == "saved"  # its hook ran
+    assert host.run(f"cat {ROOT}/runs/{run_id}/outputs/checkpoint.txt").stdout == "saved"  # its hook ran
     run = wait_for(lambda: next((r for r in json.loads(gpuctl("status", "--json").stdout)["runs"]
                                  if r["state"] != "running"), None), every=1)
     assert run["state"] == "stopped" and run["exit_code"] == 143  # SIGTERM, after a graceful exit
@@ -144,7 +141,7 @@ def test_down_fires_after_success_and_after_failure_with_the_client_gone(gpuctl,
     # From here on the client does nothing at all: only the host's own files are looked at.
     f = wait_for(lambda: fired(host), timeout=60)
     assert f["reason"] == "run-done"
-    end = float(host.run("stat -c %Y /srv/gpuctl/runs/*/exitcode").stdout.split()[0])
+    end = float(host.run(f"stat -c %Y {ROOT}/runs/*/exitcode").stdout.split()[0])
     assert f["at"] >= end + 2.0 - 1.0  # after the grace period
     assert marks(host)
 
@@ -163,8 +160,8 @@ def test_watchdog_killed_with_sigkill_comes_back(gpuctl, fast_guards, monkeypatc
     host.run(f"kill -9 {first}")
     second = wait_for(lambda: (p := pid()) and p != first and p)
     assert second != first
-    log = host.run("cat /srv/gpuctl/guard/decisions.log").stdout
-    assert log.count("watchdog started") == 2
+    # Its first line comes a moment after its process does.
+    wait_for(lambda: host.run(f"cat {ROOT}/guard/decisions.log").stdout.count("watchdog started") == 2, timeout=10)
 
 
 def test_guard_set_and_show_and_bad_values_change_nothing(gpuctl, fast_guards, monkeypatch):
@@ -173,13 +170,13 @@ def test_guard_set_and_show_and_bad_values_change_nothing(gpuctl, fast_guards, m
     up_ssh(gpuctl, fast_guards)
     report = json.loads(gpuctl("guard", "set", "--idle", "30m", "--budget", "20", "--json").stdout)
     assert report["config"]["idle_s"] == 1800 and report["config"]["budget_usd"] == 20
-    before = host.run("cat /srv/gpuctl/guard/config.json").stdout
+    before = host.run(f"cat {ROOT}/guard/config.json").stdout
     for args, needle in [(["--idle", "5 parsecs"], "not a duration"),
                          (["--budget", "-1"], "guards.budget_usd"),
                          (["--idle", "10s", "--check-interval", "1m"], "shorter than check_interval")]:
         res = gpuctl("guard", "set", *args, code=3)
         assert needle in res.stderr and "Traceback" not in res.stderr
-        assert host.run("cat /srv/gpuctl/guard/config.json").stdout == before
+        assert host.run(f"cat {ROOT}/guard/config.json").stdout == before
     shown = gpuctl("guard", "show").stdout
     assert "idle" in shown and "30m" in shown and "$20" in shown
 
@@ -188,11 +185,11 @@ def test_guard_set_and_show_and_bad_values_change_nothing(gpuctl, fast_guards, m
 
 
 def decisions(host):
-    return host.run("cat /srv/gpuctl/guard/decisions.log").stdout
+    return host.run(f"cat {ROOT}/guard/decisions.log").stdout
 
 
 def guard_state(host):
-    return json.loads(host.run("cat /srv/gpuctl/guard/state.json").stdout or "{}")
+    return json.loads(host.run(f"cat {ROOT}/guard/state.json").stdout or "{}")
 
 
 def logins_in_utmp(host):
@@ -236,7 +233,7 @@ def test_idle_fires_when_only_tmux_panes_are_recorded(gpuctl, fast_guards, monke
     so idle never fired on an instance (`ssh=1 -> ok` until the boot hard cap)."""
     host = fast_guards.hosts[0]
     monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "4s")
-    # A TensorBoard left running on gpuctl's tmux server and the user's own tmux with a shell.
+    # A TensorBoard left running on a tmux server of an earlier gpuctl and the user's own tmux with a shell.
     host.run("tmux -L gpuctl new-session -d -s tensorboard 'sleep 600' \\; set-option -t tensorboard remain-on-exit on;"
              " tmux new-session -d -s mine")
     try:
@@ -349,19 +346,19 @@ def test_a_run_ended_in_its_pane_is_over_and_idle_fires_after(gpuctl, fast_guard
     up_ssh(gpuctl, fast_guards)
     proj = make_project("forever", {"train.py": "import time\nprint('training', flush=True)\ntime.sleep(600)\n"})
     run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json").stdout)["run"]["run_id"]
-    wait_for(lambda: "training" in host.run(f"cat /srv/gpuctl/runs/{run_id}/output.log").stdout)
+    wait_for(lambda: "training" in host.run(f"cat {ROOT}/runs/{run_id}/output.log").stdout)
     gpuctl("guard", "set", "--idle", "4s")
     time.sleep(4.0 + 2.0)
     assert not fired(host)  # the job keeps the instance busy
     if how == "ctrl-c":
-        host.run(f"tmux -L gpuctl send-keys -t ={run_id}: C-c")
+        host.run(f"{sshd.gpuctl_tmux(host)} send-keys -t ={run_id}: C-c")
     else:
-        pane_pid = host.run(f"tmux -L gpuctl list-panes -t ={run_id}: -F '#{{pane_pid}}'").stdout.strip()
+        pane_pid = host.run(f"{sshd.gpuctl_tmux(host)} list-panes -t ={run_id}: -F '#{{pane_pid}}'").stdout.strip()
         host.run(f"kill -KILL -{pane_pid}")  # the pane leads its process group: script, job, tee
     t_end = time.time()
     if how == "sigkill":  # the watchdog alone notices, records tmux's code and fires
         f = wait_fired(host)
-        assert host.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode").stdout.strip() == str(code)
+        assert host.run(f"cat {ROOT}/runs/{run_id}/exitcode").stdout.strip() == str(code)
         assert f"run {run_id}: its pane died without recording an exit code; tmux says {code}" in decisions(host)
     run = wait_for(lambda: next((r for r in json.loads(gpuctl("status", "--json").stdout)["runs"]
                                  if r["state"] != "running"), None), timeout=20, every=1)

@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.sshd import ROOT, gpuctl_servers, gpuctl_tmux
 from tests.integration.test_payload_tf import MODEL
 
 TF_TRAIN = textwrap.dedent(MODEL) + textwrap.dedent("""
@@ -54,13 +55,13 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     assert "Epoch 2/2" in gpuctl("logs", run["run_id"]).stdout
     assert "oneDNN custom operations" in gpuctl("logs", "--raw", run["run_id"]).stdout
     # The job really ran on the host: its files are in the host's own /srv.
-    assert host.run(f"cat /srv/gpuctl/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
+    assert host.run(f"cat {ROOT}/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
     pulled = gpuctl("pull", run["run_id"], "--dest", tmp_path / "back").stdout
     assert "Pulled" in pulled
     assert (tmp_path / "back" / run["run_id"] / "outputs" / "model.txt").read_text() == "weights"
     gpuctl("down", "-y")
     assert "Epoch 2/2" in gpuctl("logs", run["run_id"]).stdout  # kept after down
-    assert host.run("tmux -L gpuctl ls").returncode != 0  # gpuctl's jobs are gone from the host
+    assert gpuctl_servers(host) == []  # gpuctl's jobs are gone from the host
 
 
 def test_incremental_push_and_quoting_over_ssh(gpuctl, ssh, make_project):
@@ -92,7 +93,7 @@ def test_tar_fallback_when_the_host_has_no_rsync(gpuctl, ssh, make_project):
     first = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
     assert first["files_copied"] == 2
     assert json.loads(gpuctl("sync", proj, "--json").stdout)["code"]["files_copied"] == 0
-    assert ssh.hosts[0].run("cat /srv/gpuctl/code/norsync/a/b.txt").stdout == "b"
+    assert ssh.hosts[0].run(f"cat {ROOT}/code/norsync/a/b.txt").stdout == "b"
 
 
 def test_one_connection_per_command_not_per_file(gpuctl, ssh, make_project):
@@ -151,8 +152,9 @@ def test_attach_command_targets_the_runs_session(gpuctl, ssh, make_project):
     proj = make_project("sleepy", {"train.py": "import time\ntime.sleep(30)\n"})
     run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json").stdout)["run"]["run_id"]
     argv = gpuctl("attach", run_id, "--print").stdout
-    assert f"tmux -L gpuctl attach-session -t ={run_id}" in argv and "StrictHostKeyChecking=yes" in argv
-    assert ssh.hosts[0].run(f"tmux -L gpuctl has-session -t ={run_id}").returncode == 0
+    tmux = gpuctl_tmux(ssh.hosts[0])
+    assert f"{tmux} attach-session -t ={run_id}" in argv and "StrictHostKeyChecking=yes" in argv
+    assert ssh.hosts[0].run(f"{tmux} has-session -t ={run_id}").returncode == 0
     gpuctl("down", "-y")
 
 
@@ -171,7 +173,7 @@ def test_tensorboard_is_forwarded_to_localhost_only(gpuctl, ssh):
             except OSError:
                 assert proc.poll() is None, proc.stderr.read()
                 assert time.monotonic() < deadline, "TensorBoard did not answer through the tunnel: " + \
-                    ssh.hosts[0].run("tail -20 /srv/gpuctl/tensorboard/output.log").stdout
+                    ssh.hosts[0].run(f"tail -20 {ROOT}/tensorboard/output.log").stdout
                 time.sleep(1)
     finally:
         proc.terminate()
@@ -231,12 +233,12 @@ def test_disk_full_during_a_push_keeps_the_previous_tree(gpuctl, ssh, make_proje
     res = gpuctl("sync", proj, code=7)
     assert "No space left on device" in error_line(res) and "disk is full" in res.stderr
     host = ssh.hosts[0]
-    tree = "/srv/gpuctl/code/fills"
+    tree = f"{ROOT}/code/fills"
     import base64
 
     from gpuctl.remote.sync import decode_manifest
 
-    manifest = decode_manifest(base64.b64decode(host.run("base64 -w0 /srv/gpuctl/code/.fills.gpuctl-manifest").stdout))
+    manifest = decode_manifest(base64.b64decode(host.run(f"base64 -w0 {ROOT}/code/.fills.gpuctl-manifest").stdout))
     assert sorted(manifest) == ["lib.py", "train.py"]  # the previous push's record stands
     assert host.run(f"cat {tree}/train.py").stdout == "print('v1')\n"
     assert host.run(f"cat {tree}/lib.py").stdout in ("V = 1\n", "V = 2\n")  # whole, old or new

@@ -75,7 +75,7 @@ def lab(jump_lab, monkeypatch):
         if h.proc is None or h.proc.poll() is not None:
             h.restart()
         else:
-            h.run("tmux -L gpuctl kill-server 2>/dev/null; rm -rf /srv/gpuctl")
+            h.run(sshd.CLEAN)
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
     monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
@@ -300,13 +300,13 @@ def _loop(gpuctl, project, name: str, *hosts: str, extra=()):
 def test_whole_loop_through_the_bastion_with_the_users_ssh_config(gpuctl, lab, quick_project, capfd):
     user_config(lab)
     run = _loop(gpuctl, quick_project, "jbox", "gpubox")
-    assert lab.box.run(f"cat /srv/gpuctl/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
+    assert lab.box.run(f"cat {sshd.WORKDIR}/jbox/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
     capfd.readouterr()
     # `gpuctl ssh` runs the OpenSSH client (its output goes straight to the terminal's fd).
     assert gpuctl("ssh", "--", "echo", "hi", "from", "$(hostname -I)").exit_code == 0
     assert capfd.readouterr().out.split() == ["hi", "from", lab.box.ip]
     gpuctl("down", "-y")
-    assert lab.box.run("tmux -L gpuctl ls").returncode != 0
+    assert sshd.gpuctl_servers(lab.box) == []
 
 
 def test_whole_loop_with_remote_ssh_config_elsewhere(gpuctl, lab, quick_project, tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuctl import provision
-from gpuctl.errors import CloudError, ConfigError, ConflictError
+from gpuctl.errors import CloudError, ConfigError
 from gpuctl.ops import clusters, costs, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
@@ -140,14 +140,6 @@ def test_a_cluster_recorded_by_gpuctl_0_1_is_completed_from_the_settings(fake, t
     provider = s.provider(legacy)
     assert provider.spec.version == 2 and provider.spec.usd_per_hour == 2.0  # what it recorded stays
     assert provider.spec.name == "old" and provider.spec.launch_token  # the rest: today's settings
-
-
-def test_two_live_clusters_never_share_an_owned_host(fake, tmp_path):
-    s = session(tmp_path)
-    s.ledger.add_cluster(ClusterSpec(name="a", provider="fake", hosts=("root@h",)))
-    clash = ClusterSpec(name="b", provider="fake", hosts=("root@h",))
-    with pytest.raises(ConflictError, match="already in cluster 'a'"):
-        clusters._refuse_shared_hosts(s, clash)
 
 
 def test_a_cloud_that_cannot_be_asked_leaves_the_ledgers_view(fake, tmp_path):

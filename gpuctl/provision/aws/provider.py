@@ -224,7 +224,8 @@ class AwsProvider:
         r = self.spec.remote
         # A new instance's sshd may accept the key only once cloud-init installed it: retry auth too.
         return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
-                       connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress)
+                       connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress,
+                       tmux_socket=instance.tmux_socket)
 
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         return lifecycle.reconcile(self.aws, instances)

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from gpuctl.errors import RemoteError
 from gpuctl.provision import remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
-from gpuctl.remote.jobs import kill_server
+from gpuctl.remote.jobs import end_processes, kill_server
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
 if TYPE_CHECKING:
@@ -92,5 +93,10 @@ class LocalProvider:
                 host = LocalHost(Path(r.id))
                 guard.uninstall(host)  # its cron entry, if any, must not revive it
                 kill_server(host)  # ends every job of the cluster
+                # ...and what outlived its server: daemons a job started, TensorBoard (Linux: /proc)
+                survivors = end_processes(host)
+                if survivors:
+                    raise RemoteError(f"processes of cluster {r.cluster} survived SIGKILL: {'; '.join(survivors[:3])}",
+                                      "Look at them with `ps`; run `gpuctl down` again once they are gone.")
                 shutil.rmtree(r.id, ignore_errors=True)
                 progress(f"removed {r.id}")

@@ -1,25 +1,28 @@
 """The `ssh` provider: GPU machines the user already has, reached over SSH.
 
-Nothing is rented, so nothing is created but gpuctl's work directory on each host; `down` ends
-gpuctl's jobs there (its own tmux server) and leaves the user's files alone. The cluster's hosts
-are remembered in a small file under the gpuctl home, the provider's own view for `--all`.
+Nothing is rented, so nothing is created but the cluster's work directory on each host
+(`remote.workdir`/CLUSTER) and its own tmux server: several clusters may share a host, and `down`
+of one ends every process of its own server (jobs, their children, TensorBoard, the watchdog) and
+nothing of the others', and leaves the user's files alone. The cluster's hosts are remembered in a
+small file under the gpuctl home, the provider's own view for `--all`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.provision import remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import Host
-from gpuctl.remote.jobs import kill_server
+from gpuctl.remote.jobs import end_processes, kill_server
 from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
@@ -31,6 +34,19 @@ NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
 
 def _quiet(_: str) -> None:
     pass
+
+
+def _refuse_if_taken(host: SshHost, name: str) -> None:
+    """The work dir is this cluster's unless a live cluster of the same name (from another gpuctl
+    home: one home's names are unique) still uses it: its watchdog's config is there and its tmux
+    server runs. Values read from the host are only passed as quoted arguments."""
+    cfg = guard.read_config(host)
+    other = cfg.get("tmux_socket")
+    if not isinstance(other, str) or not other:
+        return
+    if host.run(["tmux", "-L", other, "has-session"], check=False, cwd=False).returncode == 0:
+        raise ConflictError(f"{host.root} on {host.label} is in use by another live gpuctl cluster named {name!r}",
+                            "Pick another --name, or release that cluster from the gpuctl home that started it.")
 
 
 class SshProvider:
@@ -72,11 +88,11 @@ class SshProvider:
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
 
-    def connect(self, ep: Endpoint, identity: str | None, workdir: str | None = None,
+    def connect(self, ep: Endpoint, identity: str | None, workdir: str, tmux_socket: str,
                 progress: Callable[[str], None] | None = None, connect_timeout_s: float | None = None) -> SshHost:
         r = self.remote
         # `ep` carries its jump hosts and their keys; `identity`, when given, is the host's key.
-        return SshHost(ep, self.home, identity, workdir or r.workdir, python=r.python,
+        return SshHost(ep, self.home, identity, workdir, python=r.python, tmux_socket=tmux_socket,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, progress=progress)
 
     def launch(self, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
@@ -88,7 +104,9 @@ class SshProvider:
         endpoints = [ssh_resolve.resolve(h, cfg, cfg_path, identity=spec.identity) for h in spec.hosts]
 
         def check(ep: Endpoint) -> InstanceRecord:
-            host = self.connect(ep, None, progress=progress)
+            # This `up`'s own work dir and tmux server: other clusters on the host keep theirs.
+            host = self.connect(ep, None, posixpath.join(self.remote.workdir, spec.name),
+                                f"gpuctl-{secrets.token_hex(5)}", progress=progress)
             try:
                 res = host.run(["sh", "-c", "for t in tmux python3 tar; do command -v $t >/dev/null || echo $t; done"],
                                cwd=False)
@@ -98,6 +116,7 @@ class SshProvider:
                         f"{', '.join(missing)} missing on {ep.name}",
                         f"Install it there: `sudo apt-get install {' '.join(NEEDED[m] for m in missing)}`.",
                     )
+                _refuse_if_taken(host, spec.name)
                 host.run(["mkdir", "-p", host.root], cwd=False)
                 progress(f"{ep.name}: reachable, host key pinned, tmux and python3 present, work dir {host.root}")
                 return InstanceRecord(
@@ -105,6 +124,7 @@ class SshProvider:
                     usd_per_hour=spec.usd_per_hour, price_source="ssh.usd_per_hour", launched_at=time.time(),
                     workdir=host.root, ssh_user=ep.user, key_path=ep.identity, port=ep.port,
                     jump_hosts=tuple(h.spec for h in ep.jump), jump_keys=tuple(h.identity or "" for h in ep.jump),
+                    tmux_socket=host.tmux_socket,
                 )
             finally:
                 host.close()
@@ -117,7 +137,8 @@ class SshProvider:
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> SshHost:
         # As recorded at `up` (jump hosts too): the ssh config is not read again.
-        return self.connect(Endpoint.from_record(instance), None, instance.workdir, connect_timeout_s=connect_timeout_s)
+        return self.connect(Endpoint.from_record(instance), None, instance.workdir, instance.tmux_socket,
+                            connect_timeout_s=connect_timeout_s)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._registry()
@@ -130,6 +151,7 @@ class SshProvider:
         return out
 
     def release(self, resources: list[Resource], progress: Callable[[str], None] = _quiet) -> None:
+        left: list[str] = []
         by_cluster: dict[str, list[Resource]] = {}
         for r in resources:
             by_cluster.setdefault(r.cluster or "", []).append(r)
@@ -144,8 +166,16 @@ class SshProvider:
                     continue
                 try:
                     guard.uninstall(host)  # the host stays up: its cron entry must not revive the watchdog
-                    kill_server(host)  # gpuctl's own tmux server: every gpuctl job there, nothing else
-                    progress(f"{rec.id}: gpuctl's jobs ended; its files stay in {rec.workdir}")
+                    kill_server(host)  # this cluster's own tmux server: its jobs, nothing of other clusters'
+                    survivors = end_processes(host)  # what ignored the hangup, or left the server's session
+                    if survivors:
+                        left.append(f"{rec.id}: {'; '.join(survivors[:3])}")
+                    else:
+                        progress(f"{rec.id}: no process of the cluster is left; its files stay in {rec.workdir}")
                 finally:
                     host.close()
-            path.unlink(missing_ok=True)
+            if not left:
+                path.unlink(missing_ok=True)
+        if left:
+            raise RemoteError(f"processes of the cluster survived SIGKILL on {' | '.join(left)}",
+                              "Look at them with `ps` there; run `gpuctl down` again once they are gone.")
