@@ -173,7 +173,7 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet) -> Dow
 def _down_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_stop_jobs: bool = True) -> DownResult:
     # A train starting a job on this cluster finishes starting first (then its run is stopped
     # here), or waits and finds the cluster down: never a job that down did not see.
-    with s.cluster_lock(cluster) as cluster:
+    with s.cluster_lock(cluster, progress) as cluster:
         if cluster.state != "up":
             return DownResult(cluster=cluster.name, already_down=True)
         return _release_up_cluster(s, cluster, progress, must_stop_jobs)

@@ -3,6 +3,7 @@ and what `status` shows of them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import time
@@ -129,7 +130,14 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
         before = guard.state(host)
         cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at)
         how.append(guard.install(host, cfg, host.python, payload_dir(host)))
-        if not _alive(host, before.get("pid")):  # a watchdog that runs reads the new config on its next look
+        pid = before.get("pid")
+        if _alive(host, pid) and before.get("code") != code_version():
+            # Older code (gpuctl was upgraded): it would read the new config but not act on it (a
+            # watchdog from before heartbeats takes a push for idleness). Its restart loop or
+            # systemd brings the new code up within 2 s.
+            host.run(["kill", str(pid)], check=False)
+            _first_tick(host, before.get("at"))
+        elif not _alive(host, pid):  # a watchdog that runs reads the new config on its next look
             _first_tick(host, before.get("at"))
     return how[0] + (f" (on each of {len(how)} instances)" if len(how) > 1 else "")
 
@@ -138,10 +146,18 @@ def _alive(host: Host, pid: Any) -> bool:
     return isinstance(pid, int) and host.run(["kill", "-0", str(pid)], check=False).returncode == 0
 
 
+def code_version() -> str:
+    """What the watchdog reports as its code (`code` in state.json): the hash of its two files."""
+    digest = hashlib.sha1()
+    for name in guard.WATCHDOG_FILES:
+        digest.update((PAYLOAD_DIR / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _first_tick(host: Host, previous_at: Any) -> None:
     def looked() -> bool | None:
-        at = guard.state(host).get("at")
-        return True if at and at != previous_at else None
+        st = guard.state(host)
+        return True if st.get("at") and st.get("at") != previous_at and st.get("code") == code_version() else None
 
     try:
         poll(looked, FIRST_TICK_WAIT_S, first_delay_s=0.25, max_delay_s=2.0)

@@ -89,7 +89,7 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
                            f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
                            "gpuctl.toml (or pass --entry).")
     data = _data_dir(data)
-    with s.cluster_lock(s.resolve_cluster(cluster)) as record:
+    with s.cluster_lock(s.resolve_cluster(cluster), progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
                                 "Start one with `gpuctl up`, then train again.")

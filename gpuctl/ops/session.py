@@ -151,7 +151,7 @@ class Session:
 
 
     @contextmanager
-    def cluster_lock(self, cluster: ClusterRecord) -> Iterator[ClusterRecord]:
+    def cluster_lock(self, cluster: ClusterRecord, progress: Progress = quiet) -> Iterator[ClusterRecord]:
         """Serialize the commands that conflict on one cluster (`train` starting a job, `down`
         releasing it), across processes. Yields the cluster as the ledger has it once the lock is
         held: a `train` that waited for a `down` finds the cluster down and must not start."""
@@ -160,7 +160,11 @@ class Session:
         locks = self.home / "locks"
         locks.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(locks / f"cluster-{cluster.id}.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                progress(f"waiting for another gpuctl command on cluster {cluster.name!r} to finish")
+                fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield self.ledger.cluster(cluster.id)
             finally:

@@ -15,6 +15,7 @@ Firing means `on_fire`: "poweroff" runs `poweroff_command`; "stop-jobs" stops gp
 The job-stopping code repeats gpuctl.remote.jobs on purpose: this file runs alone on the instance.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -50,6 +51,17 @@ def sh(argv, timeout=30):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def code_version():
+    """Hash of this file and gpuctl_logins.py, as gpuctl.ops.guards.code_version computes it: the
+    client restarts a watchdog whose code is older than the one it pushed."""
+    digest = hashlib.sha1()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("gpuctl_watchdog.py", "gpuctl_logins.py"):
+        with open(os.path.join(here, name), "rb") as fh:
+            digest.update(fh.read())
+    return digest.hexdigest()[:12]
 
 
 def entries(folder):
@@ -89,6 +101,7 @@ class Watchdog(object):
         self.boot_id = boot_id()
         self.warned = set()
         self.dry = False  # --check: look and decide, change nothing, fire nothing
+        self.code = code_version()
 
     def log(self, text):
         if not self.dry:
@@ -259,7 +272,7 @@ class Watchdog(object):
         state = {"at": now, "jobs": [r[0] for r in running], "gpu_util": gpu, "ssh_sessions": sessions,
                  "logins": {"utmp": utmp, "counted": counted, "ignored": ignored},
                  "busy": busy, "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
-                 "fired": fired, "pid": os.getpid(), "boot_id": self.boot_id, "cluster_key": cfg.get("cluster_key")}
+                 "fired": fired, "pid": os.getpid(), "code": self.code, "boot_id": self.boot_id, "cluster_key": cfg.get("cluster_key")}
 
         reason = detail = None
         # budget: the uptime's cost, whatever the jobs do

@@ -16,7 +16,7 @@ import time
 
 from tests.conftest import MARK, QUICK_TRAIN
 from tests.sshd import ROOT, gpuctl_tmux
-from tests.integration.test_guards import fired, marks
+from tests.integration.test_guards import fired, marks, wait_for
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
 
@@ -83,8 +83,9 @@ def test_a_train_racing_a_down_leaves_no_invisible_job(gpuctl, make_project, iso
     out, err = train.communicate(timeout=120)
     assert down.returncode == 0, down.stderr
     runs = json.loads(gpuctl("status", "--json").stdout)["runs"]
-    if train.returncode == 0:  # it started first: down saw and stopped its run
+    if train.returncode == 0:  # it started first: down saw and stopped its run, and said why it waited
         assert [r["state"] for r in runs] == ["stopped"], (out, err, down.stdout)
+        assert "waiting for another gpuctl command on cluster 'default' to finish" in down.stderr
     else:
         assert train.returncode == 4 and "released while this train waited" in err, err
         assert runs == []
@@ -172,3 +173,22 @@ def test_guard_show_check_shows_each_guards_inputs_live_and_changes_nothing(gpuc
     assert "would fire now: idle (idle for" in text and "watchdog: NOT RUNNING" in text, text
     assert marks(host) == [] and fired(host) is None
     assert host.run(f"cat {ROOT}/guard/decisions.log").stdout == log_before
+
+
+def test_a_watchdog_running_older_code_is_restarted_with_the_pushed_code(gpuctl, fast_guards, monkeypatch):
+    """After an upgrade of gpuctl, the watchdog already running on an instance must not keep the
+    old code (one from before heartbeats takes a push for idleness)."""
+    from gpuctl.ops.guards import code_version
+
+    host = fast_guards.hosts[0]
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "0")
+    up_ssh(gpuctl, fast_guards)
+    state = lambda: json.loads(host.run(f"cat {ROOT}/guard/state.json").stdout)  # noqa: E731
+    assert state()["code"] == code_version()
+    # An "older" watchdog: its file differs from what this gpuctl pushes; its loop restarts it.
+    host.run(f"echo '# older' >> {ROOT}/payload/gpuctl_watchdog.py; kill {state()['pid']}")
+    old = wait_for(lambda: (s := state())["code"] != code_version() and s)
+    gpuctl("guard", "set")
+    new = state()
+    assert new["code"] == code_version() and new["pid"] != old["pid"]
+    assert host.run(f"kill -0 {old['pid']}").returncode != 0
