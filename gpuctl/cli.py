@@ -117,6 +117,14 @@ def cli(debug: bool) -> None:
     gpuctl cost                    what each epoch cost, what the run will cost
     gpuctl down -y                 release everything
     """
+    import logging
+
+    if debug or os.environ.get("GPUCTL_DEBUG", "") not in ("", "0"):
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    else:
+        # Libraries' own logging (paramiko prints a traceback for a host that never sends its SSH
+        # banner) is not gpuctl's output: gpuctl says what failed in one line of its own.
+        logging.getLogger().addHandler(logging.NullHandler())
 
 
 for _command in (cli_clusters.up, cli_clusters.down, cli_clusters.status, cli_clusters.cost, cli_clusters.guard,

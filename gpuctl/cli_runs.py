@@ -24,6 +24,9 @@ from gpuctl.errors import RunFailedError
 @click.option("--budget", type=float, help="Stop this run once its own epochs cost this many dollars (setting "
               "`train.budget_usd`; the cluster's uptime budget is `guard set --budget`).")
 @click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
+@click.option("--env", "env_names", multiple=True, metavar="NAME",
+              help="Pass this environment variable from here to the job (repeatable). Its value is never "
+                   "recorded; script ARGS are (in the ledger), so pass secrets this way.")
 @click.option("--down/--no-down", "down_after", default=None,
               help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status (with --json: the log on "
@@ -31,8 +34,8 @@ from gpuctl.errors import RunFailedError
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
-          entry: str | None, budget: float | None, allow_cpu: bool, down_after: bool | None, wait: bool,
-          as_json: bool) -> None:
+          entry: str | None, budget: float | None, allow_cpu: bool, env_names: tuple[str, ...], down_after: bool | None,
+          wait: bool, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
     from gpuctl import render, render_commands
     from gpuctl.ops import runs
@@ -40,7 +43,7 @@ def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | 
     s = session(ctx, **{"train.entry": entry, "train.budget_usd": budget})
     with progress_sink() as progress:
         result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
-                            progress=progress, down_after_run=down_after)
+                            progress=progress, down_after_run=down_after, env_names=env_names)
     if as_json and not wait:
         return render.emit_json(result)
     render_commands.train_started(result, to_stderr=wait)

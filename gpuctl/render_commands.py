@@ -32,12 +32,20 @@ def up(result: UpResult) -> None:
     click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
 
 
+def _left_out(what: str, items: Sequence[str]) -> None:
+    """Entries a push or pull left out (links leading out, special files), on stderr."""
+    if items:
+        more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+        click.echo(f"warning: {len(items)} {what}: {'; '.join(items[:5])}{more}", err=True)
+
+
 def train_started(result: TrainResult, to_stderr: bool) -> None:
     """With --wait these go to stderr: stdout is the run's log."""
     for label, st in (("code", result.code_sync), ("data", result.data_sync)):
         if st is not None:
             click.echo(f"Pushed {label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes "
                        f"sent in {st.seconds:.2f}s.", err=to_stderr)
+            _left_out(f"{label} entries not pushed", st.skipped)
     run = result.run
     click.echo(f"Run {run.run_id} started on {run.cluster} ({result.host}, tmux session {result.session}).",
                err=to_stderr)
@@ -50,10 +58,12 @@ def synced(result: SyncResult) -> None:
         if st is not None:
             click.echo(f"{label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes sent, "
                        f"{st.files_deleted} deleted, {st.seconds:.2f}s -> {where}")
+            _left_out(f"{label} entries not pushed", st.skipped)
 
 
 def pulled(result: PullResult) -> None:
     click.echo(f"Pulled {result.files} file(s) of {result.run_id} into {result.dest}")
+    _left_out("entries not pulled", result.skipped)
 
 
 def down(result: DownResult, everything: bool) -> None:

@@ -91,20 +91,52 @@ def gpuctl_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(platformdirs.user_data_dir("gpuctl", appauthor=False))
 
 
+def make_private(home: Path) -> None:
+    """The home holds keys, the ledger (costs, script arguments) and logs: its owner's alone. A
+    home found open to others (gpuctl 0.1 made it 0755, its files 0644) is fixed once: group and
+    other lose every bit on it and everything in it. Links are not followed out of it."""
+    import stat as stat_
+
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not stat_.S_IMODE(home.stat().st_mode) & 0o077:
+        return
+    for dirpath, dirnames, filenames in os.walk(home):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat_.S_IMODE(os.lstat(path).st_mode) & 0o700)
+    os.chmod(home, 0o700)
+
+
 class Ledger:
     """Typed access to the ledger. Open one per command; it is cheap."""
 
     def __init__(self, home: Path):
+        from gpuctl.errors import ConfigError
+
         self.home = home
-        home.mkdir(parents=True, exist_ok=True)
         self.path = home / "ledger.sqlite3"
-        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write
-        # lock up front and waits (busy_timeout) instead of failing on upgrade.
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self._db.execute("PRAGMA busy_timeout = 30000")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._ensure_schema()
+        try:
+            make_private(home)
+            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write
+            # lock up front and waits (busy_timeout) instead of failing on upgrade.
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA busy_timeout = 30000")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            for part in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                if part.exists() and part.stat().st_mode & 0o077:
+                    os.chmod(part, 0o600)  # sqlite creates them by the umask
+            self._ensure_schema()
+        except sqlite3.DatabaseError as exc:
+            readonly = "readonly" in str(exc) or "unable to open" in str(exc)
+            raise ConfigError(f"the ledger {self.path} cannot be {'written' if readonly else 'read'}: {exc}",
+                              "Make the gpuctl home writable (GPUCTL_HOME points elsewhere if need be)." if readonly
+                              else f"Move it aside (`mv '{self.path}' '{self.path}.broken'`) to start a new one; "
+                              "`gpuctl status --all` finds what runs in the cloud by its tags.") from None
+        except PermissionError as exc:
+            raise ConfigError(f"the gpuctl home {home} is not usable: {exc.strerror} ({exc.filename})",
+                              "Make it yours and writable, or point GPUCTL_HOME at another directory.") from None
 
     def _ensure_schema(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]

@@ -144,6 +144,7 @@ class RunRecord(_Frozen):
     run_dir: str
     tf_log_level: int = 2  # TF_CPP_MIN_LOG_LEVEL it ran with: what `logs` hides of TensorFlow's start-up
     budget_usd: float = 0.0  # its own budget (its epochs' dollars; train --budget); 0 = none
+    env_names: tuple[str, ...] = ()  # passed with `train --env NAME`: the names only, never the values
 
 
 class EpochReport(_Frozen):
@@ -179,6 +180,7 @@ class SyncStats(_Frozen):
     bytes_copied: int
     files_deleted: int
     seconds: float
+    skipped: tuple[str, ...] = ()  # "path: why" for each link or special file not pushed (sync.scan)
 
 
 class CommandResult(_Frozen):
@@ -216,6 +218,7 @@ class PullResult(_Frozen):
     run_id: str
     dest: str
     files: int
+    skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/pull.py)
 
 
 class ExecResult(_Frozen):

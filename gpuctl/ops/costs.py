@@ -9,7 +9,7 @@ import time
 from gpuctl import billing
 from gpuctl.errors import ConfigError
 from gpuctl.ops import clusters, guards, run_state
-from gpuctl.ops.session import Session
+from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.types import (
     ClusterCost,
     ClusterRecord,
@@ -54,6 +54,7 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
 
 def status(s: Session) -> StatusReport:
     """Every cluster and run: state, epoch k of N, last metrics, elapsed, cost so far."""
+    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
     clusters.reconcile_live(s)
     now = time.time()
     out = []
@@ -89,10 +90,11 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
 def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostReport:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more)."""
+    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
     clusters.reconcile_live(s)
-    runs = [run_state.refresh(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
+    runs = [run_state.refresh_or_keep(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
     now = time.time()
     costs = tuple(_with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id) for r in runs)
     in_epochs: dict[int, float] = {}

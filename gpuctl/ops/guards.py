@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.ops.session import Session
+from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat
 from gpuctl.remote.host import Host
@@ -20,7 +20,6 @@ from gpuctl.settings import LoadedSettings
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, GuardCheck, GuardReport, InstanceRecord
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
-STATUS_CONNECT_TIMEOUT_S = 5.0  # `status` must answer even when an instance does not
 
 
 def payload_dir(host: Host) -> str:
@@ -231,7 +230,7 @@ def decisions(s: Session, cluster: str | None = None) -> str:
 def status_of(s: Session, cluster: ClusterRecord) -> dict[str, Any] | None:
     """What the watchdog last saw and when each guard fires; never fails `status`."""
     try:
-        timeout = min(STATUS_CONNECT_TIMEOUT_S, cluster.spec.remote.connect_timeout_s)
+        timeout = min(REPORT_CONNECT_TIMEOUT_S, cluster.spec.remote.connect_timeout_s)
         _, host = s.hosts(cluster, connect_timeout_s=timeout)[0]
         st = guard.state(host)
         if st:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -10,9 +11,9 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import GpuctlError, RemoteError
 from gpuctl.ops.log_filter import LineFilter
-from gpuctl.ops.session import Session
+from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
@@ -82,8 +83,17 @@ def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
     return run.started_at + ran if ran is not None else time.time()
 
 
+def refresh_or_keep(s: Session, run: RunRecord) -> RunRecord:
+    """refresh(), or the ledger's view of the run when its host does not answer (status and cost
+    must answer anyway; status says which host did not)."""
+    try:
+        return refresh(s, run)
+    except GpuctlError:
+        return run
+
+
 def refreshed_runs(s: Session) -> list[RunRecord]:
-    return [refresh(s, r) for r in s.ledger.runs()]
+    return [refresh_or_keep(s, r) for r in s.ledger.runs()]
 
 
 def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None = None) -> RunRecord:
@@ -101,8 +111,13 @@ def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None =
 def _read_log(s: Session, run: RunRecord, offset: int) -> bytes:
     cluster = s.live_cluster_of(run)
     if cluster is not None:
-        _, host = s.host(cluster)
-        data = host.read_bytes(jobs.JobPaths(run.run_dir).log, offset)
+        try:
+            _, host = s.host(cluster)
+            data = host.read_bytes(jobs.JobPaths(run.run_dir).log, offset)
+        except GpuctlError:
+            if not archived_log(s, run.run_id).exists():
+                raise
+            data = None  # the host does not answer: what was archived of it
         if data is not None:
             return data
     try:
@@ -118,6 +133,8 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     """The run's output (less TensorFlow's start-up chatter unless `raw`); with follow, keeps
     yielding until the run has ended and all is read."""
     run = s.find_run(run_id)
+    if not follow:  # the archived log, or a clear error, rather than a long wait on a dead host
+        s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
     quiet = LineFilter(0 if raw else run.tf_log_level)
     offset = 0
     cluster = s.live_cluster_of(run) if follow else None
@@ -161,5 +178,6 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
             run = run.model_copy(update={"state": "stopped", "exit_code": code, "ended_at": _ended_at(host, paths, run)})
             s.ledger.put_run(run)
             stopped.append(run.run_id)
-        host.fetch(paths.log, archived_log(s, run.run_id))
+        if host.fetch(paths.log, archived_log(s, run.run_id)):
+            os.chmod(archived_log(s, run.run_id), 0o600)
     return stopped

@@ -77,9 +77,30 @@ def sync(s: Session, project: Path, cluster: str | None = None, data: Path | Non
     return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _secret_env(s: Session, names: tuple[str, ...]) -> dict[str, str]:
+    """`train --env NAME`: the values of these variables here, checked before anything happens."""
+    out = {}
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(f"--env {name!r} is not an environment variable name",
+                              "Give the name only, e.g. `--env HF_TOKEN` (the value is read from your environment).")
+        if name.startswith("GPUCTL_") or name == "TF_CPP_MIN_LOG_LEVEL":
+            raise ConfigError(f"--env {name}: gpuctl sets that one itself", "Pass another variable.")
+        if name not in s.env:
+            raise ConfigError(f"--env {name}: not set here", f"Set it first (`export {name}=...`), then train again.")
+        out[name] = s.env[name]
+    return out
+
+
 def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str, ...] = (), data: Path | None = None,
-          allow_cpu: bool = False, progress: Progress = quiet, down_after_run: bool | None = None) -> TrainResult:
-    """Push the project, check the machine, write the run's config, start the payload under tmux."""
+          allow_cpu: bool = False, progress: Progress = quiet, down_after_run: bool | None = None,
+          env_names: tuple[str, ...] = ()) -> TrainResult:
+    """Push the project, check the machine, write the run's config, start the payload under tmux.
+    `env_names`: variables passed from here to the job; their values are never recorded."""
+    secret_env = _secret_env(s, tuple(env_names))
     project = _project(project)
     loaded = s.settings(project_dir=project)
     settings = loaded.settings
@@ -95,11 +116,13 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
                                 "Start one with `gpuctl up`, then train again.")
         guards.check_for(s, loaded, record)
         with s.working(record, "train"):  # the push and the preflight are not idleness
-            return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run)
+            return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run,
+                          secret_env)
 
 
 def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRecord, entry: str, args: tuple[str, ...],
-           data: Path | None, allow_cpu: bool, progress: Progress, down_after_run: bool | None) -> TrainResult:
+           data: Path | None, allow_cpu: bool, progress: Progress, down_after_run: bool | None,
+           secret_env: dict[str, str]) -> TrainResult:
     settings = loaded.settings
     inst, host = s.host(record)
 
@@ -121,7 +144,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
-                    budget_usd=settings.train.budget_usd)
+                    budget_usd=settings.train.budget_usd, env_names=tuple(secret_env))
     config = {
         "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.train.budget_usd,
         "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
@@ -142,7 +165,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     armed_at = guards.instance_now(host) if down_after else None
     try:
         jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args],
-                       env, paths)
+                       env, paths, secret_env)
     except BaseException:
         s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
         raise
@@ -159,8 +182,8 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     _, host = s.host(cluster)
     target = Path(dest) / run.run_id
     with s.working(cluster, "pull"):
-        files = host.pull_tree(run.run_dir, target)
-    return PullResult(run_id=run.run_id, dest=str(target), files=files)
+        files, skipped = host.pull_tree(run.run_dir, target)
+    return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
 
 
 def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = None) -> list[ExecResult]:

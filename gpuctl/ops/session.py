@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 from gpuctl.errors import (
     ConfigError,
     ConflictError,
+    GpuctlError,
     NoClusterError,
     NotFoundError,
     RemoteError,
@@ -28,6 +29,7 @@ from gpuctl.state import Ledger, gpuctl_home
 from gpuctl.types import ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 
 Progress = Callable[[str], None]
+REPORT_CONNECT_TIMEOUT_S = 5.0  # status, cost, logs: answer from the ledger rather than wait on a host
 
 
 def quiet(_: str) -> None:
@@ -44,6 +46,11 @@ class Session:
         self._ledger: Ledger | None = None
         self._hosts: dict[tuple[int, str], Host] = {}
         self._settings: dict[str, LoadedSettings] = {}
+        # How long a first connection may take in this command (None: the cluster's
+        # remote.connect_timeout_s, which allows for an instance still booting). Commands that only
+        # report (status, cost, logs) set a short one: they answer from the ledger otherwise.
+        self.connect_timeout_s: float | None = None
+        self._unreachable: dict[int, GpuctlError] = {}  # cluster id -> why: asked once per command
 
     @property
     def ledger(self) -> Ledger:
@@ -79,13 +86,19 @@ class Session:
         instances = self.ledger.instances(cluster.id)
         if not instances:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", f"Release it: `gpuctl down {cluster.name} -y`.")
+        if cluster.id in self._unreachable:  # one wait per command for a host that does not answer
+            raise self._unreachable[cluster.id]
         provider = None
         out = []
         for inst in instances:
             key = (cluster.id, inst.id)
             if key not in self._hosts:
                 provider = provider or self.provider(cluster.spec)
-                self._hosts[key] = provider.host(inst, connect_timeout_s)
+                try:
+                    self._hosts[key] = provider.host(inst, connect_timeout_s or self.connect_timeout_s)
+                except GpuctlError as exc:
+                    self._unreachable[cluster.id] = exc
+                    raise
             out.append((inst, self._hosts[key]))
         return out
 

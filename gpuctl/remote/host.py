@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,9 @@ class Host(Protocol):
     def remove_tree(self, path: str) -> None:
         """Delete a directory on the host, if present."""
 
-    def pull_tree(self, path: str, local: Path) -> int:
-        """Copy a directory from the host to `local`; the number of files copied."""
+    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+        """Copy a directory from the host to `local`: (files copied, "path: why" of each entry
+        skipped: names and links that would leave `local`, special files; remote/pull.py)."""
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
         """(argv, cwd) that runs the shell line `command` (None: a login shell) in `root`, from here."""
@@ -113,7 +115,7 @@ class LocalHost:
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
+        tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")  # concurrent writers
         tmp.write_bytes(data)
         os.chmod(tmp, mode)
         os.replace(tmp, p)
@@ -131,11 +133,12 @@ class LocalHost:
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
-    def pull_tree(self, path: str, local: Path) -> int:
+    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+        from gpuctl.remote.pull import LocalFiles, pull_walk
+
         if not os.path.isdir(path):
-            return 0
-        shutil.copytree(path, local, dirs_exist_ok=True)
-        return sum(len(files) for _, _, files in os.walk(local))
+            return 0, ()
+        return pull_walk(LocalFiles(), path, local)
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
         if command is None:

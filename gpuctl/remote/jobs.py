@@ -59,6 +59,11 @@ class JobPaths:
     def outputs(self) -> str:
         return posixpath.join(self.run_dir, "outputs")
 
+    @property
+    def secrets(self) -> str:
+        """`train --env` values: read by the job's script at its start, then deleted."""
+        return posixpath.join(self.run_dir, ".secrets.env")
+
 
 def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], paths: JobPaths) -> str:
     """The bash script tmux runs: every value in it is shlex-quoted."""
@@ -81,6 +86,8 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
         f"cd {q(workdir)} || finish 127",
     ]
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
+    # `train --env` values live in a file of the owner's alone until the job has read them.
+    lines += [f"if [ -f {q(paths.secrets)} ]; then . {q(paths.secrets)}; rm -f {q(paths.secrets)}; fi"]
     lines += [
         # tee ignores TERM and INT: a job stopped gracefully (or by Ctrl-C) can still print while
         # it checkpoints or shows its traceback; tee ends when the job closes the pipe.
@@ -104,8 +111,13 @@ def server_env(host: Host) -> list[str]:
     return ["env", f"{MARK_VAR}={host.tmux_socket}"]
 
 
-def start_job(host: Host, session: str, workdir: str, command: Sequence[str], env: Mapping[str, str], paths: JobPaths) -> None:
-    """Start `command` in a detached tmux session; returns once tmux has it."""
+def start_job(host: Host, session: str, workdir: str, command: Sequence[str], env: Mapping[str, str], paths: JobPaths,
+              secret_env: Mapping[str, str] | None = None) -> None:
+    """Start `command` in a detached tmux session; returns once tmux has it. `secret_env` reaches
+    the job without being written into its script (train --env)."""
+    if secret_env:
+        q = shlex.quote
+        host.write_text(paths.secrets, "".join(f"export {k}={q(v)}\n" for k, v in secret_env.items()), mode=0o600)
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
     host.run(
         server_env(host) + _tmux(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))

@@ -9,8 +9,10 @@ command is an argv list joined with shlex.quote.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import secrets
 import select
 import shlex
 import shutil
@@ -152,6 +154,28 @@ class SshHost:
         if stdin is not None:
             chan.sendall(stdin)
             chan.shutdown_write()
+        return self._finish(chan, argv, check, timeout)
+
+    def run_feeding(self, argv: Sequence[str], feed: Callable[[Any], None]) -> CommandResult:
+        """Run argv with its stdin written by `feed(stream)` while it runs: `stream.write` blocks
+        while SSH's window is full, so memory stays flat whatever is sent. A command that ends
+        early (it refused the input, the disk filled) ends the feeding; its result says why."""
+        chan = self._client.get_transport().open_session()
+        chan.exec_command(self.command_line(argv, False))
+
+        class Stream:
+            def write(self, data: bytes) -> int:
+                chan.sendall(data)
+                return len(data)
+
+        try:
+            feed(Stream())
+            chan.shutdown_write()
+        except (OSError, EOFError):
+            pass  # the command is gone: its exit status and stderr tell
+        return self._finish(chan, argv, False, None)
+
+    def _finish(self, chan: Any, argv: Sequence[str], check: bool, timeout: float | None) -> CommandResult:
         out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:  # read both streams as they come: a full stderr window must not stall stdout
@@ -231,7 +255,8 @@ class SshHost:
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         parent = posixpath.dirname(path)
         self.makedirs(parent)
-        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.tmp")
+        # Unique: concurrent commands (two syncs) writing one file must not share a temporary name.
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{secrets.token_hex(4)}.tmp")
         try:
             with self.sftp.open(tmp, "wb") as fh:
                 fh.set_pipelined(True)
@@ -261,36 +286,30 @@ class SshHost:
     def remove_tree(self, path: str) -> None:
         self.run(["rm", "-rf", "--", path])
 
-    def pull_tree(self, path: str, local: Path) -> int:
-        """rsync from the host where both ends have it, else an SFTP walk (same connection)."""
-        import stat
+    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+        """rsync from the host where both ends have it, else an SFTP walk (same connection); both
+        keep what the instance lists inside `local` (remote/pull.py)."""
         import subprocess
 
-        from gpuctl.remote.sync import _rsync_host
+        from gpuctl.remote.pull import pull_walk
+        from gpuctl.remote.sync import REMOTE_RSYNC_MISSING, _rsync_host
 
         local.mkdir(parents=True, exist_ok=True)
         if self.has_rsync is not False and shutil.which("rsync"):
+            # --safe-links: no link that is absolute or climbs out of the tree is recreated here;
+            # --no-D: no device or FIFO either (as the SFTP walk).
             proc = subprocess.run(
-                ["rsync", "-a", "--stats", "-e", shlex.join(self.ssh_argv()),
+                ["rsync", "-a", "--safe-links", "--no-D", "--stats", "-e", shlex.join(self.ssh_argv()),
                  f"{self.ep.user}@{_rsync_host(self.ep.host)}:{path}/", f"{local}/"],
                 capture_output=True, text=True,
             )
-            if proc.returncode != 0:
+            if proc.returncode in (12, 126, 127) and REMOTE_RSYNC_MISSING.search(proc.stderr):
+                self.has_rsync = False  # the documented fallback: SFTP below
+            elif proc.returncode != 0:
                 raise RemoteError(f"pull from {self.label} failed: {proc.stderr.strip()[-300:]}")
-            return sum(len(files) for _, _, files in __import__("os").walk(local))
-        count = 0
-        stack = [(path, local)]
-        while stack:
-            rdir, ldir = stack.pop()
-            ldir.mkdir(parents=True, exist_ok=True)
-            for entry in self.sftp.listdir_attr(rdir):
-                rpath = posixpath.join(rdir, entry.filename)
-                if stat.S_ISDIR(entry.st_mode or 0):
-                    stack.append((rpath, ldir / entry.filename))
-                else:
-                    self.sftp.get(rpath, str(ldir / entry.filename))
-                    count += 1
-        return count
+            else:
+                return sum(len(files) for _, _, files in os.walk(local)), ()
+        return pull_walk(self.sftp, path, local)
 
     def ssh_argv(self, *extra: str) -> list[str]:
         """An OpenSSH client command for this host (the caller adds `user@host`): through the same

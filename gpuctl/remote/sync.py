@@ -12,15 +12,17 @@ add patterns or `!`-re-include. A `progress` callback hears how a long push goes
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import posixpath
 import re
 import shlex
+import secrets
 import shutil
+import signal
+import stat
 import subprocess
-import tarfile
+import sys
 import tempfile
 import time
 import zlib
@@ -29,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpuctl.remote.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
+from gpuctl.remote.tar_push import tar_push
 from gpuctl.types import SyncStats
 
 Progress = Callable[[str], None]
@@ -40,10 +43,27 @@ def encode_manifest(files: dict[str, tuple[int, int]]) -> bytes:
 
 
 def decode_manifest(data: bytes | None) -> dict[str, tuple[int, int]]:
+    """The previous push's files. The manifest lives on the instance, so it is untrusted: a path
+    that is not plain and relative (`../victim`, `/etc/x`), or anything malformed, voids it all
+    (a full push, and nothing deleted), never a deletion outside the destination."""
     try:
-        return {k: tuple(v) for k, v in json.loads(zlib.decompress(data or b"")).items()}
+        raw = json.loads(zlib.decompress(data or b""))
     except (ValueError, zlib.error):
         return {}
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, tuple[int, int]] = {}
+    for rel, sig in raw.items():
+        if not (_plain_relative(rel) and isinstance(sig, list) and len(sig) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in sig)):
+            return {}
+        out[rel] = (sig[0], sig[1])
+    return out
+
+
+def _plain_relative(rel: object) -> bool:
+    return (isinstance(rel, str) and bool(rel) and not rel.startswith("/") and "\0" not in rel
+            and all(part not in ("", ".", "..") for part in rel.split("/")))
 
 
 def manifest_path(dest: str) -> str:
@@ -52,25 +72,74 @@ def manifest_path(dest: str) -> str:
     return posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}{MANIFEST}")
 
 
-def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None) -> dict[str, tuple[int, int]]:
+def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
+         skipped: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """Relative POSIX path -> (size, mtime_ns) of every file to push; ignored dirs are pruned.
-    A scan that takes over a second reports to `progress` every 500 files."""
+    A scan that takes over a second reports to `progress` every 500 files.
+
+    Odd entries, one policy for every provider: a symbolic link (to a file or a directory) that
+    stays inside the project is followed, its content pushed under the link's name; one that
+    leaves the project, or leads nowhere, is skipped; so are FIFOs, sockets and devices. Each
+    skip is added to `skipped` as "path: why"."""
     files: dict[str, tuple[int, int]] = {}
+    skipped = [] if skipped is None else skipped
+    root = os.path.realpath(src)
     t0, total = time.monotonic(), 0
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
         base = os.path.relpath(dirpath, src)
         base = "" if base == "." else base.replace(os.sep, "/") + "/"
-        dirnames[:] = sorted(d for d in dirnames if not rules.ignored(base + d, True))
+        here = os.path.realpath(dirpath)
+        kept = []
+        for d in sorted(dirnames):
+            if rules.ignored(base + d, True):
+                continue
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if not _inside(real, root):
+                skipped.append(f"{base + d}/: a link to a directory outside the project")
+            elif _inside(here, real):  # the directory it is in, or one above: a loop
+                skipped.append(f"{base + d}/: a link back to a directory it is in (a loop)")
+            else:
+                kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             rel = base + name
             if rules.ignored(rel, False):
                 continue
-            st = os.stat(os.path.join(dirpath, name))
+            path = os.path.join(dirpath, name)
+            why = _odd(path, root)
+            if why:
+                skipped.append(f"{rel}: {why}")
+                continue
+            st = os.stat(path)
             files[rel] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
             if progress is not None and len(files) % 500 == 0 and time.monotonic() - t0 >= 1.0:
                 progress(f"scanning: {len(files):,} files ({_size(total)}) so far")
     return files
+
+
+def _unique() -> str:
+    """For temporary names: two pushes to one place at once must not share one (issue 11)."""
+    return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _inside(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _odd(path: str, root: str) -> str:
+    """Why a directory entry is not pushed ("" if it is)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "a link that leads nowhere"
+        if not _inside(os.path.realpath(path), root):
+            return "a link to a file outside the project"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device)"
+    return ""
 
 
 PROGRESS_EVERY_S = 1.0
@@ -128,7 +197,8 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
     t0 = time.perf_counter()
     meter = _Meter(progress)
-    current = scan(src, IgnoreRules.for_project(src), meter)
+    skipped: list[str] = []
+    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
     _scanned(meter, current)
     dest.mkdir(parents=True, exist_ok=True)
     manifest = Path(manifest_path(str(dest)))
@@ -142,7 +212,7 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
     for rel, sig in todo:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.gpuctl-tmp")
+        tmp = target.with_name(f".{target.name}.{_unique()}.gpuctl-tmp")
         shutil.copy2(src / rel, tmp)
         os.replace(tmp, target)  # atomic: a job reading the file never sees half of it
         copied += 1
@@ -159,11 +229,11 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
         except FileNotFoundError:
             pass
 
-    tmp_manifest = manifest.with_suffix(".tmp")
+    tmp_manifest = manifest.with_name(f"{manifest.name}.{_unique()}.tmp")
     tmp_manifest.write_bytes(encode_manifest(current))
     os.replace(tmp_manifest, manifest)
     return _done(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=nbytes,
-                                  files_deleted=deleted, seconds=time.perf_counter() - t0))
+                                  files_deleted=deleted, seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
 
 
 def _remote_manifest(host, dest: str) -> dict[str, tuple[int, int]]:
@@ -217,9 +287,21 @@ def _progress2_line(m: re.Match[str], seconds: float) -> str:
     return text
 
 
+def die_with_parent() -> None:
+    """In a child, before exec (Linux): SIGTERM when gpuctl dies. Without it a `kill -9` of gpuctl
+    mid-push left rsync uploading on for ~40 s (issue 11)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], meter: _Meter) -> tuple[int, str, str]:
     """Run rsync, turning its progress into `meter` lines as they come; (exit code, stdout, stderr)."""
-    argv = ["rsync", "-a", "--stats", "--files-from=-", "--from0", "-e", shlex.join(host.ssh_argv())]
+    # -L: a link the scan kept (it stays inside the project) goes as its content, as on every provider.
+    argv = ["rsync", "-a", "-L", "--stats", "--files-from=-", "--from0", "-e", shlex.join(host.ssh_argv())]
     if meter.on and _rsync_has_progress2():
         argv.append("--info=progress2")
     argv += [f"{src}/", f"{host.ep.user}@{_rsync_host(host.ep.host)}:{dest}/"]
@@ -227,7 +309,8 @@ def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], mete
     with tempfile.TemporaryFile() as listing, tempfile.TemporaryFile() as errors:
         listing.write(b"\0".join(os.fsencode(rel) for rel in current))
         listing.seek(0)
-        proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors)
+        proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors,
+                                preexec_fn=die_with_parent if sys.platform == "linux" else None)
         kept: list[str] = []
         t0, pending = time.perf_counter(), b""
         try:
@@ -253,15 +336,16 @@ def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], mete
 
 def push_remote(host, src: Path, dest: str, progress: Progress | None = None) -> SyncStats:
     """Mirror `src` to `dest` on an SSH host: rsync over SSH where both ends have it, else one tar
-    stream over the existing connection. Each file lands whole (rsync writes a temporary file
-    and renames it), the manifest is written last, and only files gpuctl pushed before are deleted.
+    stream over the existing connection (tar_push.py). Each file lands whole (both write a temporary
+    file and rename it), the manifest is written last, and only files gpuctl pushed before are deleted.
     Besides rsync's own connection, a push costs SFTP requests only: no remote shell.
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
     from gpuctl.errors import RemoteError
 
     t0 = time.perf_counter()
     meter = _Meter(progress)
-    current = scan(src, IgnoreRules.for_project(src), meter)
+    skipped: list[str] = []
+    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
     _scanned(meter, current)
     host.makedirs(dest)
     previous = _remote_manifest(host, dest)
@@ -285,20 +369,12 @@ def push_remote(host, src: Path, dest: str, progress: Progress | None = None) ->
             sent = _stat(out, "Total bytes sent")
     if copied < 0:
         changed = [rel for rel, sig in current.items() if previous.get(rel) != sig]
-        want = sum(current[rel][0] for rel in changed)
-        buf, packed = io.BytesIO(), 0
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for i, rel in enumerate(changed, 1):
-                tar.add(str(src / rel), arcname=rel, recursive=False)
-                packed += current[rel][0]
-                if meter.due():
-                    meter(f"packed {i:,}/{len(changed):,} files, {_size(packed)} of {_size(want)}")
-        payload = buf.getvalue()
-        meter(f"sending {len(changed):,} files, {_size(len(payload))} as one tar stream")
-        res = host.run(["tar", "-C", dest, "-xf", "-"], check=False, stdin=payload)
-        if res.returncode != 0:
-            raise RemoteError(f"push to {host.label} failed (tar): {res.stderr.strip()[-300:]}", _disk_hint(res.stderr))
-        copied, sent = len(changed), len(payload)
+        code, sent, err = tar_push(host, src, dest, changed, meter)
+        if code != 0:
+            cause = next((ln for ln in err.splitlines() if "No space left" in ln or ln.startswith("gpuctl:")),
+                         "") or _disk_full(host, dest) or (err.strip().splitlines() or [f"exit {code}"])[-1]
+            raise RemoteError(f"push to {host.label} failed (tar stream): {cause.strip()[-300:]}", _disk_hint(err))
+        copied = len(changed)
     gone = sorted(previous.keys() - current.keys())
     for i in range(0, len(gone), 500):  # batched: one command per 500 deletions, not one per file
         host.run(["rm", "-f", "--", *[f"{dest}/{rel}" for rel in gone[i : i + 500]]])
@@ -306,7 +382,7 @@ def push_remote(host, src: Path, dest: str, progress: Progress | None = None) ->
     if host.has_rsync is False or previous.keys() != current.keys():
         host.write_bytes(manifest_path(dest), encode_manifest(current))
     return _done(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=sent,
-                                  files_deleted=len(gone), seconds=time.perf_counter() - t0))
+                                  files_deleted=len(gone), seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
 
 
 def _rsync_host(host: str) -> str:

@@ -143,7 +143,7 @@ def test_commands_files_and_pushes_through_the_jump(lab, isolated, make_project,
         assert stats.files_copied == 3 and host.has_rsync is True
         assert lab.box.run(f"cat '{sshd.WORKDIR}/code/p/d/e.txt'").stdout == "e"
         assert host.push(proj, f"{sshd.WORKDIR}/code/p").files_copied == 0
-        assert host.pull_tree(f"{sshd.WORKDIR}/code/p", tmp_path / "back") == 3
+        assert host.pull_tree(f"{sshd.WORKDIR}/code/p", tmp_path / "back") == (3, ())
         assert (tmp_path / "back" / "we ird 'q'.py").read_text() == "x"
         assert host.fetch(f"{sshd.WORKDIR}/code/p/train.py", tmp_path / "t.py") and (tmp_path / "t.py").exists()
     finally:

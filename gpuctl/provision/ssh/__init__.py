@@ -74,7 +74,11 @@ class SshProvider:
                            launch_token=secrets.token_hex(8), max_hours=s.guards.max_hours, remote=remote_spec(s))
 
     def check(self) -> None:
-        pass  # nothing to ask before launching: launch itself checks each host
+        # Launch itself checks each host; a key that is not there fails now, not after retries.
+        key = self.spec.identity
+        if key and not os.path.isfile(key):
+            raise ConfigError(f"--identity {key}: no such file", "Pass the private key you log in with "
+                              "(e.g. ~/.ssh/id_ed25519), or leave --identity out to use ssh-agent and ~/.ssh keys.")
 
     def launch_question(self) -> str | None:
         return None  # the machines are the user's own: using them spends nothing new

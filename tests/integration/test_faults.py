@@ -1,0 +1,88 @@
+"""Issue 11, items 11 and 12: faults and broken input give a clear error (or an answer from the
+ledger), never a long hang, a traceback or an internal error. Real sshd test hosts.
+
+Bad inputs and faults tried: a host whose sshd is gone (status, cost, logs, down, down --force),
+an --identity file that does not exist, a host that accepts TCP and never says a word (no SSH
+banner), a ledger that is not a database, a home that cannot be written."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from tests.integration.test_ssh import up_ssh
+
+
+def timed(gpuctl, *args, code=0):
+    t0 = time.monotonic()
+    res = gpuctl(*args, code=code)
+    return res, time.monotonic() - t0
+
+
+def test_an_unreachable_host_gets_answers_from_the_ledger_and_down_force(gpuctl, ssh, make_project):
+    host = ssh.hosts[0]
+    up_ssh(gpuctl, ssh)
+    proj = make_project("long", {"train.py": "import time\nprint('epoch 1', flush=True)\ntime.sleep(600)\n"})
+    run_id = json.loads(gpuctl("train", str(proj), "--allow-cpu", "--json").stdout)["run"]["run_id"]
+    host.stop()  # its sshd is gone (a host powered off by hand, a network that went away)
+    try:
+        res, took = timed(gpuctl, "status")
+        assert took < 20, took  # was ~120 s, then exit 7
+        assert "not reachable" in res.stdout and run_id in res.stdout
+        res, took = timed(gpuctl, "cost")
+        assert took < 20 and "box" in res.stdout
+        res, took = timed(gpuctl, "logs", run_id, code=7)
+        assert took < 20 and "Traceback" not in res.stderr
+        res = gpuctl("down", "-y", code=7)
+        assert "--force" in res.stderr and "Traceback" not in res.stderr
+        assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "up"  # nothing released
+        res, took = timed(gpuctl, "down", "--force", "-y")
+        assert "not reachable" in res.stderr and took < 40
+        assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "down"
+    finally:
+        host.restart()
+
+
+def test_a_missing_identity_file_fails_at_once_and_records_nothing(gpuctl, ssh, tmp_path):
+    res, took = timed(gpuctl, "up", "--provider", "ssh", "--host", ssh.hosts[0].address,
+                      "--identity", str(tmp_path / "no-such-key"), code=3)
+    assert took < 10 and "no-such-key: no such file" in res.stderr
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+
+
+def test_a_host_that_never_sends_a_banner_is_one_line_not_a_traceback(gpuctl, isolated, monkeypatch):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])  # and say nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "4")
+    try:
+        res = gpuctl("up", "--provider", "ssh", "--host", f"root@127.0.0.1:{server.getsockname()[1]}", code=7)
+    finally:
+        server.close()
+    assert "Traceback" not in res.stderr and "Exception" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) <= 3, res.stderr  # error and hint
+
+
+def test_a_broken_ledger_or_home_names_the_file(gpuctl, isolated):
+    isolated.mkdir(mode=0o700, exist_ok=True)
+    (isolated / "ledger.sqlite3").write_bytes(b"this is not a database" * 100)
+    res = gpuctl("status", code=3)
+    assert f"the ledger {isolated / 'ledger.sqlite3'} cannot be read" in res.stderr and "mv " in res.stderr
+    (isolated / "ledger.sqlite3").unlink()
+    if os.geteuid() != 0:  # root writes anywhere: a read-only home cannot be made for root
+        os.chmod(isolated, 0o500)
+        res = gpuctl("status", code=3)
+        assert str(isolated) in res.stderr and "internal error" not in res.stderr
