@@ -3,7 +3,9 @@ one-file-at-a-time SFTP, to a real sshd test host (a network namespace; needs ro
 
 Cases: first push, no-op push, one file changed. Prints seconds and bytes sent, and the ratios.
 Targets: gpuctl within 1.2x of rsync in every case; at least 10x faster than per-file SFTP on
-the first push of many small files.
+the first push of many small files. gpuctl's path for hosts without rsync (one tar stream,
+`gpuctl tar`) within 1.5x of rsync, and its memory flat: the peak of Python's allocations while
+it pushes one large file and one four times larger is printed side by side.
 
 The test host sits on a veth link with next to no latency, where per-file round trips cost
 nothing; a real instance is 5-50 ms away. --rtt-ms puts a latency-only TCP proxy (no bandwidth
@@ -130,6 +132,37 @@ def gpuctl_push(host: SshHost, src: Path, dest: str) -> tuple[float, int]:
     return time.perf_counter() - t0, stats.bytes_copied
 
 
+def gpuctl_tar_push(host: SshHost, src: Path, dest: str) -> tuple[float, int]:
+    """gpuctl as on a host without rsync: the tar stream."""
+    host.has_rsync = False
+    try:
+        return gpuctl_push(host, src, dest)
+    finally:
+        host.has_rsync = None
+
+
+def tar_memory(host: SshHost, base: Path, mb: int) -> float:
+    """Peak MB of Python allocations while the tar path pushes one file of `mb` MB."""
+    import tracemalloc
+
+    src = base / f"mem-{mb}"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as fh:
+        for _ in range(mb):
+            fh.write(os.urandom(1024 * 1024))
+    dest = f"/srv/mem-{mb}"
+    host.has_rsync = False
+    tracemalloc.start()
+    try:
+        host.push(src, dest)
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+        host.has_rsync = None
+        host.run(["rm", "-rf", dest, f"/srv/.mem-{mb}.gpuctl-manifest"])
+        shutil.rmtree(src)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=2000)
@@ -160,10 +193,11 @@ def main() -> None:
             ep = Endpoint("root", host.ip)
         conn = SshHost(ep, base / "home", str(key), "/srv")
         results: dict[str, dict[str, tuple[float, int]]] = {}
-        for tool, push in (("gpuctl", gpuctl_push), ("rsync -a", rsync_push), ("sftp/file", sftp_push)):
+        for tool, push in (("gpuctl", gpuctl_push), ("gpuctl tar", gpuctl_tar_push), ("rsync -a", rsync_push),
+                           ("sftp/file", sftp_push)):
             rows: dict[str, list[tuple[float, int]]] = {"first push": [], "no-op push": [], "one file changed": []}
             for rep in range(1 if tool == "sftp/file" else args.repeat):  # the slow baseline: once
-                dest = f"/srv/{tool.split()[0].replace('/', '')}-{rep}"
+                dest = f"/srv/{tool.replace(' ', '-').replace('/', '')}-{rep}"
                 conn.run(["rm", "-rf", dest, f"/srv/.{os.path.basename(dest)}.gpuctl-manifest"])
                 rows["first push"].append(push(conn, project, dest))
                 if tool == "sftp/file":  # naive: it cannot know what changed, so it sends it all again
@@ -178,18 +212,25 @@ def main() -> None:
                     rows["one file changed"].append(push(conn, project, dest))
             results[tool] = {case: (statistics.median(t for t, _ in v), int(statistics.median(b for _, b in v)))
                              for case, v in rows.items()}
+        small_mb, big_mb = args.large_mb, 4 * args.large_mb
+        peaks = (tar_memory(conn, base, small_mb), tar_memory(conn, base, big_mb))
         conn.close()
         print(f"{'case':<18}{'tool':<11}{'seconds':>9}{'bytes sent':>14}{'x rsync':>9}")
         verdicts = []
         for case in ("first push", "no-op push", "one file changed"):
             base_t = results["rsync -a"][case][0]
-            for tool in ("gpuctl", "rsync -a", "sftp/file"):
+            for tool in ("gpuctl", "gpuctl tar", "rsync -a", "sftp/file"):
                 t, b = results[tool][case]
                 print(f"{case:<18}{tool:<11}{t:>9.3f}{b:>14,}{t / base_t:>9.2f}")
             ratio = results["gpuctl"][case][0] / base_t
             verdicts.append(f"{case}: gpuctl/rsync = {ratio:.2f} ({'ok' if ratio <= 1.2 else 'OVER 1.2'})")
+            tar_ratio = results["gpuctl tar"][case][0] / base_t
+            verdicts.append(f"{case}: gpuctl tar/rsync = {tar_ratio:.2f} ({'ok' if tar_ratio <= 1.5 else 'OVER 1.5'})")
         speedup = results["sftp/file"]["first push"][0] / results["gpuctl"]["first push"][0]
         verdicts.append(f"first push: sftp/gpuctl = {speedup:.1f}x ({'ok' if speedup >= 10 else 'UNDER 10x'})")
+        flat = peaks[1] <= peaks[0] * 1.5 + 1
+        verdicts.append(f"tar path memory: peak {peaks[0]:.1f} MB pushing {small_mb} MB, {peaks[1]:.1f} MB pushing "
+                        f"{big_mb} MB ({'flat' if flat else 'GROWS with the tree'})")
         print("\n".join(verdicts))
         sys.stdout.flush()
     finally:

@@ -171,7 +171,8 @@ def ssh_config(ctx: click.Context, install: bool) -> None:
 
 @click.command(context_settings=CONTEXT)
 @click.option("--cluster", help="Cluster (default: the default cluster).")
-@click.option("--port", type=int, default=6006, show_default=True, help="Local port to open TensorBoard on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=6006, show_default=True,
+              help="Local port to open TensorBoard on.")
 @click.pass_context
 def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
     """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""

@@ -16,6 +16,8 @@ def check_target(path: Path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ConfigError(f"cannot write {path}: the plot is a PNG image", "Name the file with .png, e.g. --plot cost.png.")
+    if path.is_dir():
+        raise ConfigError(f"cannot write {path}: it is a directory", "Name a file, e.g. --plot cost.png.")
     if not path.parent.is_dir():
         raise ConfigError(f"cannot write {path}: the directory {path.parent} does not exist",
                           "Create it first, or pass a path in an existing directory.")

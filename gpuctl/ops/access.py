@@ -14,6 +14,8 @@ from typing import Callable, Optional
 from gpuctl.errors import RemoteError
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
+from gpuctl.remote.host import Host
+from gpuctl.retry import TimedOut, poll
 from gpuctl.types import ClusterRecord, SshConfigResult
 
 TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
@@ -84,14 +86,48 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
     """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
     _, host = s.host(s.resolve_cluster(cluster))
     remote_port = port if host.local else TENSORBOARD_PORT
-    if not jobs.session_alive(host, "tensorboard"):
+    paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
+    port_file = posixpath.join(paths.run_dir, "port")
+    pane = jobs.pane(host, "tensorboard")
+    serving = (host.read_bytes(port_file) or b"").decode().strip()
+    if pane is not None and (pane.dead or serving != str(remote_port)):
+        # Dead (it crashed, or its port was taken), or serving another port than the one asked
+        # now: a URL printed for it would lead nowhere.
+        jobs.stop_job(host, "tensorboard", paths, grace_s=3)
+        pane = None
+    if pane is None:
         probe = host.run([host.python, "-c", "import tensorboard"], check=False)
         if probe.returncode != 0:
             raise RemoteError(f"TensorBoard is not installed for {host.python} on {host.label}",
                               f"Install it there: `{host.python} -m pip install tensorboard`.")
-        paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
+        host.remove_tree(paths.run_dir)  # its last log and exit code are not this start's
         cmd = [host.python, "-m", "tensorboard.main", "--logdir", posixpath.join(host.root, "runs"),
                "--host", "127.0.0.1", "--port", str(remote_port)]
         jobs.start_job(host, "tensorboard", host.root, cmd, {}, paths)
+        host.write_text(port_file, str(remote_port))
+        _wait_serving(host, paths)
     # Bound to 127.0.0.1 on the instance: reachable only through this SSH tunnel.
     return host.forward(port, remote_port), f"http://127.0.0.1:{port}/"
+
+
+TENSORBOARD_START_S = 90.0  # it imports TensorFlow first: tens of seconds on a small instance
+
+
+def _wait_serving(host: Host, paths: jobs.JobPaths) -> None:
+    """Until TensorBoard says it serves; a clear error (its last line) if it ends instead."""
+    def ready() -> bool | None:
+        log = (host.read_bytes(paths.log) or b"").decode("utf-8", "replace")
+        if "TensorBoard " in log and " at http" in log:
+            return True
+        p = jobs.pane(host, "tensorboard")
+        if p is None or p.dead:
+            last = jobs.tail_text(host, paths.log, 1) or "no output"
+            raise RemoteError(f"TensorBoard did not start on {host.label}: {last}",
+                              "Is the port free? Pass another --port, or see `gpuctl exec -- ss -ltn`.")
+        return None
+
+    try:
+        poll(ready, TENSORBOARD_START_S, first_delay_s=0.5, max_delay_s=2.0)
+    except TimedOut:
+        raise RemoteError(f"TensorBoard did not answer within {TENSORBOARD_START_S:.0f}s on {host.label}",
+                          "Try again; `gpuctl exec -- tail tensorboard/output.log` says what it does.") from None

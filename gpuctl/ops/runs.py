@@ -50,7 +50,8 @@ def _data_dir(data: Path | None) -> Path | None:
     if data is None:
         return None
     if not Path(data).is_dir():
-        raise ProjectError(f"data directory {str(data)!r} does not exist",
+        raise ProjectError(f"data directory {str(data)!r} " + ("is a file, not a directory" if Path(data).exists()
+                                                              else "does not exist"),
                            "Pass --data DIR with a directory of training data, or leave it out.")
     return Path(data).resolve()
 
@@ -179,8 +180,13 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
 def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     """Bring a run's outputs, reports and log back from its instance."""
     run, cluster = s.run_on_live_cluster(run_id)
-    _, host = s.host(cluster)
     target = Path(dest) / run.run_id
+    try:
+        target.mkdir(parents=True, exist_ok=True)  # before the host is asked anything
+    except OSError as exc:
+        raise ConfigError(f"cannot write to --dest {str(dest)!r}: {exc.strerror}",
+                          "Pass a directory you can write to (it is created if missing).") from None
+    _, host = s.host(cluster)
     with s.working(cluster, "pull"):
         files, skipped = host.pull_tree(run.run_dir, target)
     return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)

@@ -369,7 +369,7 @@ def push_remote(host, src: Path, dest: str, progress: Progress | None = None) ->
             sent = _stat(out, "Total bytes sent")
     if copied < 0:
         changed = [rel for rel, sig in current.items() if previous.get(rel) != sig]
-        code, sent, err = tar_push(host, src, dest, changed, meter)
+        code, sent, err = tar_push(host, src, dest, changed, meter) if changed else (0, 0, "")
         if code != 0:
             cause = next((ln for ln in err.splitlines() if "No space left" in ln or ln.startswith("gpuctl:")),
                          "") or _disk_full(host, dest) or (err.strip().splitlines() or [f"exit {code}"])[-1]

@@ -86,3 +86,39 @@ def test_a_broken_ledger_or_home_names_the_file(gpuctl, isolated):
         os.chmod(isolated, 0o500)
         res = gpuctl("status", code=3)
         assert str(isolated) in res.stderr and "internal error" not in res.stderr
+
+
+def test_what_looked_like_success_is_an_error_now(gpuctl, make_project, isolated, tmp_path):
+    """Item 14 (local provider): each said it worked, or failed with an internal error."""
+    gpuctl("up", "--provider", "local")
+    proj = make_project("p", {"train.py": "print('hi')\n"})
+    (tmp_path / "plots.png").mkdir()
+    assert "it is a directory" in gpuctl("cost", "--plot", str(tmp_path / "plots.png"), code=3).stderr
+    (tmp_path / "data.bin").write_text("x")
+    assert "is a file, not a directory" in gpuctl("sync", str(proj), "--data", str(tmp_path / "data.bin"), code=6).stderr
+    gpuctl("train", str(proj), "--wait")
+    res = gpuctl("pull", "--dest", "/proc/nope", code=3)
+    assert "cannot write to --dest '/proc/nope'" in res.stderr and "internal error" not in res.stderr
+    assert "99999 is not in the range" in gpuctl("tensorboard", "--port", "99999", code=2).stderr
+
+
+def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
+    """Item 14: the second `tensorboard --port` printed a URL nothing served (local provider,
+    where the instance's port is the one asked)."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    gpuctl("up", "--provider", "local")
+    for port in (16131, 16132):
+        proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "tensorboard", "--port", str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()  # printed once TensorBoard serves
+            assert f"http://127.0.0.1:{port}/" in line, proc.stderr.read()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+                assert resp.status == 200
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    gpuctl("down", "-y")
