@@ -131,21 +131,26 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
 @click.argument("name", required=False)
 @click.option("--all", "everything", is_flag=True,
               help="Release everything gpuctl finds by its tags in every provider and region, ledger or not.")
+@click.option("--any-owner", is_flag=True,
+              help="With --all: also what another gpuctl install (a lost home, a colleague) made in the account.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
-def down(ctx: click.Context, name: str | None, everything: bool, yes: bool, as_json: bool) -> None:
+def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, yes: bool, as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
     from gpuctl import render, render_commands
     from gpuctl.ops import clusters
 
     if everything and name:
         raise click.UsageError("give a cluster NAME or --all, not both")
+    if any_owner and not everything:
+        raise click.UsageError("--any-owner goes with --all")
     s = session(ctx)
     if everything:
-        confirm(yes, "release everything gpuctl created, in every provider and region")
+        whose = ", whichever gpuctl install made it" if any_owner else ""
+        confirm(yes, f"release everything gpuctl created, in every provider and region{whose}")
         with progress_sink() as progress:
-            result = clusters.down_all(s, progress)
+            result = clusters.down_all(s, progress, any_owner)
     else:
         target = clusters.down_target(s, name)
         if target is not None:

@@ -85,6 +85,8 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
 
 # What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.
 LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts"}
+# Who may reach the cluster: always as this `up` asks, never as an earlier (perhaps killed) one did.
+ACCESS_FIELDS = {"ssh_cidr"}
 
 
 def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:
@@ -101,7 +103,7 @@ def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpe
         diff = ", ".join(f"{k}: {have[k]} -> {want[k]}" for k in want if want[k] != have.get(k))
         raise ConflictError(f"cluster {asked.name!r} is up with other settings ({diff})",
                             f"`gpuctl down {asked.name} -y` first, or pick another --name.")
-    return live.spec
+    return live.spec.model_copy(update=asked.model_dump(include=ACCESS_FIELDS))
 
 
 def _forget_if_nothing_exists(s: Session, provider: Provider, cluster: ClusterRecord) -> None:
@@ -241,13 +243,20 @@ def inventory(s: Session) -> Inventory:
             if any(c.provider == name for c in s.ledger.clusters(include_down=False)):
                 raise
             notes.append(f"{name}: not searched: {exc.message}")
+    others = [r.id for r in resources if r.cluster is None]  # no cluster of this install: another owner's
+    if others:
+        notes.append(f"{len(others)} resource(s) belong to another owner (a lost gpuctl home, a colleague; their "
+                     f"state says whose): {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}; "
+                     "`gpuctl down --all --any-owner` releases them")
     return Inventory(resources=tuple(resources), ledger_clusters=tuple(live), notes=tuple(notes))
 
 
-def down_all(s: Session, progress: Progress = quiet) -> DownResult:
+def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) -> DownResult:
     """Release every cluster the ledger knows (each with the spec it was launched with), then
     everything else each provider finds by its tags with the current settings (orphans of a lost
-    ledger). A cluster is closed in the ledger only once its resources are released."""
+    ledger). A cluster is closed in the ledger only once its resources are released. What belongs
+    to no cluster of this install (a provider's resource of another owner has none) is released
+    only with `any_owner`."""
     released: list[Resource] = []
     stopped: list[str] = []
     failed: list[tuple[str, GpuctlError]] = []
@@ -267,6 +276,11 @@ def down_all(s: Session, progress: Progress = quiet) -> DownResult:
         except GpuctlError as exc:
             progress(f"{name}: not searched: {exc.message}")
             continue
+        others = [r for r in found if r.cluster is None]
+        if others and not any_owner:
+            found = [r for r in found if r.cluster is not None]
+            progress(f"{name}: left {len(others)} resource(s) of other owners; "
+                     "`gpuctl down --all --any-owner` releases them too")
         provider.release(found, progress)
         released += found
     if failed:

@@ -134,6 +134,66 @@ def test_open_to_the_world_only_when_asked_and_with_a_warning(gpuctl, aws):
     assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] == ["0.0.0.0/0"]
 
 
+def _ingress(aws):
+    (group,) = gpuctl_groups(aws)
+    out = set()
+    for p in group["IpPermissions"]:
+        for field, key in (("IpRanges", "CidrIp"), ("Ipv6Ranges", "CidrIpv6"), ("UserIdGroupPairs", "GroupId")):
+            out |= {(p["IpProtocol"], p.get("FromPort"), r[key] if key != "GroupId" else "self") for r in p[field]}
+    return out
+
+
+def test_a_reused_group_lets_in_exactly_what_this_up_asks(gpuctl, aws, monkeypatch):
+    # An `up` that opened SSH to the world and died after creating its group (as a kill would
+    # leave it: the cluster stays up in the ledger), plus a rule someone added by hand.
+    failing = [True]
+    _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity" if failing[0] else None)
+    gpuctl("up", "--ssh-cidr", "0.0.0.0/0", "--no-wait", "-y", code=10)
+    (group,) = gpuctl_groups(aws)
+    aws.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 8888, "ToPort": 8888, "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}])
+    failing[0] = False
+    res = gpuctl(*UP)
+    assert _ingress(aws) == {("tcp", 22, "203.0.113.5/32"), ("-1", None, "self")}
+    assert "revoked tcp 22 from 0.0.0.0/0" in res.stderr and "revoked tcp 8888 from ::/0" in res.stderr
+    assert "SSH from 203.0.113.5/32 only" in res.stderr and "WARNING" not in res.stderr
+    # `up` again on the running cluster, from another address (IPv6 too): the group follows.
+    res = gpuctl(*UP[:4], "--ssh-cidr", "2001:db8::5/128", "--no-wait", "-y")
+    assert "reused" in res.stdout and "revoked tcp 22 from 203.0.113.5/32" in res.stderr
+    assert _ingress(aws) == {("tcp", 22, "2001:db8::5/128"), ("-1", None, "self")}
+    assert len(live_instances(aws)) == 1
+
+
+def test_a_lost_home_still_sees_what_it_made_and_any_owner_releases_it(gpuctl, aws, isolated):
+    import shutil
+
+    gpuctl(*UP)
+    old = (isolated / "owner").read_text().strip()
+    shutil.rmtree(isolated)  # the whole gpuctl home is gone: this install gets a new owner id
+    gpuctl(*UP)  # ...and a cluster of its own with the same name
+    new = (isolated / "owner").read_text().strip()
+    assert new != old
+    inv = json.loads(gpuctl("status", "--all", "--json").stdout)
+    found = [r for r in inv["resources"] if r["provider"] == "aws"]
+    mine = sorted(r["kind"] for r in found if r["cluster"] == "default")
+    others = [r for r in found if r["cluster"] is None]
+    assert mine == sorted(r["kind"] for r in others) == ["instance", "key-pair", "security-group"]
+    assert all(f"another owner's: {old}, cluster default" in r["state"] for r in others)
+    assert any("3 resource(s) belong to another owner" in n and "--any-owner" in n for n in inv["notes"])
+    assert "another owner's" in gpuctl("status", "--all").stdout
+    # Bad inputs destroy nothing: --any-owner alone, or with no terminal to confirm on.
+    assert "--any-owner goes with --all" in gpuctl("down", "--any-owner", "-y", code=2).stderr
+    assert "without confirmation" in gpuctl("down", "--all", "--any-owner", code=2).stderr
+    assert len(live_instances(aws)) == 2
+    # Plain --all releases this install's and says what it left.
+    res = gpuctl("down", "--all", "-y")
+    assert "left 3 resource(s) of other owners" in res.stderr
+    (left,) = live_instances(aws)
+    assert {t["Key"]: t["Value"] for t in left["Tags"]}["gpuctl:owner"] == old
+    gpuctl("down", "--all", "--any-owner", "-y")
+    nothing_created(aws)
+
+
 # --- the caller's address ----------------------------------------------------------------------
 
 

@@ -187,3 +187,43 @@ def test_only_not_found_means_an_instance_is_gone():
         gone, live = lifecycle.reconcile(lambda region: aws, recs)
     assert gone.state == "terminated" and gone.state_reason == "no longer known to EC2"
     assert live.state == "running"
+
+
+def _first_run(home, barrier, out):
+    from gpuctl.provision.aws.access import owner_id
+
+    barrier.wait()  # every process asks at once, as 12 `gpuctl up` started together on a new home
+    out.put(owner_id(home))
+
+
+def test_simultaneous_first_runs_agree_on_one_owner_id(tmp_path):
+    """Before the fix 12 processes got up to 4 ids a round here (2 CPUs; 2-7 were seen on bigger
+    machines), and resources tagged with a losing id became another owner's. Five rounds, so one
+    lucky round cannot hide the race."""
+    import multiprocessing
+
+    from gpuctl.provision.aws.access import owner_id
+
+    ctx = multiprocessing.get_context("fork")
+    for n in range(5):
+        home = tmp_path / f"home{n}"
+        barrier, out = ctx.Barrier(12), ctx.Queue()
+        procs = [ctx.Process(target=_first_run, args=(home, barrier, out)) for _ in range(12)]
+        for p in procs:
+            p.start()
+        ids = [out.get(timeout=30) for _ in procs]
+        for p in procs:
+            p.join(10)
+        assert set(ids) == {(home / "owner").read_text().strip()}, f"round {n}: {len(set(ids))} ids"
+        assert (home / "owner").stat().st_mode & 0o777 == 0o600
+        assert [f.name for f in home.iterdir()] == ["owner"]  # no temp file left behind
+        assert owner_id(home) == ids[0]
+
+
+def test_an_empty_owner_file_is_an_error_not_an_empty_owner(tmp_path):
+    from gpuctl.provision.aws.access import owner_id
+
+    (tmp_path / "owner").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty") as info:
+        owner_id(tmp_path)
+    assert "Remove" in info.value.hint

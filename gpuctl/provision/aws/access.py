@@ -26,16 +26,39 @@ def owner_id(home: Path) -> str:
     """Who this gpuctl install is, as `user@host-xxxxxx`; made once and kept under the home.
 
     `--all` operations touch only resources carrying this owner tag, so two people sharing an
-    AWS account never release each other's instances.
+    AWS account never release each other's instances. Several first runs at once must agree on
+    one id (a resource tagged with a losing id would be another owner's), so the file is written
+    aside and hard-linked into place: linking never replaces a file, and the name only ever
+    shows a complete one.
     """
     path = home / "owner"
     try:
-        return path.read_text().strip()
+        return _read_owner(path)
     except FileNotFoundError:
         pass
     value = f"{getpass.getuser()}@{socket.gethostname().split('.')[0]}-{secrets.token_hex(3)}"
     home.mkdir(parents=True, exist_ok=True)
-    path.write_text(value + "\n")
+    tmp = home / f".owner.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(value + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another first run won: its id is the one
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read_owner(path)
+
+
+def _read_owner(path: Path) -> str:
+    value = path.read_text().strip()
+    if not value:  # an older gpuctl could leave it empty when killed while writing it
+        raise ConfigError(f"{path} is empty, so this install has no owner id",
+                          f"Remove {path}; `gpuctl status --all` then lists what the old id tagged as another owner's.")
     return value
 
 
@@ -52,11 +75,11 @@ def tag_spec(resource_type: str, cluster: str, owner: str) -> dict[str, Any]:
     return {"ResourceType": resource_type, "Tags": tags(cluster, owner)}
 
 
-def owner_filters(owner: str, cluster: str | None = None) -> list[dict[str, Any]]:
-    filters = [
-        {"Name": f"tag:{TAG_CREATED_BY}", "Values": ["gpuctl"]},
-        {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
-    ]
+def owner_filters(owner: str | None, cluster: str | None = None) -> list[dict[str, Any]]:
+    """gpuctl's resources of this owner (None: of every owner in the account), and cluster."""
+    filters = [{"Name": f"tag:{TAG_CREATED_BY}", "Values": ["gpuctl"]}]
+    if owner is not None:
+        filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [owner]})
     if cluster:
         filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]})
     return filters
@@ -148,10 +171,12 @@ def zone_subnets(aws: Aws, vpc_id: str) -> dict[str, str]:
     return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
 
 
-def ensure_security_group(aws: Aws, vpc_id: str, cluster: str, owner: str, cidr: str) -> str:
-    """A group per cluster: SSH from `cidr` only, plus all traffic between the cluster's own nodes."""
-    from botocore.exceptions import ClientError
+def ensure_security_group(aws: Aws, vpc_id: str, cluster: str, owner: str, cidr: str) -> tuple[str, list[str]]:
+    """A group per cluster: SSH from `cidr` only, plus all traffic between the cluster's own nodes.
 
+    A group found again (an `up` killed earlier, a cluster whose instance ended) is set to exactly
+    that: what an earlier `up` opened, to the world say, must not outlive the question. Returns the
+    group and the rules revoked, as "tcp 22 from 0.0.0.0/0"."""
     ec2 = aws.ec2()
     name = resource_name(cluster, owner)
     found = call(
@@ -159,23 +184,67 @@ def ensure_security_group(aws: Aws, vpc_id: str, cluster: str, owner: str, cidr:
         Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}],
     ).get("SecurityGroups", [])
     if found:
-        return found[0]["GroupId"]
-    group_id = call(
-        ec2.create_security_group,
-        GroupName=name,
-        Description=f"gpuctl cluster {cluster}: SSH from the owner's address only",
-        VpcId=vpc_id,
-        TagSpecifications=[tag_spec("security-group", cluster, owner)],
-    )["GroupId"]
-    v6 = ":" in cidr
-    ssh = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
-    ssh["Ipv6Ranges" if v6 else "IpRanges"] = [{("CidrIpv6" if v6 else "CidrIp"): cidr, "Description": "gpuctl SSH"}]
-    try:
-        ec2.authorize_security_group_ingress(
-            GroupId=group_id,
-            IpPermissions=[ssh, {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "cluster nodes"}]}],
-        )
-    except ClientError as exc:
-        if error_code(exc) != "InvalidPermission.Duplicate":
-            raise translate(exc, "AuthorizeSecurityGroupIngress") from exc
-    return group_id
+        group_id, have = found[0]["GroupId"], found[0].get("IpPermissions", [])
+    else:
+        group_id, have = call(
+            ec2.create_security_group,
+            GroupName=name,
+            Description=f"gpuctl cluster {cluster}: SSH from the owner's address only",
+            VpcId=vpc_id,
+            TagSpecifications=[tag_spec("security-group", cluster, owner)],
+        )["GroupId"], []
+    return group_id, _set_ingress(ec2, group_id, have, cidr)
+
+
+# One ingress rule, comparable: (protocol, from port, to port, source field, source).
+Rule = tuple[str, Any, Any, str, str]
+_SOURCE_KEY = {"IpRanges": "CidrIp", "Ipv6Ranges": "CidrIpv6", "UserIdGroupPairs": "GroupId",
+               "PrefixListIds": "PrefixListId"}
+
+
+def _rules(permissions: list[dict[str, Any]]) -> dict[Rule, dict[str, Any]]:
+    """Each rule of a group's IpPermissions, with its source entry as EC2 gave it (a group of
+    another account needs its UserId to be revoked)."""
+    out = {}
+    for p in permissions:
+        proto = str(p.get("IpProtocol"))
+        ports = (None, None) if proto == "-1" else (p.get("FromPort"), p.get("ToPort"))
+        for field, key in _SOURCE_KEY.items():
+            for src in p.get(field, []):
+                if src.get(key):
+                    out[(proto, *ports, field, src[key])] = {k: v for k, v in src.items() if k != "Description"}
+    return out
+
+
+def _permission(rule: Rule, source: dict[str, Any]) -> dict[str, Any]:
+    proto, lo, hi, field, _ = rule
+    return {"IpProtocol": proto, field: [source], **({} if lo is None else {"FromPort": lo, "ToPort": hi})}
+
+
+def _describe(rule: Rule) -> str:
+    proto, lo, hi, _, source = rule
+    ports = "" if lo is None else f" {lo}" if lo == hi else f" {lo}-{hi}"
+    return f"{'all' if proto == '-1' else proto}{ports} from {source}"
+
+
+def _set_ingress(ec2: Any, group_id: str, have: list[dict[str, Any]], cidr: str) -> list[str]:
+    """Revoke every ingress rule but the asked ones, then add those missing; the rules revoked."""
+    from botocore.exceptions import ClientError
+
+    field = "Ipv6Ranges" if ":" in cidr else "IpRanges"
+    want = {("tcp", 22, 22, field, cidr): {_SOURCE_KEY[field]: cidr, "Description": "gpuctl SSH"},
+            ("-1", None, None, "UserIdGroupPairs", group_id): {"GroupId": group_id, "Description": "cluster nodes"}}
+    current = _rules(have)
+    extra = sorted(set(current) - set(want), key=str)
+    missing = sorted(set(want) - set(current), key=str)
+    if extra:  # first: the asked source is never added while another is still open
+        call(ec2.revoke_security_group_ingress, GroupId=group_id,
+             IpPermissions=[_permission(r, current[r]) for r in extra])
+    if missing:
+        try:
+            ec2.authorize_security_group_ingress(GroupId=group_id,
+                                                 IpPermissions=[_permission(r, want[r]) for r in missing])
+        except ClientError as exc:
+            if error_code(exc) != "InvalidPermission.Duplicate":  # a concurrent `up` added it
+                raise translate(exc, "AuthorizeSecurityGroupIngress") from exc
+    return [_describe(r) for r in extra]

@@ -29,7 +29,8 @@ def regions(aws: Aws) -> list[str]:
 
 
 def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
-    """Every live instance, security group and key pair tagged for this owner (and cluster)."""
+    """Every live instance, security group and key pair tagged for this owner and cluster; with no
+    cluster, every owner's in the account (see _resource)."""
     aws = p.aws(region)
     names = [aws.region] if (region or cluster) else regions(aws)
     clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
@@ -39,19 +40,28 @@ def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = 
 
 
 def _discover_region(p: "AwsProvider", ec2: Any, region: str, cluster: str | None) -> list[Resource]:
-    filters = access.owner_filters(p.owner, cluster)
-    out = [
-        Resource(provider="aws", kind="instance", id=i["InstanceId"], region=region,
-                 cluster=_tag(i, access.TAG_CLUSTER), state=i["State"]["Name"])
-        for i in p.live_instances(ec2, cluster)
-    ]
+    # A lost or new gpuctl home gets a new owner id: what the old one made must still show in
+    # `status --all`, so the search for everything asks for every owner's.
+    filters = access.owner_filters(p.owner if cluster else None, cluster)
+    out = [_resource(p, "instance", i["InstanceId"], region, i, i["State"]["Name"])
+           for i in p.live_instances(ec2, cluster, every_owner=not cluster)]
     for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
-        out.append(Resource(provider="aws", kind="security-group", id=g["GroupId"], region=region,
-                            cluster=_tag(g, access.TAG_CLUSTER)))
+        out.append(_resource(p, "security-group", g["GroupId"], region, g))
     for k in call(ec2.describe_key_pairs, Filters=filters).get("KeyPairs", []):
-        out.append(Resource(provider="aws", kind="key-pair", id=k["KeyName"], region=region,
-                            cluster=_tag(k, access.TAG_CLUSTER)))
+        out.append(_resource(p, "key-pair", k["KeyName"], region, k))
     return out
+
+
+def _resource(p: "AwsProvider", kind: str, rid: str, region: str, item: dict[str, Any],
+              state: str | None = None) -> Resource:
+    cluster, owner = _tag(item, access.TAG_CLUSTER), _tag(item, access.TAG_OWNER)
+    if owner == p.owner:
+        return Resource(provider="aws", kind=kind, id=rid, region=region, cluster=cluster, state=state)
+    # Another gpuctl install's (a lost home, a colleague's): it is no cluster of this one, so
+    # `down --all` leaves it and only `down --all --any-owner` releases it. The state says whose.
+    whose = f"another owner's: {owner or '?'}, cluster {cluster or '?'}"
+    return Resource(provider="aws", kind=kind, id=rid, region=region, cluster=None,
+                    state=f"{state}; {whose}" if state else whose)
 
 
 def release(p: "AwsProvider", resources: list[Resource], progress: Progress) -> None:
@@ -111,7 +121,7 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
         elif r.kind == "key-pair":
             call(ec2.delete_key_pair, KeyName=r.id)
             progress(f"deleted key pair {r.id}")
-            if r.cluster:
+            if r.cluster:  # ours: its private half is here (another owner's has no cluster here)
                 path = access.key_path(p.home, r.cluster, region)
                 path.unlink(missing_ok=True)
                 path.with_suffix(".pub").unlink(missing_ok=True)

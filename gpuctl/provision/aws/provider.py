@@ -89,7 +89,9 @@ class AwsProvider:
                     f"found {len(existing)} instances tagged for cluster {spec.name!r} where {spec.nodes} was asked: {ids} (a leak)",
                     f"`gpuctl down {spec.name} -y` releases them all; then `gpuctl up` again.",
                 )
+            cidr = self._ssh_source(progress)
             progress(f"reusing {existing[0]['InstanceId']} ({existing[0]['State']['Name']}), found by its tags")
+            self._open_ssh(aws, existing[0]["VpcId"], cidr, progress)
             return [self._record(aws, existing[0], spec, None, "recorded at launch")]
 
         # Check everything that can be checked before creating anything.
@@ -115,9 +117,7 @@ class AwsProvider:
             zones = sorted(zones, key=lambda z: spot.get(z, float("inf")))
         image = catalog.image_by_id(aws, spec.image) if spec.image else catalog.newest_image(aws, spec.image_pattern, arch)
         progress(f"image {image.get('Name', '?')} ({image['ImageId']}, {image.get('CreationDate', '?')[:10]})")
-        cidr, open_world = access.ssh_cidr(spec.ssh_cidr)
-        if open_world:
-            progress(f"WARNING: SSH is open to the whole internet ({cidr}) because you asked for it")
+        cidr = self._ssh_source(progress)
         vpc = access.default_vpc(aws)
         subnets = access.zone_subnets(aws, vpc)
         ordered = {z: subnets[z] for z in zones if z in subnets}
@@ -127,8 +127,7 @@ class AwsProvider:
         # From here on, resources exist; each is tagged as it is created.
         key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
         progress(f"key pair {key_name} (private key {key_path}, 0600)")
-        group = access.ensure_security_group(aws, vpc, spec.name, self.owner, cidr)
-        progress(f"security group {group}: SSH from {cidr} only")
+        group = self._open_ssh(aws, vpc, cidr, progress)
         plan = LaunchPlan(
             cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=image["ImageId"],
             root_device=image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
@@ -155,6 +154,19 @@ class AwsProvider:
         if wait_ssh:
             record = self._first_login(record, progress)
         return [record]
+
+    def _ssh_source(self, progress: Progress) -> str:
+        cidr, open_world = access.ssh_cidr(self.spec.ssh_cidr)
+        if open_world:
+            progress(f"WARNING: SSH is open to the whole internet ({cidr}) because you asked for it")
+        return cidr
+
+    def _open_ssh(self, aws: Aws, vpc: str, cidr: str, progress: Progress) -> str:
+        group, revoked = access.ensure_security_group(aws, vpc, self.spec.name, self.owner, cidr)
+        for rule in revoked:
+            progress(f"security group {group}: revoked {rule} (not asked for now)")
+        progress(f"security group {group}: SSH from {cidr} only")
+        return group
 
     def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
         progress(f"waiting for {iid} to run")
@@ -202,9 +214,10 @@ class AwsProvider:
             key_path=str(access.key_path(self.home, spec.name, aws.region)),
         )
 
-    def live_instances(self, ec2: Any, cluster: str | None) -> list[dict[str, Any]]:
-        """Instances tagged for this owner (and cluster) that are not terminated."""
-        filters = access.owner_filters(self.owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+    def live_instances(self, ec2: Any, cluster: str | None, every_owner: bool = False) -> list[dict[str, Any]]:
+        """Instances tagged for this owner (or any) and cluster (or any) that are not terminated."""
+        owner = None if every_owner else self.owner
+        filters = access.owner_filters(owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
         res = call(ec2.describe_instances, Filters=filters)
         return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
 
