@@ -1,0 +1,342 @@
+"""docs/aws-iam.md's policy, checked against every EC2 and Price List call gpuctl makes.
+
+How: gpuctl's own code runs against a real boto3 client whose answers come from botocore's
+Stubber, and every request it sends is recorded (so the tags, IMDSv2 and encryption settings
+checked are the ones gpuctl really sends). Each request becomes the authorization checks AWS
+documents for it (RunInstances authorizes the new instance, volume, network interface and spot
+request and the image, subnet, group and key pair it uses; tags given at creation are also checked
+as CreateTags with `ec2:CreateAction`), and the small evaluator below decides them the way IAM
+does: action and ARN wildcards, the condition operators the policy uses, an explicit Deny wins,
+anything not allowed is denied. An operator it does not know fails the test instead of passing.
+
+Why not moto's IAM enforcement (`INITIAL_NO_AUTH_ACTION_COUNT`): moto 5.2 checks the action
+against Resource "*" only and ignores Resource ARNs and conditions other than a trust policy's
+StringEquals (moto/iam/access_control.py: "TODO add support for the Resource and Condition parts
+of IAM policies"), so every condition that makes this policy least privilege would pass unchecked.
+What this cannot prove is that AWS's authorization model is as modelled here (REQUESTS); that
+follows AWS's Service Authorization Reference for EC2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from gpuctl.provision.aws import access, inventory
+from gpuctl.provision.aws.launch import LaunchPlan, launch_one
+from gpuctl.types import Resource
+
+REPO = Path(__file__).resolve().parents[2]
+REGION, ACCOUNT = "us-east-1", "123456789012"
+CLUSTER, OWNER = "default", "alice@laptop-1a2b3c"
+GPUCTL = {t["Key"]: t["Value"] for t in access.tags(CLUSTER, OWNER)}
+FOREIGN = {"Name": "prod-db", "team": "data"}
+KEY = access.resource_name(CLUSTER, OWNER)
+# Who carries which tags in the account the checks run in: gpuctl's resources carry the tags
+# gpuctl's own create calls gave them (test_every_call... checks those calls are allowed).
+WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN}
+
+Check = tuple[str, str, dict[str, Any]]  # (action, resource ARN, request context)
+
+
+def policy() -> dict[str, Any]:
+    text = (REPO / "docs" / "aws-iam.md").read_text()
+    (block,) = re.findall(r"```json\n(.*?)```", text, re.S)
+    return json.loads(block)
+
+
+# --- the evaluator ----------------------------------------------------------------------------
+
+
+def _glob(pattern: str, value: str, case: bool = True) -> bool:
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(rx, value, 0 if case else re.I) is not None
+
+
+def _arn_matches(pattern: str, arn: str) -> bool:
+    if pattern == "*":
+        return True
+    # IAM matches an ARN segment by segment: a wildcard never reaches into the next segment.
+    pat, val = pattern.split(":", 5), arn.split(":", 5)
+    return len(pat) == len(val) == 6 and all(_glob(p, v) for p, v in zip(pat, val))
+
+
+def _listed(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else [x]
+
+
+def _condition(op: str, key: str, expected: list[str], ctx: dict[str, Any]) -> bool:
+    present = key in ctx
+    if op.endswith("IfExists"):
+        return not present or _condition(op[: -len("IfExists")], key, expected, ctx)
+    if op == "Null":
+        (want,) = expected
+        return (not present) == (want == "true")
+    match = {"StringEquals": lambda v, e: v == e, "StringLike": _glob,
+             "Bool": lambda v, e: v.lower() == e.lower()}
+    qualifier, _, base = op.rpartition(":")
+    if base not in match or qualifier not in ("", "ForAllValues", "ForAnyValue"):
+        raise AssertionError(f"the evaluator does not know {op}: teach it before the policy uses it")
+    hit = lambda v: any(match[base](str(v), str(e)) for e in expected)  # noqa: E731
+    if qualifier == "ForAllValues":  # true for a missing key, as IAM says
+        return all(hit(v) for v in _listed(ctx.get(key, [])))
+    if not present:
+        return False
+    if qualifier == "ForAnyValue":
+        return any(hit(v) for v in _listed(ctx[key]))
+    assert not isinstance(ctx[key], list), f"{key} is multi-valued: use ForAllValues/ForAnyValue"
+    return hit(ctx[key])
+
+
+def _applies(st: dict[str, Any], action: str, arn: str, ctx: dict[str, Any]) -> bool:
+    assert not {"NotAction", "NotResource", "Principal"} & set(st), "the evaluator does not model these"
+    return (any(_glob(a, action, case=False) for a in _listed(st["Action"]))
+            and any(_arn_matches(r, arn) for r in _listed(st["Resource"]))
+            and all(_condition(op, key, _listed(want), ctx)
+                    for op, block in st.get("Condition", {}).items() for key, want in block.items()))
+
+
+def decide(pol: dict[str, Any], action: str, arn: str, ctx: dict[str, Any]) -> str:
+    effects = {st["Effect"] for st in pol["Statement"] if _applies(st, action, arn, ctx)}
+    return "explicit deny" if "Deny" in effects else "allow" if "Allow" in effects else "implicit deny"
+
+
+def refused(pol: dict[str, Any], checks: list[Check]) -> list[Check]:
+    """The checks of one request that are not allowed (the request is allowed when none are)."""
+    return [c for c in checks if decide(pol, *c) != "allow"]
+
+
+# --- what AWS authorizes for each request --------------------------------------------------------
+
+
+def arn(kind: str, rid: str) -> str:
+    return f"arn:aws:ec2:{REGION}:{'' if kind == 'image' else ACCOUNT}:{kind}/{rid}"
+
+
+def _tags(spec_list: list[dict[str, Any]], kind: str) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for s in spec_list if s["ResourceType"] == kind for t in s["Tags"]}
+
+
+def _request_tags(tags: dict[str, str]) -> dict[str, Any]:
+    return {**{f"aws:RequestTag/{k}": v for k, v in tags.items()}, **({"aws:TagKeys": list(tags)} if tags else {})}
+
+
+def _existing(action: str, kind: str, rid: str) -> Check:
+    return (f"ec2:{action}", arn(kind, rid), {f"aws:ResourceTag/{k}": v for k, v in WORLD.get(rid, {}).items()})
+
+
+def _creating(action: str, kind: str, rid: str, tags: dict[str, str], ctx: dict[str, Any]) -> list[Check]:
+    checks = [(f"ec2:{action}", arn(kind, rid), {**_request_tags(tags), **ctx})]
+    if tags:  # TagSpecifications: CreateTags is authorized too, as part of the create call
+        checks.append(("ec2:CreateTags", arn(kind, rid), {**_request_tags(tags), "ec2:CreateAction": action}))
+    return checks
+
+
+def _run_instances(p: dict[str, Any]) -> list[Check]:
+    specs, ebs, nic = p.get("TagSpecifications", []), p["BlockDeviceMappings"][0]["Ebs"], p["NetworkInterfaces"][0]
+    checks = _creating("RunInstances", "instance", "*", _tags(specs, "instance"), {
+        "ec2:MetadataHttpTokens": p.get("MetadataOptions", {}).get("HttpTokens", "optional"),
+        "ec2:InstanceType": p["InstanceType"]})
+    checks += _creating("RunInstances", "volume", "*", _tags(specs, "volume"),
+                        {"ec2:Encrypted": str(ebs.get("Encrypted", False)).lower(), "ec2:VolumeType": ebs["VolumeType"]})
+    checks += _creating("RunInstances", "network-interface", "*", _tags(specs, "network-interface"), {})
+    if p.get("InstanceMarketOptions", {}).get("MarketType") == "spot":
+        checks += _creating("RunInstances", "spot-instances-request", "*", _tags(specs, "spot-instances-request"), {})
+    checks += [_existing("RunInstances", "security-group", g) for g in nic["Groups"]]
+    checks += [_existing("RunInstances", "key-pair", p["KeyName"]), _existing("RunInstances", "subnet", nic["SubnetId"]),
+               _existing("RunInstances", "image", p["ImageId"])]
+    return checks
+
+
+def _anywhere(service: str, op: str) -> Callable[[dict[str, Any]], list[Check]]:
+    return lambda p: [(f"{service}:{op}", "*", {})]
+
+
+def _on(op: str, kind: str, param: str) -> Callable[[dict[str, Any]], list[Check]]:
+    return lambda p: [_existing(op, kind, rid) for rid in _listed(p[param])]
+
+
+REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
+    **{f"ec2:{op}": _anywhere("ec2", op) for op in (
+        "DescribeRegions", "DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeSpotPriceHistory",
+        "DescribeImages", "DescribeVpcs", "DescribeSubnets", "DescribeKeyPairs", "DescribeSecurityGroups",
+        "DescribeInstances")},
+    "pricing:GetProducts": _anywhere("pricing", "GetProducts"),
+    "ec2:RunInstances": _run_instances,
+    "ec2:ImportKeyPair": lambda p: _creating("ImportKeyPair", "key-pair", p["KeyName"],
+                                             _tags(p.get("TagSpecifications", []), "key-pair"), {}),
+    "ec2:CreateSecurityGroup": lambda p: [
+        *_creating("CreateSecurityGroup", "security-group", "*", _tags(p.get("TagSpecifications", []), "security-group"), {}),
+        _existing("CreateSecurityGroup", "vpc", p["VpcId"])],
+    "ec2:AuthorizeSecurityGroupIngress": _on("AuthorizeSecurityGroupIngress", "security-group", "GroupId"),
+    "ec2:RevokeSecurityGroupIngress": _on("RevokeSecurityGroupIngress", "security-group", "GroupId"),
+    "ec2:DeleteSecurityGroup": _on("DeleteSecurityGroup", "security-group", "GroupId"),
+    "ec2:DeleteKeyPair": _on("DeleteKeyPair", "key-pair", "KeyName"),
+    "ec2:TerminateInstances": _on("TerminateInstances", "instance", "InstanceIds"),
+    "ec2:CreateTags": lambda p: [_existing("CreateTags", "instance", rid) for rid in p["Resources"]],
+}
+
+
+# --- the calls in gpuctl's code, and the requests it really sends ----------------------------------
+
+
+def calls_in_code() -> set[str]:
+    """Every EC2 and Price List operation named in provision/aws (as a client method, a paginator
+    or a waiter), as IAM actions."""
+    import botocore.session
+    from botocore import xform_name
+
+    source = "\n".join(p.read_text() for p in sorted((REPO / "gpuctl" / "provision" / "aws").glob("*.py")))
+    services = set(re.findall(r"client\(\s*\"(\w+)\"", source))
+    assert services == {"ec2", "pricing"}, f"a new AWS service is called: add its actions to the policy ({services})"
+    session, found = botocore.session.get_session(), set()
+    for service in services:
+        for op in session.get_service_model(service).operation_names:
+            if re.search(rf"\b{xform_name(op)}\b", source):
+                found.add(f"{service}:{op}")
+        waiters = session.get_waiter_model(service)
+        for name in waiters.waiter_names:
+            if re.search(rf"[\"']{xform_name(name)}[\"']", source):
+                found.add(f"{service}:{waiters.get_waiter(name).operation}")
+    return found
+
+
+def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """gpuctl's create, reuse, launch and release code run against a stubbed EC2; what it sent."""
+    import boto3
+    from botocore.stub import Stubber
+
+    ec2 = boto3.client("ec2", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="y")
+    sent: list[tuple[str, dict[str, Any]]] = []
+    ec2.meta.events.register("provide-client-params.ec2.*",
+                             lambda params, model, **_: sent.append((f"ec2:{model.name}", dict(params))))
+    aws = SimpleNamespace(ec2=lambda region=None: ec2, region=REGION)
+    stub = Stubber(ec2)
+    ok = lambda op, answer=None: stub.add_response(op, answer or {})  # noqa: E731
+    world_open = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+    with stub:
+        ok("describe_key_pairs", {"KeyPairs": []})
+        ok("import_key_pair", {"KeyName": KEY})
+        access.ensure_key_pair(aws, tmp_path, CLUSTER, OWNER)
+        ok("describe_key_pairs", {"KeyPairs": [{"KeyName": KEY}]})  # the private half is lost
+        ok("delete_key_pair")
+        ok("import_key_pair", {"KeyName": KEY})
+        access.ensure_key_pair(aws, tmp_path / "elsewhere", CLUSTER, OWNER)
+        ok("describe_security_groups", {"SecurityGroups": []})
+        ok("create_security_group", {"GroupId": "sg-1"})
+        ok("authorize_security_group_ingress")
+        access.ensure_security_group(aws, "vpc-1", CLUSTER, OWNER, "203.0.113.5/32")
+        ok("describe_security_groups", {"SecurityGroups": [{"GroupId": "sg-1", "IpPermissions": world_open}]})
+        ok("revoke_security_group_ingress")
+        ok("authorize_security_group_ingress")
+        access.ensure_security_group(aws, "vpc-1", CLUSTER, OWNER, "203.0.113.5/32")
+        for market in ("spot", "on-demand"):
+            ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
+            launch_one(aws, plan(market), lambda _: None)
+        ok("terminate_instances")
+        ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "terminated"}}]}]})
+        ok("delete_security_group")
+        ok("delete_key_pair")
+        provider = SimpleNamespace(aws=lambda region=None: aws, spec=SimpleNamespace(wait_timeout_s=5), home=tmp_path)
+        inventory.release(provider, [Resource(provider="aws", kind=k, id=i, region=REGION, cluster=CLUSTER)
+                                     for k, i in (("instance", "i-1"), ("security-group", "sg-1"), ("key-pair", KEY))],
+                          lambda _: None)
+        stub.assert_no_pending_responses()
+    return sent
+
+
+def plan(market: str) -> LaunchPlan:
+    return LaunchPlan(cluster=CLUSTER, owner=OWNER, instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
+                      key_name=KEY, security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market=market,
+                      max_price=0.0, fallback_on_demand=False, disk_gb=100, user_data="#!/bin/bash", token_seed="t")
+
+
+def _launch(**changes: Any) -> dict[str, Any]:
+    from gpuctl.provision.aws.launch import run_params
+
+    return {**run_params(plan("spot"), "us-east-1a", "spot"), **changes}
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+
+def test_every_call_in_the_code_has_a_request_model():
+    found = calls_in_code()
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:RevokeSecurityGroupIngress",
+            "pricing:GetProducts"} <= found  # the scan itself works
+    missing = found - set(REQUESTS)
+    assert not missing, f"gpuctl calls {sorted(missing)}: add them to REQUESTS here and to docs/aws-iam.md"
+
+
+def test_every_call_gpuctl_makes_is_allowed(tmp_path):
+    pol, sent, found = policy(), recorded_requests(tmp_path), calls_in_code()
+    looks = {op for op in found if op.split(":")[1].startswith(("Describe", "Get"))}
+    assert found - looks <= {op for op, _ in sent}, "a call that changes something is not exercised here"
+    for op, params in sent + [(op, {}) for op in sorted(looks)]:
+        checks = REQUESTS[op](params)
+        assert not refused(pol, checks), f"{op} refused: {refused(pol, checks)}"
+
+
+@pytest.mark.parametrize("what, op, params", [
+    ("terminate an instance without gpuctl's tag", "ec2:TerminateInstances", {"InstanceIds": ["i-foreign"]}),
+    ("terminate one of gpuctl's and a foreign one at once", "ec2:TerminateInstances", {"InstanceIds": ["i-1", "i-foreign"]}),
+    ("delete a foreign security group", "ec2:DeleteSecurityGroup", {"GroupId": "sg-foreign"}),
+    ("open a foreign security group", "ec2:AuthorizeSecurityGroupIngress", {"GroupId": "sg-foreign"}),
+    ("close a foreign security group", "ec2:RevokeSecurityGroupIngress", {"GroupId": "sg-foreign"}),
+    ("delete a foreign key pair", "ec2:DeleteKeyPair", {"KeyName": "prod-key"}),
+    ("put gpuctl's tag on an existing foreign instance", "ec2:CreateTags",
+     {"Resources": ["i-foreign"], "Tags": access.tags(CLUSTER, OWNER)}),
+    ("launch without IMDSv2 required", "ec2:RunInstances", _launch(MetadataOptions={"HttpTokens": "optional"})),
+    ("launch with no metadata options (IMDSv1 allowed)", "ec2:RunInstances",
+     {k: v for k, v in _launch().items() if k != "MetadataOptions"}),
+    ("launch without gpuctl's tags", "ec2:RunInstances", _launch(TagSpecifications=[])),
+    ("launch with a foreign tag key", "ec2:RunInstances", _launch(TagSpecifications=[
+        {"ResourceType": t, "Tags": access.tags(CLUSTER, OWNER) + [{"Key": "team", "Value": "finance"}]}
+        for t in ("instance", "volume")])),
+    ("launch into a foreign security group", "ec2:RunInstances",
+     _launch(NetworkInterfaces=[{**_launch()["NetworkInterfaces"][0], "Groups": ["sg-foreign"]}])),
+    ("launch with an unencrypted volume", "ec2:RunInstances", _launch(BlockDeviceMappings=[
+        {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 100, "VolumeType": "gp3", "Encrypted": False}}])),
+    ("create a group without gpuctl's tags", "ec2:CreateSecurityGroup", {"VpcId": "vpc-1"}),
+    ("import a key pair without an owner tag", "ec2:ImportKeyPair", {"KeyName": "k", "TagSpecifications": [
+        {"ResourceType": "key-pair", "Tags": [{"Key": "gpuctl:created-by", "Value": "gpuctl"}]}]}),
+])
+def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
+    assert refused(policy(), REQUESTS[op](params)), what
+
+
+@pytest.mark.parametrize("action, resource", [
+    ("ec2:StopInstances", arn("instance", "i-1")), ("ec2:StartInstances", arn("instance", "i-1")),
+    ("ec2:ModifyInstanceAttribute", arn("instance", "i-1")), ("ec2:DeleteVolume", arn("volume", "vol-1")),
+    ("ec2:DeleteVpc", arn("vpc", "vpc-1")), ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin"),
+])
+def test_actions_gpuctl_never_calls_are_not_granted_even_on_its_own_resources(action, resource):
+    assert decide(policy(), action, resource, {"aws:ResourceTag/gpuctl:created-by": "gpuctl"}) == "implicit deny"
+
+
+def test_the_evaluator_decides_as_iam_does():
+    allow_all = {"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}
+    deny = {"Effect": "Deny", "Action": "ec2:Terminate*", "Resource": "arn:aws:ec2:*:*:instance/*",
+            "Condition": {"StringNotEquals": {"aws:ResourceTag/x": "y"}}}
+    tagged = {"Effect": "Allow", "Action": "ec2:TerminateInstances", "Resource": "arn:aws:ec2:*:*:instance/*",
+              "Condition": {"StringEqualsIfExists": {"aws:ResourceTag/x": "y"}, "Null": {"aws:ResourceTag/z": "false"}}}
+    assert decide({"Statement": [allow_all]}, "EC2:terminateinstances", arn("instance", "i-1"), {}) == "allow"
+    assert decide({"Statement": []}, "ec2:TerminateInstances", arn("instance", "i-1"), {}) == "implicit deny"
+    with pytest.raises(AssertionError, match="does not know StringNotEquals"):
+        decide({"Statement": [allow_all, deny]}, "ec2:TerminateInstances", arn("instance", "i-1"), {})
+    deny["Condition"] = {"Null": {"aws:ResourceTag/x": "true"}}  # explicit deny wins over any allow
+    assert decide({"Statement": [allow_all, deny]}, "ec2:TerminateInstances", arn("instance", "i-1"), {}) == "explicit deny"
+    assert decide({"Statement": [tagged]}, "ec2:TerminateInstances", arn("instance", "i-1"), {"aws:ResourceTag/z": "1"}) == "allow"
+    assert decide({"Statement": [tagged]}, "ec2:TerminateInstances", arn("instance", "i-1"),
+                  {"aws:ResourceTag/z": "1", "aws:ResourceTag/x": "n"}) == "implicit deny"
+    assert decide({"Statement": [tagged]}, "ec2:TerminateInstances", arn("instance", "i-1"), {}) == "implicit deny"
+    # A wildcard never spans ARN segments; an empty account segment (AMIs) matches "*".
+    assert not _arn_matches("arn:aws:ec2:*:instance/*", arn("instance", "i-1"))
+    assert _arn_matches("arn:aws:ec2:*:*:image/*", arn("image", "ami-1"))
+    assert _condition("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {})  # a missing key: true
+    assert not _condition("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {"aws:TagKeys": ["a", "b"]})
