@@ -133,10 +133,13 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
               help="Release everything gpuctl finds by its tags in every provider and region, ledger or not.")
 @click.option("--any-owner", is_flag=True,
               help="With --all: also what another gpuctl install (a lost home, a colleague) made in the account.")
+@click.option("--force", is_flag=True, help="Release the cluster even if its hosts do not answer (their gpuctl "
+              "jobs may then run on).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
-def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, yes: bool, as_json: bool) -> None:
+def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, force: bool, yes: bool,
+         as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
     from gpuctl import render, render_commands
     from gpuctl.ops import clusters
@@ -156,7 +159,7 @@ def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool
         if target is not None:
             confirm(yes, f"release cluster {target!r} and stop its jobs")
         with progress_sink() as progress:
-            result = clusters.down(s, name, progress)
+            result = clusters.down(s, name, progress, force=force)
     if as_json:
         return render.emit_json(result)
     render_commands.down(result, everything)

@@ -11,9 +11,9 @@ import math
 import sqlite3
 import time
 
-from gpuctl.errors import ConfigError, ConflictError, GpuctlError
+from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.ops import guards, run_state
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class, spec_from_settings
 from gpuctl.types import (
     ClusterRecord,
@@ -158,8 +158,10 @@ def down_target(s: Session, name: str | None) -> str | None:
     return s.resolve_cluster(name).name
 
 
-def down(s: Session, name: str | None = None, progress: Progress = quiet) -> DownResult:
-    """Stop every job of the cluster, keep its reports and logs, and release all it holds."""
+def down(s: Session, name: str | None = None, progress: Progress = quiet, force: bool = False) -> DownResult:
+    """Stop every job of the cluster, keep its reports and logs, and release all it holds. With
+    `force`, a cluster whose hosts do not answer is released all the same (and says what may be
+    left running on them)."""
     if name is None and not s.ledger.clusters(include_down=False):
         return DownResult(cluster="", already_down=True)
     if name and s.ledger.live_cluster(name) is None:
@@ -169,7 +171,9 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet) -> Dow
             # such as its security group and key pair.
             leftovers = _release(s, ended[-1], progress)
             return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
-    return _down_cluster(s, s.resolve_cluster(name), progress)
+    if force:
+        s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+    return _down_cluster(s, s.resolve_cluster(name), progress, must_stop_jobs=not force)
 
 
 def _down_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_stop_jobs: bool = True) -> DownResult:
@@ -190,7 +194,9 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
             stopped = run_state.stop_runs(s, cluster)
         except GpuctlError as exc:
             if must_stop_jobs:
-                raise
+                raise RemoteError(f"cannot stop the jobs of cluster {cluster.name!r}: {exc.message}",
+                                  f"Release it anyway: `gpuctl down {cluster.name} --force -y` (what runs on a host "
+                                  "that does not answer may stay there).") from None
             progress(f"{cluster.name}: jobs not stopped ({exc.message}); releasing anyway")
     resources = _release(s, cluster, progress)
     _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")

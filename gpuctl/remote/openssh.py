@@ -45,6 +45,10 @@ def _proxy_command(ssh: str, conf: Path, hop: int) -> str:
     return " ".join([*quoted, "-W", "'[%h]:%p'", f"{HOP}{hop}"])
 
 
+def _alias(ep: Endpoint) -> list[str]:
+    return [f"    HostKeyAlias {_token(ep.key_alias)}"] if ep.key_alias else []
+
+
 def _login(ep: Endpoint) -> list[str]:
     lines = [f"    User {_token(ep.user)}", f"    Port {ep.port}"]
     if ep.identity:
@@ -60,7 +64,7 @@ def render(ep: Endpoint, known_hosts: Path, conf: Path, ssh: str = "ssh") -> str
         if i:
             lines.append(f"    ProxyCommand {_proxy_command(ssh, conf, i - 1)}")
         lines.append("")
-    lines += [f"Host * !{HOP}*", *_login(ep)]
+    lines += [f"Host * !{HOP}*", *_login(ep), *_alias(ep)]
     if ep.jump:
         lines.append(f"    ProxyCommand {_proxy_command(ssh, conf, len(ep.jump) - 1)}")
     lines += [
@@ -102,7 +106,7 @@ def host_block(alias: str, ep: Endpoint, home: Path) -> list[str]:
     reaches the host the way gpuctl does, through the same jump hosts, every key checked strictly."""
     from gpuctl.remote.ssh import known_hosts_path
 
-    lines = [f"Host {alias}", f"    HostName {_token(ep.host)}", *_login(ep),
+    lines = [f"Host {alias}", f"    HostName {_token(ep.host)}", *_login(ep), *_alias(ep),
              f"    UserKnownHostsFile {_path(str(known_hosts_path(home)), 'the gpuctl home')}",
              "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes"]
     if ep.jump:

@@ -68,6 +68,9 @@ class Endpoint:
     identity: str | None = None
     jump: tuple[Endpoint, ...] = ()
     alias: str = ""  # the ssh config `Host` it was resolved from, for messages
+    # The name its host key is pinned under (OpenSSH's HostKeyAlias), when not its address: a
+    # cloud recycles public IPs, so an instance is pinned by its id and its pin dropped at `down`.
+    key_alias: str = ""
 
     @property
     def label(self) -> str:
@@ -104,6 +107,21 @@ class Endpoint:
 
 def known_hosts_path(home: Path) -> Path:
     return home / "known_hosts"
+
+
+def forget_host_keys(home: Path, names: set[str]) -> int:
+    """Drop the pins of these names (key aliases of released instances); how many lines went."""
+    path = known_hosts_path(home)
+    if not names or not path.exists():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if ln.split(" ", 1)[0] not in names]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".known_hosts.{secrets.token_hex(3)}.tmp")
+        tmp.write_text("".join(kept))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 class SshHost:

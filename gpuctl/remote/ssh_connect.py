@@ -10,6 +10,7 @@ exactly the user, port and key it was given.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -22,17 +23,19 @@ if TYPE_CHECKING:
     from gpuctl.remote.ssh import Endpoint
 
 
-def _pin_policy(path: Path) -> Any:
+def _pin_policy(path: Path, alias: str = "") -> Any:
     import paramiko
 
     class PinOnFirstContact(paramiko.MissingHostKeyPolicy):
-        """Trust a host's key the first time and remember it; paramiko refuses a changed one."""
+        """Trust a host's key the first time and remember it (under its key alias, if it has one);
+        paramiko refuses a changed one."""
 
         def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
             client.get_host_keys().add(hostname, key.get_name(), key)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+                fh.write(f"{alias or hostname} {key.get_name()} {key.get_base64()}\n")
+            os.chmod(path, 0o600)
 
     return PinOnFirstContact()
 
@@ -52,7 +55,17 @@ def _connection(ep: Endpoint, known: Path, gateway: Any) -> Any:
     client = conn.client  # Fabric's: AutoAddPolicy. Replaced by gpuctl's pinning, on every hop.
     if known.exists():
         client.load_host_keys(str(known))
-    client.set_missing_host_key_policy(_pin_policy(known))
+    if ep.key_alias:
+        # paramiko looks keys up by address: show it the alias's keys (and none an earlier machine
+        # left under this address), as OpenSSH's HostKeyAlias does.
+        keys = client.get_host_keys()
+        name = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+        pinned = keys.lookup(ep.key_alias)
+        if name in keys:
+            del keys[name]
+        for kind, key in (pinned or {}).items():
+            keys.add(name, kind, key)
+    client.set_missing_host_key_policy(_pin_policy(known, ep.key_alias))
     return conn
 
 
@@ -119,7 +132,8 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
             raise RemoteError(
                 f"the host key of {_named(step, ep)} has CHANGED (expected {exc.expected_key.get_name()} "
                 f"{exc.expected_key.get_fingerprint().hex()[:16]}..., got {exc.key.get_fingerprint().hex()[:16]}...)",
-                f"If the machine was rebuilt, delete its line from {known}; otherwise do not connect: "
+                f"If the machine was rebuilt, delete its line ({step.key_alias or step.host}) from {known}; "
+                "otherwise do not connect: "
                 "someone may be intercepting the connection.",
             ) from None
         except paramiko.AuthenticationException as exc:

@@ -10,25 +10,32 @@ from tests.aws import live_instances, nothing_created
 from tests.integration.test_ssh import TF_TRAIN
 
 
-def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch, isolated):
-    host = ssh.hosts[0]
-    monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
-    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
+def cloud_init(host, isolated):
+    """As on a real instance, the cluster's key is accepted only some time after boot: `up` must
+    keep retrying until it is. Returns the thread doing it."""
     authorized = host.base / "authorized_keys"
     lab_key = authorized.read_text()
     pub = isolated / "keys" / "default.us-east-1.pub"
 
-    def cloud_init():
-        # As on a real instance, the cluster's key is accepted only some time after boot:
-        # `up` must keep retrying until it is.
+    def install():
         deadline = time.monotonic() + 60
         while not pub.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)
         authorized.write_text(lab_key + pub.read_text())
 
-    installer = threading.Thread(target=cloud_init, daemon=True)
+    installer = threading.Thread(target=install, daemon=True)
     installer.start()
+    return installer
+
+
+def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch, isolated):
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
+    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
+    authorized = host.base / "authorized_keys"
+    lab_key = authorized.read_text()
+    installer = cloud_init(host, isolated)
     try:
         res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
         installer.join(60)
@@ -50,5 +57,40 @@ def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch
         nothing_created(aws)
         assert aws.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
         assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][1]["epoch"] == 2
+    finally:
+        authorized.write_text(lab_key)
+
+
+def test_host_keys_are_pinned_by_instance_not_by_recycled_address(gpuctl, aws, ssh, monkeypatch, isolated):
+    """Issue 11, item 8: EC2 recycles public IPs. Here every instance is the same test host (one
+    address): its key is changed between two `up`s, as a new machine on an old address would be."""
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
+    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
+    authorized = host.base / "authorized_keys"
+    lab_key = authorized.read_text()
+    known = isolated / "known_hosts"
+    try:
+        installer = cloud_init(host, isolated)
+        gpuctl("up", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
+        installer.join(60)
+        (inst,) = live_instances(aws)
+        assert known.read_text().startswith(f"gpuctl-{inst['InstanceId']} ") and host.ip not in known.read_text()
+        # The same instance with another key: refused, by gpuctl and by OpenSSH alike.
+        host.new_host_key()
+        host.restart()
+        res = gpuctl("exec", "--", "true", code=7)
+        assert "has CHANGED" in res.stderr and f"(gpuctl-{inst['InstanceId']})" in res.stderr, res.stderr
+        gpuctl("down", "-y")
+        assert f"gpuctl-{inst['InstanceId']}" not in known.read_text()  # its pin went with it
+        # A new instance on the recycled address, with its own key: welcome (refused before).
+        host.new_host_key()
+        host.restart()
+        authorized.write_text(lab_key)
+        installer = cloud_init(host, isolated)
+        gpuctl("up", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
+        installer.join(60)
+        assert gpuctl("exec", "--", "true").exit_code == 0
+        gpuctl("down", "-y")
     finally:
         authorized.write_text(lab_key)

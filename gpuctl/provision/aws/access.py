@@ -62,6 +62,12 @@ def _read_owner(path: Path) -> str:
     return value
 
 
+def key_alias(instance_id: str) -> str:
+    """The name an instance's host key is pinned under: EC2 recycles public IPs, so an address
+    names no machine for long (issue 11); the pin goes at `down`."""
+    return f"gpuctl-{instance_id}"
+
+
 def tags(cluster: str, owner: str) -> list[dict[str, str]]:
     return [
         {"Key": TAG_CLUSTER, "Value": cluster},

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from gpuctl.errors import CloudError
 from gpuctl.provision.aws import access
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.remote.ssh import forget_host_keys
 from gpuctl.retry import TimedOut, poll
 from gpuctl.types import Resource
 
@@ -112,6 +113,8 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
 
         _poll(gone, timeout, f"{len(instances)} instance(s) to terminate", progress,
               "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
+        # Their host keys go with them: the next instance on a recycled address is a new machine.
+        forget_host_keys(p.home, {access.key_alias(i) for i in instances})
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.

@@ -230,7 +230,8 @@ class AwsProvider:
             host, port = ep.host, ep.port
         if not host:
             raise RemoteError(f"{instance.id} has no public IP address", "Check the subnet gives public IPs.")
-        return Endpoint(user=instance.ssh_user or self.spec.ssh_user, host=host, port=port)
+        return Endpoint(user=instance.ssh_user or self.spec.ssh_user, host=host, port=port,
+                        key_alias=access.key_alias(instance.id))
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,
              progress: Progress | None = None) -> SshHost:
