@@ -80,11 +80,21 @@ def parse_duration(text: str) -> float:
     if t in ("0", "off", "none", ""):
         return 0.0
     if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
+        return _bounded(text, float(t))
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", t)
     if not parts or "".join(n + u for n, u in parts) != t:
         raise ValueError(f"{text!r} is not a duration; use e.g. 45s, 30m, 6h, 1h30m")
-    return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+    return _bounded(text, sum(float(n) * DURATION_UNITS[u] for n, u in parts))
+
+
+MAX_DURATION_S = 366 * 86400.0
+
+
+def _bounded(text: str, seconds: float) -> float:
+    """A duration longer than a year is a typo (or 1e400, which is inf): refused at the edge."""
+    if not seconds <= MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than a year")
+    return seconds
 
 
 def _duration(v: str) -> str:
@@ -141,7 +151,7 @@ class AwsSettings(_Section):
     disk_gb: int = Field(100, ge=8, le=16384, description="Root volume size (encrypted gp3) in GB.")
     ssh_cidr: str = Field("", description="Who may SSH in; empty = the caller's public address /32 (detected).")
     ssh_user: str = Field("ubuntu", min_length=1, description="Login user of the image.")
-    wait_timeout_s: float = Field(900.0, gt=0, description="How long `up` waits for running and for SSH.")
+    wait_timeout_s: float = Field(900.0, gt=0, le=86400, description="How long `up` waits for running and for SSH.")
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -172,7 +182,7 @@ class RemoteSettings(_Section):
     python: str = Field("", description="Python on the instance that runs the payload; empty = find it.")
     workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts (an ssh "
                          "cluster works in WORKDIR/CLUSTER, so several can share a host).")
-    connect_timeout_s: float = Field(120.0, gt=0, description="How long to keep trying to connect over SSH.")
+    connect_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long to keep trying to connect over SSH.")
     ssh_config: str = Field(
         "", description="OpenSSH config file for host aliases (HostName, User, Port, IdentityFile, ProxyJump); "
         "empty = ~/.ssh/config if it exists."

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -27,11 +28,12 @@ Runner = Callable[[list[str], Optional[str]], int]  # runs argv in the foregroun
 def shell(s: Session, cluster: str | None, command: list[str] | None, runner: Runner) -> int:
     """A login shell on the cluster's first host, or `command` there; its exit status. Like
     `ssh host cmd`, the words are joined with spaces into one shell line, so `'echo $HOME; exit 3'`
-    runs as written. The watchdog counts it as activity while it runs."""
+    runs as written. A command counts as activity for the watchdog while it runs; a shell is an
+    interactive login, which the watchdog sees itself (and stops counting once quiet for `idle`)."""
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
     argv, cwd = host.interactive(" ".join(command) if command else None, tty=not command)
-    with s.working(record, "ssh"):
+    with s.working(record, "ssh") if command else nullcontext():
         return runner(argv, cwd)
 
 
@@ -44,10 +46,10 @@ def attach_command(s: Session, run_id: str | None) -> tuple[list[str], str | Non
 
 
 def attach(s: Session, run_id: str | None, runner: Runner) -> int:
-    """Attach to the run's tmux session until the user detaches; the exit status."""
-    argv, cwd, cluster = attach_command(s, run_id)
-    with s.working(cluster, "attach"):
-        return runner(argv, cwd)
+    """Attach to the run's tmux session until the user detaches; the exit status. No heartbeat:
+    it is an interactive login, counted by the watchdog only while its terminal sees input."""
+    argv, cwd, _ = attach_command(s, run_id)
+    return runner(argv, cwd)
 
 
 def ssh_config(s: Session, install: bool = False) -> SshConfigResult:

@@ -163,7 +163,15 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet, force:
     `force`, a cluster whose hosts do not answer is released all the same (and says what may be
     left running on them)."""
     if name is None and not s.ledger.clusters(include_down=False):
-        return DownResult(cluster="", already_down=True)
+        # Nothing is up, but the latest cluster may have left something: a `down` interrupted
+        # after its instances ended, or a guard's poweroff, leaves the group and key pair.
+        latest = s.ledger.clusters()[-1:]
+        try:
+            leftovers = _release(s, latest[0], progress) if latest else []
+        except GpuctlError:
+            leftovers = []  # nothing asked for was up; `status --all` shows what may be left
+        return DownResult(cluster=latest[0].name if leftovers else "", already_down=not leftovers,
+                          released=tuple(leftovers))
     if name and s.ledger.live_cluster(name) is None:
         ended = [c for c in s.ledger.clusters() if c.name == name]
         if ended:
@@ -238,15 +246,27 @@ def _searcher(s: Session, name: str) -> Provider:
     return s.provider(spec)
 
 
+def _live_in_ledger(s: Session, say: Progress) -> list[ClusterRecord]:
+    """The ledger's live clusters, or none (said) when the ledger cannot be read: `status --all`
+    and `down --all` still find what runs by the providers' own tags."""
+    try:
+        return s.ledger.clusters(include_down=False)
+    except ConfigError as exc:
+        say(f"{exc.message}; looking by the providers' tags only")
+        return []
+
+
 def inventory(s: Session) -> Inventory:
     """`status --all`: every resource each provider finds by itself, ledger or not."""
-    resources, notes = [], []
-    live = [c.name for c in s.ledger.clusters(include_down=False)]
+    resources: list[Resource] = []
+    notes: list[str] = []
+    known = _live_in_ledger(s, notes.append)
+    live = [c.name for c in known]
     for name in PROVIDERS:
         try:
             resources += _searcher(s, name).discover()
         except GpuctlError as exc:
-            if any(c.provider == name for c in s.ledger.clusters(include_down=False)):
+            if any(c.provider == name for c in known):
                 raise
             notes.append(f"{name}: not searched: {exc.message}")
     others = [r.id for r in resources if r.cluster is None]  # no cluster of this install: another owner's
@@ -266,7 +286,7 @@ def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) ->
     released: list[Resource] = []
     stopped: list[str] = []
     failed: list[tuple[str, GpuctlError]] = []
-    for c in s.ledger.clusters(include_down=False):
+    for c in _live_in_ledger(s, progress):
         try:
             result = _down_cluster(s, c, progress, must_stop_jobs=False)
         except GpuctlError as exc:

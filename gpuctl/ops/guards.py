@@ -141,8 +141,14 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     return how[0] + (f" (on each of {len(how)} instances)" if len(how) > 1 else "")
 
 
+# The process is there and its command line names this cluster's config: after a reboot the
+# pid in an old state.json may be anyone's (and `install` kills a watchdog running older code).
+_IS_WATCHDOG = r'''[ -r "/proc/$1/cmdline" ] || exec kill -0 "$1"; tr '\0' ' ' < "/proc/$1/cmdline" | grep -qF -- "$2"'''
+
+
 def _alive(host: Host, pid: Any) -> bool:
-    return isinstance(pid, int) and host.run(["kill", "-0", str(pid)], check=False).returncode == 0
+    return isinstance(pid, int) and host.run(["sh", "-c", _IS_WATCHDOG, "sh", str(pid), guard.config_path(host)],
+                                             check=False).returncode == 0
 
 
 def code_version() -> str:

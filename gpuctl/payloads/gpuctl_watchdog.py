@@ -231,8 +231,11 @@ class Watchdog(object):
             if os.path.join(parent, name) == root:
                 continue
             st = read_json(os.path.join(parent, name, "guard", "state.json"))
-            if isinstance(st, dict) and st.get("jobs") and now - float(st.get("at") or 0) < 180:
-                out.append(name)
+            try:
+                if isinstance(st, dict) and st.get("jobs") and now - float(st.get("at") or 0) < 180:
+                    out.append(name)
+            except (TypeError, ValueError):
+                continue  # not a state this watchdog can read: it must not stop the firing
         return out
 
     def fire(self, cfg, reason, detail, running):

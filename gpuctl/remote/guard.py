@@ -55,6 +55,13 @@ def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
     )
 
 
+def _cron_line(host: Any) -> str:
+    """This cluster's crontab line, matched whole (`grep -x`): cluster `exp`'s must never take
+    `exp2`'s with it, as a match on a part of the line did."""
+    ensure = posixpath.join(guard_dir(host), "ensure.sh")
+    return f"* * * * * sh {shlex.quote(ensure)} {CRON_MARK} {host.root}"
+
+
 def unit_name(host: Any) -> str:
     """The systemd unit of this cluster's watchdog: one per cluster on a host that has several."""
     return "gpuctl-watchdog.service" if host.tmux_socket == "gpuctl" else f"gpuctl-watchdog-{host.tmux_socket}.service"
@@ -81,16 +88,16 @@ def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> st
         unit = posixpath.join(guard_dir(host), unit_name(host))
         host.write_text(unit, _systemd_unit(host, python, payload_dir, user))
         sudo = "" if user == "root" else "sudo -n "
-        name = unit_name(host)
+        name = shlex.quote(unit_name(host))
         host.run(["sh", "-c", f"{sudo}install -m 0644 {shlex.quote(unit)} /etc/systemd/system/{name}"
                               f" && {sudo}systemctl daemon-reload && {sudo}systemctl enable --now {name}"])
-        return f"systemd service {name.removesuffix('.service')} (Restart=always)"
+        return f"systemd service {unit_name(host).removesuffix('.service')} (Restart=always)"
     ensure = posixpath.join(guard_dir(host), "ensure.sh")
     host.write_text(ensure, _ensure_script(host, python, payload_dir), mode=0o755)
     host.run(["sh", ensure])
-    line = f"* * * * * sh {shlex.quote(ensure)} {CRON_MARK} {host.root}"
-    cron = host.run(["sh", "-c", "command -v crontab >/dev/null && { crontab -l 2>/dev/null | grep -vF "
-                     f"{shlex.quote(CRON_MARK + ' ' + host.root)}; echo {shlex.quote(line)}; }} | crontab -"],
+    line = _cron_line(host)
+    cron = host.run(["sh", "-c", "command -v crontab >/dev/null && { crontab -l 2>/dev/null | grep -vxF "
+                     f"{shlex.quote(line)}; echo {shlex.quote(line)}; }} | crontab -"],
                     check=False)
     return "tmux session gpuctl-watchdog" + (", revived by cron" if cron.returncode == 0 else " (no crontab here)")
 
@@ -98,11 +105,11 @@ def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> st
 def uninstall(host: Any) -> None:
     """Stop the watchdog for good (before `down` releases a host that stays up)."""
     host.run(["sh", "-c",
-              f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vF {shlex.quote(CRON_MARK + ' ' + host.root)}"
+              f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vxF {shlex.quote(_cron_line(host))}"
               " | crontab - ; "
               f"tmux -L {shlex.quote(host.tmux_socket)} kill-session -t ={SESSION} 2>/dev/null; "
-              f"if [ -f /etc/systemd/system/{unit_name(host)} ]; then "
-              f"S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now {unit_name(host)}; fi; "
+              f"if [ -f /etc/systemd/system/{shlex.quote(unit_name(host))} ]; then "
+              f"S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now {shlex.quote(unit_name(host))}; fi; "
               # Its limits and what it saw go too: the next cluster on this host starts clean.
               f"rm -f {shlex.quote(config_path(host))} {shlex.quote(posixpath.join(guard_dir(host), 'state.json'))}; true"],
              check=False)

@@ -81,13 +81,13 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
         "now() { t=$(date +%s.%N); case $t in *N*) date +%s ;; *) echo \"$t\" ;; esac; }",
         f"finish() {{ now > {q(paths.ended)}; echo \"$1\" > {q(tmp)} && mv -f {q(tmp)} {q(paths.exitcode)}; "
         "exit \"$1\"; }",
+        # `train --env` values live in a file of the owner's alone until here, whatever happens next.
+        f"if [ -f {q(paths.secrets)} ]; then . {q(paths.secrets)}; rm -f {q(paths.secrets)}; fi",
         f"now > {q(paths.started)}",
         f"mkdir -p {q(paths.outputs)}",
         f"cd {q(workdir)} || finish 127",
     ]
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
-    # `train --env` values live in a file of the owner's alone until the job has read them.
-    lines += [f"if [ -f {q(paths.secrets)} ]; then . {q(paths.secrets)}; rm -f {q(paths.secrets)}; fi"]
     lines += [
         # tee ignores TERM and INT: a job stopped gracefully (or by Ctrl-C) can still print while
         # it checkpoints or shows its traceback; tee ends when the job closes the pipe.
@@ -117,6 +117,8 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
     the job without being written into its script (train --env)."""
     if secret_env:
         q = shlex.quote
+        # The run's directory is the owner's alone first: the file is written before its chmod.
+        host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", paths.run_dir])
         host.write_text(paths.secrets, "".join(f"export {k}={q(v)}\n" for k, v in secret_env.items()), mode=0o600)
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
     host.run(

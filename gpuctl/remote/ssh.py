@@ -181,16 +181,25 @@ class SshHost:
         chan = self._client.get_transport().open_session()
         chan.exec_command(self.command_line(argv, False))
 
+        class Gone(Exception):
+            pass
+
         class Stream:
             def write(self, data: bytes) -> int:
-                chan.sendall(data)
+                try:
+                    chan.sendall(data)
+                except (OSError, EOFError) as exc:
+                    raise Gone() from exc
                 return len(data)
 
         try:
             feed(Stream())
             chan.shutdown_write()
-        except (OSError, EOFError):
+        except Gone:
             pass  # the command is gone: its exit status and stderr tell
+        except BaseException:
+            chan.close()  # the feeding failed here: the command sees its input end, not a pause
+            raise
         return self._finish(chan, argv, False, None)
 
     def _finish(self, chan: Any, argv: Sequence[str], check: bool, timeout: float | None) -> CommandResult:

@@ -84,11 +84,14 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
     files: dict[str, tuple[int, int]] = {}
     skipped = [] if skipped is None else skipped
     root = os.path.realpath(src)
+    # The real directories on the way down to each directory walked: a link to one of them is a
+    # loop, also when two links lead into each other (a/b -> ../c, c/d -> ../a).
+    above: dict[str, frozenset[str]] = {str(src): frozenset({root})}
     t0, total = time.monotonic(), 0
     for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
         base = os.path.relpath(dirpath, src)
         base = "" if base == "." else base.replace(os.sep, "/") + "/"
-        here = os.path.realpath(dirpath)
+        ancestors = above.pop(dirpath, frozenset({root}))
         kept = []
         for d in sorted(dirnames):
             if rules.ignored(base + d, True):
@@ -96,10 +99,11 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             real = os.path.realpath(os.path.join(dirpath, d))
             if not _inside(real, root):
                 skipped.append(f"{base + d}/: a link to a directory outside the project")
-            elif _inside(here, real):  # the directory it is in, or one above: a loop
+            elif real in ancestors or any(_inside(a, real) for a in ancestors):
                 skipped.append(f"{base + d}/: a link back to a directory it is in (a loop)")
             else:
                 kept.append(d)
+                above[os.path.join(dirpath, d)] = ancestors | {real}
         dirnames[:] = kept
         for name in filenames:
             rel = base + name
@@ -287,15 +291,20 @@ def _progress2_line(m: re.Match[str], seconds: float) -> str:
     return text
 
 
-def die_with_parent() -> None:
-    """In a child, before exec (Linux): SIGTERM when gpuctl dies. Without it a `kill -9` of gpuctl
-    mid-push left rsync uploading on for ~40 s (issue 11)."""
+def _pdeathsig() -> Callable[[], None] | None:
+    """For Popen's preexec_fn on Linux: the child gets SIGTERM when gpuctl dies. Without it a
+    `kill -9` of gpuctl mid-push left rsync uploading on for ~40 s (issue 11). prctl is looked up
+    here, in the parent: between fork and exec the child must not import anything (other threads,
+    the heartbeat's, may hold the import lock)."""
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], meter: _Meter) -> tuple[int, str, str]:
@@ -309,8 +318,7 @@ def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], mete
     with tempfile.TemporaryFile() as listing, tempfile.TemporaryFile() as errors:
         listing.write(b"\0".join(os.fsencode(rel) for rel in current))
         listing.seek(0)
-        proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors,
-                                preexec_fn=die_with_parent if sys.platform == "linux" else None)
+        proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors, preexec_fn=_pdeathsig())
         kept: list[str] = []
         t0, pending = time.perf_counter(), b""
         try:

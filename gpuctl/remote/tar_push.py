@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gpuctl.errors import ProjectError
+
 # Runs on the host: python3 -c UNPACK DEST. Names come from this machine's scan, but the host
 # checks them anyway (relative, no `..`, inside DEST after symlinks) and takes regular files only.
 UNPACK = r'''
@@ -84,11 +86,15 @@ def tar_push(host: Any, src: Path, dest: str, changed: list[str], progress: Call
         # 1 MB blocks: one SSH write per block, not one per 10 KB tar record.
         with tarfile.open(fileobj=counting, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tar:
             for rel in changed:
-                with open(src / rel, "rb") as fh:  # follows a link the scan allowed: its content goes
-                    st = os.fstat(fh.fileno())
-                    info = tarfile.TarInfo(rel)
-                    info.size, info.mtime, info.mode = st.st_size, st.st_mtime, st.st_mode & 0o777
-                    tar.addfile(info, fh)
+                try:
+                    with open(src / rel, "rb") as fh:  # follows a link the scan allowed: its content goes
+                        st = os.fstat(fh.fileno())
+                        info = tarfile.TarInfo(rel)
+                        info.size, info.mtime, info.mode = st.st_size, st.st_mtime, st.st_mode & 0o777
+                        tar.addfile(info, fh)
+                except OSError as exc:  # it vanished, or shrank ("unexpected end of data")
+                    raise ProjectError(f"{rel} changed while it was pushed ({exc.strerror or exc})",
+                                       "Push again once nothing writes to the project.") from None
 
     res = host.run_feeding(["python3", "-c", UNPACK, dest], feed)
     return res.returncode, counting.sent if counting else 0, res.stderr

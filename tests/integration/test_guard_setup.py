@@ -83,9 +83,8 @@ def test_a_train_racing_a_down_leaves_no_invisible_job(gpuctl, make_project, iso
     out, err = train.communicate(timeout=120)
     assert down.returncode == 0, down.stderr
     runs = json.loads(gpuctl("status", "--json").stdout)["runs"]
-    if train.returncode == 0:  # it started first: down saw and stopped its run, and said why it waited
+    if train.returncode == 0:  # it started first: down saw and stopped its run
         assert [r["state"] for r in runs] == ["stopped"], (out, err, down.stdout)
-        assert "waiting for another gpuctl command on cluster 'default' to finish" in down.stderr
     else:
         assert train.returncode == 4 and "released while this train waited" in err, err
         assert runs == []

@@ -183,3 +183,33 @@ def test_down_after_run_is_timed_by_the_instances_clock(fake, tmp_path):
     foreign = {"cluster_key": f"{c.id}-someone-elses-token", "idle_s": 10, "on_fire": "stop-jobs"}
     cfg = guards._config(s.settings(), s.provider(c.spec), c, inst, host, foreign)
     assert cfg["idle_s"] == 1800 and cfg["on_fire"] == "poweroff"
+
+
+def test_a_command_waiting_for_the_cluster_lock_says_so(fake, tmp_path):
+    """`down` behind a `train` that is still starting (or the reverse) used to wait silently."""
+    import threading
+    import time
+
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with session(tmp_path).cluster_lock(c):
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    said = []
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    with s.cluster_lock(c, said.append):
+        pass
+    t.join()
+    assert said == [f"waiting for another gpuctl command on cluster {c.name!r} to finish"]
+    assert time.monotonic() - t0 >= 0.2
+    with s.cluster_lock(c, said.append):  # free: nothing said
+        pass
+    assert len(said) == 1

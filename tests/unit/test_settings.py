@@ -104,3 +104,16 @@ def test_settings_example_documents_every_key_with_its_default():
     assert list(flat) == list(KNOWN_KEYS)
     defaults = {v.key: v.value for v in load_settings(env={}, cwd=REPO / "docs").values()}
     assert flat == defaults
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("GPUCTL_GUARDS__IDLE", "9" * 400, "longer than a year"),  # a float of 400 digits is inf
+    ("GPUCTL_GUARDS__STALL", "400d", "longer than a year"),
+    ("GPUCTL_GUARDS__GRACE", "1" * 320 + "s", "longer than a year"),
+    ("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "1e9", "remote.connect_timeout_s"),
+    ("GPUCTL_AWS__WAIT_TIMEOUT_S", "inf", "aws.wait_timeout_s"),
+])
+def test_every_number_is_finite_and_bounded_at_the_edge(tmp_path, key, value, needle):
+    """Issue 11 item 12: a value that would be stored as inf (or absurdly large) is refused."""
+    with pytest.raises(ConfigError, match=needle):
+        load_settings({}, env={key: value, "HOME": str(tmp_path)})

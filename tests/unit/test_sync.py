@@ -280,6 +280,10 @@ class StandInHost:
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
+            except BaseException:  # as SshHost: the command sees its input end, then the error goes on
+                proc.stdin.close()
+                proc.wait()
+                raise
             code = proc.wait()
             out.seek(0), err.seek(0)
             return SimpleNamespace(returncode=code, stdout=out.read().decode(), stderr=err.read().decode())

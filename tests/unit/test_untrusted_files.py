@@ -157,3 +157,67 @@ def test_a_fifo_does_not_hang_the_scan(tmp_path):
     tree(src, {"a.py": "a"})
     os.mkfifo(src / "f")
     assert push_local(src, tmp_path / "d").skipped == ("f: not a regular file (a FIFO, socket or device)",)
+
+
+class ChainedLinksSftp(HostileSftp):
+    """The review's attack: a link that looks inside but climbs through another link, and a name
+    listed twice, first as a directory (written into later) and then as a link."""
+
+    def __init__(self):
+        super().__init__()
+        self.listing = {
+            "/run": [Entry("a", stat.S_IFDIR), Entry("X", stat.S_IFDIR), Entry("X", stat.S_IFLNK),
+                     Entry("Y", stat.S_IFLNK)],
+            "/run/a": [Entry("b", stat.S_IFDIR)],
+            "/run/a/b": [Entry("c", stat.S_IFLNK)],
+            "/run/X": [Entry(".bashrc", stat.S_IFREG)],
+        }
+        self.links = {"/run/a/b/c": "../..", "/run/X": "a/b/c/../../..", "/run/Y": "a/b/c/../../.."}
+
+
+def test_a_pull_cannot_be_led_out_through_chained_links_or_a_name_listed_twice(tmp_path):
+    target = tmp_path / "dest" / "run-1"
+    files, skipped = pull_walk(ChainedLinksSftp(), "/run", target)
+    assert not (tmp_path / "dest" / ".bashrc").exists() and not (tmp_path / ".bashrc").exists()
+    assert (target / "X" / ".bashrc").is_file() and not (target / "X").is_symlink()
+    assert not os.path.lexists(target / "Y")  # `..` after a name: refused
+    assert os.readlink(target / "a" / "b" / "c") == "../.."  # climbs to the top, not above it
+    assert any("listed twice" in s for s in skipped)
+    assert link_stays_inside("a/b/c", "../..") and not link_stays_inside("a/b/c", "../../..")
+    assert not link_stays_inside("X", "a/b/c/../../..")
+
+
+def test_a_file_that_changes_during_a_tar_push_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """Review finding: a file that vanished or shrank mid-push left the host's unpacker waiting
+    for the rest of the stream, and `train` hung holding the cluster lock."""
+    from gpuctl.errors import ProjectError
+    from gpuctl.remote import tar_push
+
+    src, dest = tmp_path / "src", tmp_path / "remote" / "code"
+    tree(src, {"a.txt": "old a", "b.txt": "old b"})
+    host = StandInHost(tmp_path, rsync_missing=True)
+    push_remote(host, src, str(dest))
+    tree(src, {"a.txt": "new a", "b.txt": "new b, longer"})
+    real_open = open
+
+    def vanishing(path, *args, **kwargs):
+        if str(path).endswith("b.txt"):
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(tar_push, "open", vanishing, raising=False)
+    with pytest.raises(ProjectError, match="b.txt changed while it was pushed"):
+        push_remote(host, src, str(dest))
+    assert (dest / "b.txt").read_text() == "old b"  # whole, as it was
+    assert not [p for p in dest.iterdir() if "gpuctl-tmp" in p.name]
+
+
+def test_two_links_leading_into_each_other_are_one_loop_not_forty(tmp_path):
+    src = tmp_path / "p"
+    tree(src, {"a/x.py": "x", "c/y.py": "y"})
+    (src / "a" / "b").symlink_to("../c")
+    (src / "c" / "d").symlink_to("../a")
+    stats = push_local(src, tmp_path / "d")
+    got = sorted(str(p.relative_to(tmp_path / "d")) for p in (tmp_path / "d").rglob("*") if p.is_file())
+    assert got == ["a/b/y.py", "a/x.py", "c/d/x.py", "c/y.py"]
+    assert sorted(s.split(":")[0] for s in stats.skipped) == ["a/b/d/", "c/d/b/"]

@@ -98,6 +98,9 @@ class AwsProvider:
         info = catalog.instance_type_info(aws, spec.instance_type)
         archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
         arch = "x86_64" if "x86_64" in archs else archs[0]
+        if not info.get("GpuInfo", {}).get("Gpus"):
+            progress(f"warning: {spec.instance_type} has no GPU: training runs on its CPU, slowly, and `gpuctl train` "
+                     "refuses it without --allow-cpu (GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, ...)")
         zones = catalog.zones_offering(aws, spec.instance_type)
         if not zones:
             raise NoCapacityError(

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuctl.settings import Settings
 
 NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
+RELEASE_CONNECT_TIMEOUT_S = 15.0
 
 
 def _quiet(_: str) -> None:
@@ -164,7 +165,8 @@ class SshProvider:
             records = [InstanceRecord.model_validate(x) for x in json.loads(path.read_text())] if path.exists() else []
             for rec in records:
                 try:
-                    host = self.host(rec)
+                    # The user's own machine answers at once or not at all: no booting to wait for.
+                    host = self.host(rec, connect_timeout_s=min(RELEASE_CONNECT_TIMEOUT_S, self.remote.connect_timeout_s))
                 except GpuctlError as exc:
                     progress(f"{rec.id}: not reachable, its gpuctl jobs may still run ({exc.message})")
                     continue
