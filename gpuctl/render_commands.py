@@ -35,8 +35,9 @@ def up(result: UpResult) -> None:
 def _left_out(what: str, items: Sequence[str]) -> None:
     """Entries a push or pull left out (links leading out, special files), on stderr."""
     if items:
-        more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-        click.echo(f"warning: {len(items)} {what}: {'; '.join(items[:5])}{more}", err=True)
+        items = sorted(items)
+        more = f" (+{len(items) - 5} more; --json lists them all)" if len(items) > 5 else ""
+        click.echo(f"warning: {what} ({len(items)}): {'; '.join(items[:5])}{more}", err=True)
 
 
 def train_started(result: TrainResult, to_stderr: bool) -> None:

@@ -185,8 +185,8 @@ def show(s: Session, cluster: str | None = None, check: bool = False) -> GuardRe
 
 
 def _dry_look(host: Host) -> dict[str, Any]:
-    script = posixpath.join(payload_dir(host), guard.WATCHDOG)
-    res = host.run([host.python, script, "--check", guard.config_path(host)], check=False)
+    script = posixpath.join(payload_dir(host), guard.CHECK)
+    res = host.run([host.python, script, guard.config_path(host)], check=False)
     lines = res.stdout.strip().splitlines()
     try:
         found = json.loads(lines[-1]) if lines else None

@@ -110,6 +110,10 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
         raise ProjectError(f"no entry point: {project / entry} does not exist",
                            f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
                            "gpuctl.toml (or pass --entry).")
+    if not (project / entry).resolve().is_relative_to(project):
+        # The push leaves out links that lead out of the project: the job could only fail.
+        raise ProjectError(f"the entry point {entry} is a link to a file outside the project",
+                           "Copy the script into the project (gpuctl pushes only what is inside it).")
     data = _data_dir(data)
     with s.cluster_lock(s.resolve_cluster(cluster), progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
@@ -181,6 +185,9 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     """Bring a run's outputs, reports and log back from its instance."""
     run, cluster = s.run_on_live_cluster(run_id)
     target = Path(dest) / run.run_id
+    if target.resolve().is_relative_to(s.home.resolve()):
+        raise ConfigError(f"--dest {str(dest)!r} is inside gpuctl's home ({s.home})",
+                          "Pull to a directory of your own, e.g. the default ./gpuctl-runs.")
     try:
         target.mkdir(parents=True, exist_ok=True)  # before the host is asked anything
     except OSError as exc:

@@ -1,7 +1,6 @@
 """gpuctl's watchdog: runs on the instance and ends the spend by itself. Stdlib only; Python 3.8+.
 
-Usage: python gpuctl_watchdog.py GUARD_DIR/config.json           (the watchdog)
-       python gpuctl_watchdog.py --check GUARD_DIR/config.json   (one dry look, as JSON)
+Usage: python gpuctl_watchdog.py GUARD_DIR/config.json (gpuctl_guard_check.py: one dry look)
 
 Every check interval it reloads its config (so `gpuctl guard set` applies at once), looks at the
 jobs, the GPU and the interactive logins, decides, and appends the decision and its reasons to
@@ -101,6 +100,7 @@ class Watchdog(object):
         self.boot_id = boot_id()
         self.warned = set()
         self.dry = False  # --check: look and decide, change nothing, fire nothing
+        self.idle_fired = False  # idle fired in this idle stretch: not again until something happens
         self.code = code_version()
 
     def log(self, text):
@@ -318,15 +318,17 @@ class Watchdog(object):
         if self.previous is not None:
             self.idle_since = inherited_idle_since(self.previous, cfg, self.boot_id)
             self.previous = None
+        if running or busy or counted or not gpu_idle:
+            self.idle_fired = False
         if not running and gpu_idle and not busy:
             if self.idle_since is None:
                 self.idle_since = now
             for entry in counted:
                 self.idle_since = max(self.idle_since, entry["last_input"])
             state["idle_since"] = self.idle_since
-            if idle_s > 0:
+            if idle_s > 0 and not self.idle_fired:
                 state["fires_at"]["idle"] = self.idle_since + idle_s
-                if reason is None and not counted and now - self.idle_since >= idle_s:
+                if reason is None and not counted and not self.idle_fired and now - self.idle_since >= idle_s:
                     reason, detail = "idle", "idle for %.0fs (no job, GPU %s, no interactive login%s)" % (
                         now - self.idle_since, "absent" if gpu is None else "%.0f%%" % gpu,
                         "; not counted: " + gpuctl_logins.summarize(ignored) if ignored else "")
@@ -345,64 +347,40 @@ class Watchdog(object):
         write_json(os.path.join(self.guard_dir, "state.json"), state)
         if reason:
             self.fire(cfg, reason, detail, running)
-            self.idle_since = None  # one firing per idle stretch
+            self.idle_fired = self.idle_fired or reason == "idle"  # one firing per idle stretch
             state["fired"] = read_json(os.path.join(self.guard_dir, "fired.json"))
             state["idle_since"] = None
             write_json(os.path.join(self.guard_dir, "state.json"), state)
         return state, reason, detail
 
-    def check(self):
-        """One look, as the running watchdog would take it now, printed as JSON; nothing written,
-        nothing fired (`gpuctl guard show --check`)."""
-        self.dry = True
-        cfg = read_json(self.config_path)
-        if not cfg:
-            return {"error": "no config at %s" % self.config_path}
-        state, reason, detail = self.tick()
-        running = read_json(os.path.join(self.guard_dir, "state.json"), {}) or {}
-        poweroff = (cfg.get("poweroff_command") or "").split()
-        sudo = sh(["sudo", "-n", "true"]) if poweroff[:1] == ["sudo"] else None
-        return {"now": time.time(), "state": state, "would_fire": reason, "detail": detail,
-                "watchdog": {"pid": running.get("pid"), "last_look": running.get("at"),
-                             "alive": alive(running.get("pid"))},
-                "probes": {"python": sys.version.split()[0], "utmp": state["logins"]["utmp"],
-                           "nvidia_smi": which("nvidia-smi"), "systemd": os.path.isdir("/run/systemd/system"),
-                           "poweroff_command": poweroff[0] if poweroff else None,
-                           "poweroff_found": bool(poweroff) and which(poweroff[0]) is not None,
-                           "sudo_without_password": None if poweroff[:1] != ["sudo"] else bool(sudo and sudo.returncode == 0)}}
+    def nap(self, since):
+        """Until the check interval in force has passed since `since`: the config is read again
+        every second, so a `guard set --check-interval 1s` applies within a second, not after
+        the rest of a 60 s sleep."""
+        while True:
+            cfg = read_json(self.config_path) or {}
+            try:
+                interval = max(0.2, float(cfg.get("check_interval_s", 60)))
+            except (TypeError, ValueError):
+                interval = 60.0
+            left = since + interval - time.time()
+            if left <= 0:
+                return
+            time.sleep(min(left, 1.0))
 
     def run_forever(self):
         self.log("watchdog started (pid %d)" % os.getpid())
         while True:
+            since = time.time()
             try:
                 self.tick()
             except Exception as exc:  # a bad tick must not end the guard
                 self.log("ERROR %s: %s" % (type(exc).__name__, exc))
-            cfg = read_json(self.config_path) or {}
-            time.sleep(max(0.2, float(cfg.get("check_interval_s", 60))))
-
-
-def alive(pid):
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (TypeError, ValueError, OSError):
-        return False
-
-
-def which(name):
-    for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) + ["/usr/sbin", "/sbin"]:
-        path = os.path.join(d, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+            self.nap(since)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--check":
-        sys.stdout.write(json.dumps(Watchdog(sys.argv[2]).check()) + "\n")
-    elif len(sys.argv) == 2:
-        Watchdog(sys.argv[1]).run_forever()
-    else:
-        sys.stderr.write("usage: gpuctl_watchdog.py [--check] GUARD_DIR/config.json\n")
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: gpuctl_watchdog.py GUARD_DIR/config.json\n")
         sys.exit(2)
+    Watchdog(sys.argv[1]).run_forever()

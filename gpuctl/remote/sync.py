@@ -12,6 +12,7 @@ add patterns or `!`-re-include. A `progress` callback hears how a long push goes
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
@@ -137,8 +138,8 @@ def _odd(path: str, root: str) -> str:
     if stat.S_ISLNK(st.st_mode):
         try:
             st = os.stat(path)
-        except OSError:
-            return "a link that leads nowhere"
+        except OSError as exc:
+            return "a link that leads round in a loop" if exc.errno == errno.ELOOP else "a link that leads nowhere"
         if not _inside(os.path.realpath(path), root):
             return "a link to a file outside the project"
     if not stat.S_ISREG(st.st_mode):

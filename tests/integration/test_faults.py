@@ -122,3 +122,45 @@ def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
             proc.terminate()
             proc.wait(10)
     gpuctl("down", "-y")
+
+
+def test_an_entry_point_that_is_a_link_out_of_the_project_is_refused(gpuctl, make_project, isolated, tmp_path):
+    """New-user trial: the push leaves such a link out, so the run could only fail after starting."""
+    gpuctl("up", "--provider", "local")
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("print('hi')\n")
+    proj = make_project("linked", {"README": "x"})
+    (proj / "train.py").symlink_to(outside)
+    res = gpuctl("train", str(proj), code=6)
+    assert "is a link to a file outside the project" in res.stderr
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
+
+
+def test_pull_refuses_a_destination_inside_the_home(gpuctl, make_project, isolated):
+    """New-user trial: --dest at the run's own directory copied the run into itself until the
+    path was too long (an internal error, and a polluted run)."""
+    gpuctl("up", "--provider", "local")
+    proj = make_project("p", {"train.py": "print('hi')\n"})
+    run = json.loads(gpuctl("train", str(proj), "--wait", "--json").stdout)["run"]
+    res = gpuctl("pull", run["run_id"], "--dest", run["run_dir"], code=3)
+    assert "inside gpuctl's home" in res.stderr and "internal error" not in res.stderr
+
+
+def test_a_shorter_interval_applies_at_once_and_idle_fires_once_per_stretch(gpuctl, make_project, isolated,
+                                                                             monkeypatch):
+    monkeypatch.setenv("GPUCTL_GUARDS__CHECK_INTERVAL", "60s")
+    gpuctl("up", "--provider", "local")
+    proj = make_project("p", {"train.py": "print('hi')\n"})
+    gpuctl("train", str(proj), "--wait")  # arms the local watchdog, checking every minute
+    guard = isolated / "clusters" / "default" / "guard"
+    t0 = time.monotonic()
+    gpuctl("guard", "set", "--check-interval", "1s", "--idle", "3s")
+    deadline = time.monotonic() + 30
+    while not (guard / "fired.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    assert (guard / "fired.json").exists() and took < 3 + 1 + 4, took  # not the rest of a 60 s sleep
+    time.sleep(3 * 2 + 1)  # two more idle limits with nothing happening
+    log = (guard / "decisions.log").read_text()
+    assert log.count("FIRE idle") == 1, log
+    gpuctl("down", "-y")
