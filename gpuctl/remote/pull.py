@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gpuctl.remote.sync import path_inside
+
 
 def plain_name(name: object) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
@@ -37,8 +39,7 @@ def link_stays_inside(rel: str, target: str) -> bool:
 
 
 def _inside(path: Path, top: Path) -> bool:
-    real, root = os.path.realpath(path), os.path.realpath(top)
-    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+    return path_inside(os.path.realpath(path), os.path.realpath(top))
 
 
 def _clear(lpath: Path) -> None:

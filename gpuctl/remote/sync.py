@@ -98,9 +98,9 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             if rules.ignored(base + d, True):
                 continue
             real = os.path.realpath(os.path.join(dirpath, d))
-            if not _inside(real, root):
+            if not path_inside(real, root):
                 skipped.append(f"{base + d}/: a link to a directory outside the project")
-            elif real in ancestors or any(_inside(a, real) for a in ancestors):
+            elif real in ancestors or any(path_inside(a, real) for a in ancestors):
                 skipped.append(f"{base + d}/: a link back to a directory it is in (a loop)")
             else:
                 kept.append(d)
@@ -128,7 +128,8 @@ def _unique() -> str:
     return f"{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def _inside(real: str, root: str) -> bool:
+def path_inside(real: str, root: str) -> bool:
+    """`real` is `root` or below it (both already resolved)."""
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
@@ -140,7 +141,7 @@ def _odd(path: str, root: str) -> str:
             st = os.stat(path)
         except OSError as exc:
             return "a link that leads round in a loop" if exc.errno == errno.ELOOP else "a link that leads nowhere"
-        if not _inside(os.path.realpath(path), root):
+        if not path_inside(os.path.realpath(path), root):
             return "a link to a file outside the project"
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (a FIFO, socket or device)"
