@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from gpuctl.errors import RemoteError
-from gpuctl.remote.sync import push_local
+from gpuctl.remote.sync import push_local, unique_suffix
 from gpuctl.types import CommandResult, SyncStats
 
 
@@ -115,7 +114,7 @@ class LocalHost:
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")  # concurrent writers
+        tmp = p.with_name(f".{p.name}.{unique_suffix()}.tmp")  # concurrent writers
         tmp.write_bytes(data)
         os.chmod(tmp, mode)
         os.replace(tmp, p)

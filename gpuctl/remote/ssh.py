@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import secrets
 import select
 import shlex
 import shutil
@@ -24,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from gpuctl.errors import RemoteError
 from gpuctl.remote.host import check_result
+from gpuctl.remote.sync import unique_suffix
 from gpuctl.types import CommandResult, InstanceRecord, SyncStats
 
 # What a host name, and a login name, may hold: they reach ssh argv and ssh config files, so no
@@ -117,7 +117,7 @@ def forget_host_keys(home: Path, names: set[str]) -> int:
     lines = path.read_text().splitlines(keepends=True)
     kept = [ln for ln in lines if ln.split(" ", 1)[0] not in names]
     if len(kept) != len(lines):
-        tmp = path.with_name(f".known_hosts.{secrets.token_hex(3)}.tmp")
+        tmp = path.with_name(f".known_hosts.{unique_suffix()}.tmp")
         tmp.write_text("".join(kept))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
@@ -283,7 +283,7 @@ class SshHost:
         parent = posixpath.dirname(path)
         self.makedirs(parent)
         # Unique: concurrent commands (two syncs) writing one file must not share a temporary name.
-        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{secrets.token_hex(4)}.tmp")
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{unique_suffix()}.tmp")
         try:
             with self.sftp.open(tmp, "wb") as fh:
                 fh.set_pipelined(True)

@@ -123,7 +123,7 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
     return files
 
 
-def _unique() -> str:
+def unique_suffix() -> str:
     """For temporary names: two pushes to one place at once must not share one (issue 11)."""
     return f"{os.getpid()}-{secrets.token_hex(3)}"
 
@@ -218,7 +218,7 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
     for rel, sig in todo:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{_unique()}.gpuctl-tmp")
+        tmp = target.with_name(f".{target.name}.{unique_suffix()}.gpuctl-tmp")
         shutil.copy2(src / rel, tmp)
         os.replace(tmp, target)  # atomic: a job reading the file never sees half of it
         copied += 1
@@ -235,7 +235,7 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
         except FileNotFoundError:
             pass
 
-    tmp_manifest = manifest.with_name(f"{manifest.name}.{_unique()}.tmp")
+    tmp_manifest = manifest.with_name(f"{manifest.name}.{unique_suffix()}.tmp")
     tmp_manifest.write_bytes(encode_manifest(current))
     os.replace(tmp_manifest, manifest)
     return _done(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=nbytes,
