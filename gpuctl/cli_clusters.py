@@ -27,6 +27,8 @@ from gpuctl.cli_common import (
 @click.option("--region", help="AWS region (setting `aws.region`; default: boto3's).")
 @click.option("--profile", help="AWS profile (setting `aws.profile`).")
 @click.option("--image", help="AMI id (default: the newest TensorFlow Deep Learning AMI).")
+@click.option("--tf", "tensorflow", metavar="VERSION",
+              help="TensorFlow version, e.g. 2.21 (setting `train.tensorflow`; default: the one gpuctl is tested with).")
 @click.option("--disk-gb", type=int, help="Encrypted gp3 root volume size (setting `aws.disk_gb`).")
 @click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
 @click.option("--max-hours", type=PositiveFloat(), help="Power off this many hours after boot (setting `guards.max_hours`).")
@@ -39,7 +41,7 @@ from gpuctl.cli_common import (
 @click.pass_context
 def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
        max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
-       image: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
+       image: str | None, tensorflow: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
        usd_per_hour: float | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
        as_json: bool) -> None:
     """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
@@ -50,7 +52,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
         "cluster": name, "provider": provider, "aws.instance_type": instance_type,
         "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
         "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
-        "aws.image": image, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
+        "aws.image": image, "train.tensorflow": tensorflow, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
         "ssh.hosts": list(hosts) or None, "ssh.identity": identity,
     }
     if hosts and provider is None:

@@ -46,6 +46,10 @@ class LocalSettings(_Section):
     usd_per_hour: float = Field(0.0, ge=0, le=1e6, description="Price the local provider charges per hour (for cost reports).")
 
 
+# The TensorFlow gpuctl is tested with (tests, CI and the examples run it): the default version.
+TESTED_TENSORFLOW = "2.21"
+
+
 class TrainSettings(_Section):
     entry: str = Field("train.py", min_length=1, description="Script the payload runs, relative to the project.")
     mixed_precision: Literal["auto", "on", "off"] = Field(
@@ -55,6 +59,11 @@ class TrainSettings(_Section):
     budget_usd: float = Field(
         0.0, ge=0, le=1e6, description="Stop a run gracefully once its own epochs cost this many dollars (the "
         "payload counts them); 0 = no cap. Flag: `train --budget`. Forgotten with the run."
+    )
+    tensorflow: str = Field(
+        TESTED_TENSORFLOW, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$",
+        description="TensorFlow version runs use (2.21 = the newest 2.21.x; 2.21.0 exactly). The instance gets it "
+        "from a baked image, a TensorFlow DLAMI of that version, or gpuctl's setup step. Flag: `up --tf`.",
     )
     tf_log_level: int = Field(
         2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
@@ -144,9 +153,14 @@ class AwsSettings(_Section):
     market: Literal["spot", "on-demand"] = Field("spot", description="spot or on-demand.")
     max_price: float = Field(0.0, ge=0, le=1e6, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
     fallback_on_demand: bool = Field(False, description="Launch on-demand when spot fails in every zone.")
-    image: str = Field("", description="AMI id to launch; empty = the newest image matching image_pattern.")
+    image: str = Field("", description="AMI id to launch; empty = a baked image, a TensorFlow DLAMI or the base "
+                       "image, in that order (see `gpuctl image`).")
     image_pattern: str = Field(
-        "Deep Learning*AMI GPU TensorFlow*", min_length=1, description="Name pattern of the TensorFlow DLAMI (owner amazon)."
+        "Deep Learning*AMI GPU TensorFlow {tf} (*", min_length=1,
+        description="Name pattern of a TensorFlow DLAMI (owner amazon); {tf} stands for train.tensorflow.",
+    )
+    base_os: Literal["ubuntu-22.04", "ubuntu-24.04"] = Field(
+        "ubuntu-22.04", description="OS of the Base OSS Nvidia Driver GPU AMI that gpuctl sets TensorFlow up on."
     )
     disk_gb: int = Field(100, ge=8, le=16384, description="Root volume size (encrypted gp3) in GB.")
     ssh_cidr: str = Field("", description="Who may SSH in; empty = the caller's public address /32 (detected).")
@@ -183,6 +197,10 @@ class RemoteSettings(_Section):
     workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts (an ssh "
                          "cluster works in WORKDIR/CLUSTER, so several can share a host).")
     connect_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long to keep trying to connect over SSH.")
+    wheelhouse: str = Field(
+        "", description="A directory of wheels on the host: the setup step installs TensorFlow from it alone "
+        "(hosts without internet). Empty = PyPI."
+    )
     ssh_config: str = Field(
         "", description="OpenSSH config file for host aliases (HostName, User, Port, IdentityFile, ProxyJump); "
         "empty = ~/.ssh/config if it exists."

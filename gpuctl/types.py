@@ -26,6 +26,7 @@ class RemoteSpec(_Frozen):
     workdir: str = "~/gpuctl"
     connect_timeout_s: float = 120.0
     ssh_config: str = ""
+    wheelhouse: str = ""
 
 
 class ClusterSpec(_Frozen):
@@ -52,6 +53,10 @@ class ClusterSpec(_Frozen):
     profile: Optional[str] = None  # aws: the profile that launched it
     fallback_on_demand: bool = False
     image_pattern: str = ""
+    # The TensorFlow the cluster is set up with (train.tensorflow at `up`), and the OS of the base
+    # image that gpuctl installs it on when no image carries it.
+    tensorflow: str = ""
+    base_os: str = "ubuntu-22.04"
     ssh_cidr: str = ""
     ssh_user: str = "ubuntu"  # aws: the image's login user
     wait_timeout_s: float = 900.0
@@ -84,6 +89,9 @@ class InstanceRecord(_Frozen):
     instance_type: Optional[str] = None
     image_id: Optional[str] = None
     image_name: Optional[str] = None
+    # Why that image: "baked" (this owner's, with TF), "dlami" (AWS's TF DLAMI), "base" (driver and
+    # CUDA only: the setup step installs TF), "pinned" (--image).
+    image_kind: Optional[str] = None
     price_source: Optional[str] = None
     ssh_user: Optional[str] = None
     key_path: Optional[str] = None
@@ -145,6 +153,8 @@ class RunRecord(_Frozen):
     tf_log_level: int = 2  # TF_CPP_MIN_LOG_LEVEL it ran with: what `logs` hides of TensorFlow's start-up
     budget_usd: float = 0.0  # its own budget (its epochs' dollars; train --budget); 0 = none
     env_names: tuple[str, ...] = ()  # passed with `train --env NAME`: the names only, never the values
+    tensorflow: Optional[str] = None  # the version the run's Python imported (preflight), None on local
+    image: Optional[str] = None  # the image its instance booted ("name (ami-...)"), None on hosts gpuctl did not launch
 
 
 class EpochReport(_Frozen):

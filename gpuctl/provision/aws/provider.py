@@ -52,7 +52,7 @@ class AwsProvider:
             name=s.cluster, provider=cls.name, instance_type=a.instance_type, market=a.market,
             max_price=a.max_price or None, image=a.image or None, region=a.region or None, disk_gb=a.disk_gb,
             launch_token=secrets.token_hex(8), profile=a.profile or None, fallback_on_demand=a.fallback_on_demand,
-            image_pattern=a.image_pattern, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
+            image_pattern=a.image_pattern, base_os=a.base_os, tensorflow=s.train.tensorflow, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
             max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second",
         )
 

@@ -38,7 +38,7 @@ class LocalProvider:
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
         rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
-                           max_hours=s.guards.max_hours, remote=remote_spec(s))
+                           max_hours=s.guards.max_hours, remote=remote_spec(s), tensorflow=s.train.tensorflow)
 
     def check(self) -> None:
         pass  # this machine is here

@@ -72,7 +72,8 @@ class SshProvider:
                            hosts=tuple(s.ssh.hosts),
                            # Absolute: later commands may run from another directory.
                            identity=os.path.abspath(os.path.expanduser(s.ssh.identity)) if s.ssh.identity else None, nodes=len(s.ssh.hosts),
-                           launch_token=secrets.token_hex(8), max_hours=s.guards.max_hours, remote=remote_spec(s))
+                           launch_token=secrets.token_hex(8), max_hours=s.guards.max_hours, remote=remote_spec(s),
+                           tensorflow=s.train.tensorflow)
 
     def check(self) -> None:
         # Launch itself checks each host; a key that is not there fails now, not after retries.
