@@ -1,5 +1,7 @@
-"""A moto server over real HTTP for the AWS tests, with DLAMIs loaded from MOTO_AMIS_PATH, instance
-type validation on, and a network guard that fails any test reaching a non-loopback address."""
+"""A moto server over real HTTP for the AWS tests, looking like AWS in late 2026: only the Base OSS
+Nvidia Driver GPU AMIs (loaded from MOTO_AMIS_PATH) and their SSM public parameters; instance type
+validation on; a network guard that fails any test reaching a non-loopback address. Helpers add a
+TensorFlow DLAMI or a baked image, and publish or withdraw a parameter."""
 
 from __future__ import annotations
 
@@ -12,17 +14,23 @@ import pytest
 
 NETGUARD = Path(__file__).parent / "netguard"
 OWNER = "898082745236"  # the DLAMIs' real owner account
+ACCOUNT, REGION = "123456789012", "us-east-1"  # moto's default account; the tests' region
 
-DLAMIS = [
+# AWS in late 2026: no TensorFlow DLAMI since TF 2.18, only the Base OSS Nvidia Driver GPU AMIs.
+BASE_AMIS = [
     # (id, name, date, arch)
-    ("ami-0d1a00000000000a1", "Deep Learning AMI GPU TensorFlow 2.15 (Ubuntu 20.04) 20240115", "2024-01-15", "x86_64"),
-    ("ami-0d1a00000000000a2", "Deep Learning OSS Nvidia Driver AMI GPU TensorFlow 2.16 (Ubuntu 22.04) 20240601", "2024-06-01", "x86_64"),
-    ("ami-0d1a00000000000a3", "Deep Learning OSS Nvidia Driver AMI GPU TensorFlow 2.18 (Ubuntu 22.04) 20250301", "2025-03-01", "x86_64"),
-    # Newer, but not for a g5: the wrong architecture, and an image that is not the TF DLAMI.
-    ("ami-0d1a00000000000a4", "Deep Learning ARM64 AMI GPU TensorFlow 2.18 (Ubuntu 22.04) 20250401", "2025-04-01", "arm64"),
-    ("ami-0d1a00000000000a5", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250501", "2025-05-01", "x86_64"),
+    ("ami-0ba5e0000000000a1", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260915", "2026-09-15", "x86_64"),
+    ("ami-0ba5e0000000000a2", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261110", "2026-11-10", "x86_64"),
+    # Newer, but not what a g5 on Ubuntu 22.04 gets: another OS, another architecture.
+    ("ami-0ba5e0000000000a3", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) 20261112", "2026-11-12", "x86_64"),
+    ("ami-0ba5e0000000000a4", "Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261120", "2026-11-20", "arm64"),
 ]
-NEWEST_X86 = DLAMIS[2]
+NEWEST_X86 = BASE_AMIS[1]  # what `up --type g5.xlarge` boots with the default aws.base_os
+BASE_PARAMETERS = {  # the SSM public parameters AWS publishes for them, as gpuctl names them
+    ("x86_64", "ubuntu-22.04"): NEWEST_X86[0],
+    ("x86_64", "ubuntu-24.04"): BASE_AMIS[2][0],
+    ("arm64", "ubuntu-22.04"): BASE_AMIS[3][0],
+}
 
 
 def ami_file(path: Path) -> Path:
@@ -34,9 +42,73 @@ def ami_file(path: Path) -> Path:
             "virtualization_type": "hvm", "hypervisor": "xen", "sriov": "simple",
             "creation_date": f"{date}T00:00:00.000Z",
         }
-        for ami, name, date, arch in DLAMIS
+        for ami, name, date, arch in BASE_AMIS
     ]))
     return path
+
+
+def parameter_name(arch: str, base_os: str) -> str:
+    from gpuctl.provision.aws.images import BASE_PARAMETER
+
+    return BASE_PARAMETER.format(arch=arch, os=base_os)
+
+
+def set_parameter(name: str, value: str) -> None:
+    """Publish an SSM public parameter. moto's PutParameter refuses names under /aws/ (AccessDenied,
+    as AWS does), so it goes into the in-process backend of the ThreadedMotoServer."""
+    import datetime as dt
+
+    from moto.ssm.models import Parameter, ssm_backends
+
+    params = ssm_backends[ACCOUNT][REGION]._parameters
+    params[name].append(Parameter(
+        account_id=ACCOUNT, name=name, value=value, parameter_type="String", description=None, allowed_pattern=None,
+        keyid=None, last_modified_date=dt.datetime.now(dt.timezone.utc), version=len(params[name]) + 1,
+        data_type="aws:ec2:image"))
+
+
+def remove_parameter(name: str) -> None:
+    from moto.ssm.models import ssm_backends
+
+    ssm_backends[ACCOUNT][REGION]._parameters.pop(name, None)
+
+
+def publish_base_parameters() -> None:
+    for (arch, base_os), ami in BASE_PARAMETERS.items():
+        set_parameter(parameter_name(arch, base_os), ami)
+
+
+def add_image(name: str, arch: str = "x86_64", date: str = "2026-11-25", owner: str | None = None,
+              tags: dict[str, str] | None = None) -> str:
+    """Put an available AMI (with its snapshot, as moto makes one per image) into the backend;
+    owner None = this account's (what `Owners=["self"]` finds), else Amazon's. Its id."""
+    import datetime as dt
+    import secrets
+
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.amis import Ami
+
+    backend = ec2_backends[ACCOUNT][REGION]
+    ami_id = "ami-" + secrets.token_hex(8) + "f"
+    backend.amis[ami_id] = Ami(
+        backend, ami_id, name=name, description=name, owner_id=owner or ACCOUNT,
+        owner_alias="amazon" if owner else None, public=bool(owner), architecture=arch, virtualization_type="hvm",
+        root_device_type="ebs", creation_date=dt.datetime.fromisoformat(date + "T00:00:00+00:00"), tags=tags)
+    return ami_id
+
+
+def add_dlami(tf: str = "2.21", arch: str = "x86_64", date: str = "2026-11-25") -> str:
+    """A TensorFlow DLAMI of that version, as AWS named them (owner 898082745236)."""
+    return add_image(f"Deep Learning OSS Nvidia Driver AMI GPU TensorFlow {tf} (Ubuntu 22.04) {date.replace('-', '')}",
+                     arch, date, owner=OWNER)
+
+
+def add_baked(gpuctl_owner: str, tf: str = "2.21.0", arch: str = "x86_64", date: str = "2026-11-26",
+              base: str = NEWEST_X86[0]) -> str:
+    """An image as `gpuctl image bake` tags it, registered in this account."""
+    return add_image(f"gpuctl-tf{tf}-{date}", arch, date, tags={
+        "gpuctl:created-by": "gpuctl", "gpuctl:owner": gpuctl_owner, "gpuctl:cluster": f"bake-tf{tf}-0000",
+        "gpuctl:tf-version": tf, "gpuctl:base-image": base, "gpuctl:base-os": "ubuntu-22.04"})
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +134,7 @@ def aws(moto_server, monkeypatch, tmp_path):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(moto_server + "/moto-api/reset", method="POST")).read()
+    publish_base_parameters()
     for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var, raising=False)
     env = {

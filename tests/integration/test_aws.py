@@ -17,7 +17,7 @@ import time
 import pytest
 
 from gpuctl.provision.aws import access
-from tests.aws import NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created
+from tests.aws import BASE_AMIS, NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 
@@ -29,7 +29,7 @@ def tag_dict(item):
 def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
     res = gpuctl(*UP)
     assert "Cluster 'default' is up (aws" in res.stdout
-    assert NEWEST_X86[0] in res.stdout and NEWEST_X86[1] in res.stdout  # the newest x86 TF DLAMI, named
+    assert NEWEST_X86[0] in res.stdout and NEWEST_X86[1] in res.stdout  # the newest x86 Ubuntu 22.04 base image, named
     (inst,) = live_instances(aws)
     iid = inst["InstanceId"]
     assert inst["InstanceType"] == "g5.xlarge"
@@ -117,10 +117,10 @@ def test_up_again_reuses_the_cluster_and_a_leak_is_reported(gpuctl, aws):
 
 
 def test_pinned_image_and_options(gpuctl, aws):
-    old = "ami-0d1a00000000000a1"
-    gpuctl("up", "--image", old, "--disk-gb", "250", "--max-hours", "1.5", "--max-price", "0.9", *UP[1:])
+    old = BASE_AMIS[0][0]  # not the one gpuctl would choose: --image wins
+    res = gpuctl("up", "--image", old, "--disk-gb", "250", "--max-hours", "1.5", "--max-price", "0.9", *UP[1:])
     (inst,) = live_instances(aws)
-    assert inst["ImageId"] == old
+    assert inst["ImageId"] == old and "pinned with --image" in res.stderr
     vols = aws.describe_volumes(VolumeIds=[m["Ebs"]["VolumeId"] for m in inst["BlockDeviceMappings"]])["Volumes"]
     assert vols[0]["Size"] == 250
     ud = aws.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]["Value"]

@@ -1,4 +1,4 @@
-"""What EC2 offers: instance types, the zones that offer them, the newest DLAMI, and prices."""
+"""What EC2 offers: instance types, the zones that offer them, and prices (images: images.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuctl.errors import CloudError, ConfigError
+from gpuctl.errors import ConfigError
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 
 # On-demand Linux $/h in us-east-1, used only when the Price List API cannot answer (no
@@ -74,33 +74,6 @@ def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
         if zone and (zone not in latest or (ts and latest[zone][0] and ts > latest[zone][0])):
             latest[zone] = (ts, price)
     return {z: p for z, (_, p) in latest.items()}
-
-
-def newest_image(aws: Aws, pattern: str, architecture: str) -> dict[str, Any]:
-    """The newest available image owned by Amazon whose name matches the DLAMI pattern."""
-    res = call(
-        aws.ec2().describe_images,
-        Owners=["amazon"],
-        Filters=[
-            {"Name": "name", "Values": [pattern]},
-            {"Name": "state", "Values": ["available"]},
-            {"Name": "architecture", "Values": [architecture]},
-        ],
-    )
-    images = sorted(res.get("Images", []), key=lambda i: (i.get("CreationDate", ""), i.get("Name", "")))
-    if not images:
-        raise CloudError(
-            f"no {architecture} image named like {pattern!r} (owner amazon) in {aws.region}",
-            "Check `[aws] image_pattern`, or pin an AMI id with --image.",
-        )
-    return images[-1]
-
-
-def image_by_id(aws: Aws, image_id: str) -> dict[str, Any]:
-    images = call(aws.ec2().describe_images, ImageIds=[image_id]).get("Images", [])
-    if not images:
-        raise CloudError(f"AMI {image_id} not found in {aws.region}", "AMI ids differ per region: look it up in this one.")
-    return images[0]
 
 
 def _region_name(aws: Aws) -> str | None:

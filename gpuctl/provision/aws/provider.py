@@ -12,7 +12,7 @@ from typing import Any, Callable
 from gpuctl import seams
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.provision import remote_spec
-from gpuctl.provision.aws import access, catalog, lifecycle
+from gpuctl.provision.aws import access, catalog, images, lifecycle
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.provision.aws.session import Aws, call, wait_for
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
@@ -101,6 +101,8 @@ class AwsProvider:
         if not info.get("GpuInfo", {}).get("Gpus"):
             progress(f"warning: {spec.instance_type} has no GPU: training runs on its CPU, slowly, and `gpuctl train` "
                      "refuses it without --allow-cpu (GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, ...)")
+        chosen = images.resolve(aws, spec, arch, self.owner)
+        progress(f"image {chosen.name} ({chosen.id}, {chosen.image.get('CreationDate', '?')[:10]}): {chosen.why}")
         zones = catalog.zones_offering(aws, spec.instance_type)
         if not zones:
             raise NoCapacityError(
@@ -118,8 +120,6 @@ class AwsProvider:
             market = "on-demand"
         if market == "spot":
             zones = sorted(zones, key=lambda z: spot.get(z, float("inf")))
-        image = catalog.image_by_id(aws, spec.image) if spec.image else catalog.newest_image(aws, spec.image_pattern, arch)
-        progress(f"image {image.get('Name', '?')} ({image['ImageId']}, {image.get('CreationDate', '?')[:10]})")
         cidr = self._ssh_source(progress)
         vpc = access.default_vpc(aws)
         subnets = access.zone_subnets(aws, vpc)
@@ -132,8 +132,8 @@ class AwsProvider:
         progress(f"key pair {key_name} (private key {key_path}, 0600)")
         group = self._open_ssh(aws, vpc, cidr, progress)
         plan = LaunchPlan(
-            cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=image["ImageId"],
-            root_device=image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
+            cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=chosen.id,
+            root_device=chosen.image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
             subnets=ordered, market=market, max_price=spec.max_price or 0.0,
             fallback_on_demand=spec.fallback_on_demand, disk_gb=spec.disk_gb,
             user_data=hard_cap_script(spec.max_hours),
@@ -148,7 +148,7 @@ class AwsProvider:
             usd, source = spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
         else:
             usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
-        record = self._record(aws, inst, spec, usd, source, image)
+        record = self._record(aws, inst, spec, usd, source, chosen)
         reference = catalog.ON_DEMAND_USD.get(spec.instance_type)
         record = record.model_copy(update={
             "price_steps": ((record.launched_at, record.usd_per_hour),),
@@ -196,7 +196,7 @@ class AwsProvider:
         return record
 
     def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
-                image: dict[str, Any] | None = None) -> InstanceRecord:
+                chosen: images.Chosen | None = None) -> InstanceRecord:
         return InstanceRecord(
             id=inst["InstanceId"],
             cluster=spec.name,
@@ -212,7 +212,8 @@ class AwsProvider:
             region=aws.region,
             instance_type=inst.get("InstanceType"),
             image_id=inst.get("ImageId"),
-            image_name=(image or {}).get("Name"),
+            image_name=chosen.name if chosen else None,
+            image_kind=chosen.kind if chosen else None,
             ssh_user=spec.ssh_user,
             key_path=str(access.key_path(self.home, spec.name, aws.region)),
         )

@@ -74,7 +74,7 @@ def translate(exc: BaseException, action: str = "") -> GpuctlError:
         perm = m.group(1) if m else (f"ec2:{action}" if action else "the EC2 action")
         return CloudError(f"not allowed to call {perm}", f"Grant {perm} to your IAM identity (see docs/aws-iam.md for the full list).")
     if code.startswith("InvalidAMIID"):
-        return CloudError(f"AMI not found in this region: {msg}", "Check `[aws] image`, or leave it empty to use the newest DLAMI.")
+        return CloudError(f"AMI not found in this region: {msg}", "Check `[aws] image` (--image), or leave it empty to let gpuctl choose one (see `gpuctl image ls`).")
     return CloudError(f"AWS {action or 'call'} failed: {code or type(exc).__name__}: {msg}".rstrip(": "))
 
 
