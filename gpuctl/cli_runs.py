@@ -190,11 +190,25 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
 @click.argument("run", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--guard", "guard_log", is_flag=True, help="The watchdog's decisions instead (of --cluster).")
-@click.option("--cluster", help="With --guard: the cluster (default: the default cluster).")
+@click.option("--setup", "setup_log", is_flag=True,
+              help="The setup step's log (pip installing TensorFlow) on each host (of --cluster).")
+@click.option("--tf", "tensorflow", metavar="VERSION", help="With --setup: that version's (default: the cluster's).")
+@click.option("--cluster", help="With --guard or --setup: the cluster (default: the default cluster).")
 @click.option("--raw", is_flag=True, help="Every line, TensorFlow's start-up chatter included.")
 @click.pass_context
-def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, cluster: str | None, raw: bool) -> None:
+def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, setup_log: bool, tensorflow: str | None,
+         cluster: str | None, raw: bool) -> None:
     """Print a run's output (default: the latest run)."""
+    if guard_log and setup_log:
+        raise click.UsageError("--guard and --setup are two different logs: pass one")
+    if setup_log:
+        from gpuctl.ops import setup
+
+        s = session(ctx)
+        for host, text in setup.setup_log(s, s.resolve_cluster(cluster), tensorflow):
+            click.echo(f"== {host}", err=True)
+            click.echo(text, nl=False)
+        return
     if guard_log:
         from gpuctl.ops import guards
 

@@ -28,7 +28,12 @@ def up(result: UpResult) -> None:
         if i.region:
             click.echo(f"  {i.id}: {i.instance_type} {i.market} in {i.zone}, {i.public_ip or 'no public IP'}, "
                        f"{usd(i.usd_per_hour)}/h ({i.price_source})")
-            click.echo(f"  image {i.image_name or '?'} ({i.image_id}); powers itself off {max_hours:g} h after boot")
+            kind = f", {i.image_kind}" if i.image_kind else ""
+            click.echo(f"  image {i.image_name or '?'} ({i.image_id}{kind}); powers itself off {max_hours:g} h after boot")
+    for env in result.tensorflow:
+        how = {"installed": f"installed by the setup step in {env.seconds:.0f} s", "ready": "gpuctl's env, ready",
+               "found": "the image's own", "remote.python": "remote.python"}.get(env.how, env.how)
+        click.echo(f"  TensorFlow {env.tensorflow or '?'} on {env.host}: {env.python} ({how})")
     click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
 
 

@@ -2,12 +2,12 @@
 
 Under the width rule of render.py (money and ids whole), each table drops columns in this order:
 - status clusters: provider, uptime, state (kept: cluster, $/h, $ so far)
-- status runs: last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
+- status runs: TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
 - cost clusters: provider, state, $ spot saved, uptime, $ storage, $ idle, $ compute, $/h (kept: cluster, $)
 - cost runs: finish, ex/s, mean epoch, $/M ex, cluster, state, epochs (kept: run, $ spent, $ projected)
 - epoch tables: examples, seconds, ex/s, metrics (which wraps first) (kept: epoch, $ epoch, $ cumulative)
-- compare: runs side by side while they fit; else one row per run, dropping ex/s, epochs, $/M ex,
-  epoch time, market, type, $/h (kept: run, $/epoch, projected)
+- compare: runs side by side while they fit; else one row per run, dropping image, ex/s, TF, epochs,
+  $/M ex, epoch time, market, type, $/h (kept: run, $/epoch, projected)
 and stacks one block per row when even the kept columns do not fit. Wrapping comes before any drop.
 """
 
@@ -70,13 +70,13 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
     if not report.runs:
         return
     out.print()
-    cols = [Col("run"), Col("cluster", drop=3), Col("state"), Col("epoch", True, drop=4),
-            Col("elapsed", True, drop=2), Col("$ so far", True), Col("last metrics", wrap=True, drop=1)]
+    cols = [Col("run"), Col("cluster", drop=4), Col("state"), Col("TF", drop=1), Col("epoch", True, drop=5),
+            Col("elapsed", True, drop=3), Col("$ so far", True), Col("last metrics", wrap=True, drop=2)]
     rows = []
     for r in report.runs:
         state = r.state + (f" ({r.exit_code})" if r.state == "failed" else "")
-        rows.append((r.run_id, r.cluster, state, f"{r.epoch}/{r.epochs_planned or '?'}", duration(r.elapsed_s),
-                     usd(r.usd), metrics(r.metrics)))
+        rows.append((r.run_id, r.cluster, state, r.tensorflow or "-", f"{r.epoch}/{r.epochs_planned or '?'}",
+                     duration(r.elapsed_s), usd(r.usd), metrics(r.metrics)))
     table(out, cols, rows)
     for r in report.runs:
         if r.log_tail:
@@ -141,15 +141,24 @@ def epochs(r: RunCost, out: Console) -> list[str]:
 
 
 # (label, short label for the one-row-per-run view, drop order there, value)
+def _image_id(image: str | None) -> str:
+    """The AMI id of "name (ami-...)": names are long, ids are what `image ls` and `up --image` take."""
+    if not image:
+        return "-"
+    return image.rsplit("(", 1)[-1].rstrip(")") if image.endswith(")") else image
+
+
 _COMPARED = [
-    ("instance type", "type", 6, lambda r: r.instance_type or "-"),
-    ("market", "market", 5, lambda r: r.market or "-"),
-    ("$/h", "$/h", 7, lambda r: usd(r.usd_per_hour)),
-    ("epochs", "epochs", 2, lambda r: f"{r.epochs_done}/{r.epochs_planned or '?'}"),
-    ("epoch time", "epoch time", 4, lambda r: duration(r.mean_epoch_s)),
+    ("instance type", "type", 8, lambda r: r.instance_type or "-"),
+    ("market", "market", 7, lambda r: r.market or "-"),
+    ("$/h", "$/h", 9, lambda r: usd(r.usd_per_hour)),
+    ("TensorFlow", "TF", 3, lambda r: r.tensorflow or "-"),
+    ("image", "image", 1, lambda r: _image_id(r.image)),
+    ("epochs", "epochs", 4, lambda r: f"{r.epochs_done}/{r.epochs_planned or '?'}"),
+    ("epoch time", "epoch time", 6, lambda r: duration(r.mean_epoch_s)),
     ("$/epoch", "$/epoch", 0, lambda r: usd(r.mean_epoch_usd)),
-    ("examples/s", "ex/s", 1, lambda r: num(r.examples_per_s)),
-    ("$/M examples", "$/M ex", 3, lambda r: usd(r.usd_per_million_examples)),
+    ("examples/s", "ex/s", 2, lambda r: num(r.examples_per_s)),
+    ("$/M examples", "$/M ex", 5, lambda r: usd(r.usd_per_million_examples)),
     ("projected total", "projected", 0, lambda r: usd(r.projected_total_usd)),
 ]
 

@@ -203,10 +203,25 @@ class CommandResult(_Frozen):
 # --- results of the use cases in ops.py, rendered by the CLI --------------------------------------
 
 
+class TfEnv(_Frozen):
+    """The Python (and TensorFlow) a host's runs use, and how gpuctl came by it."""
+
+    host: str
+    python: str
+    # remote.python: as set, nothing checked or installed; ready: gpuctl's env, made earlier (or
+    # baked into the image); found: an image's own TF of that version (a DLAMI); installed: by
+    # the setup step just now; local: this machine's own Python.
+    how: Literal["remote.python", "ready", "found", "installed", "local"]
+    tensorflow: Optional[str] = None  # the version installed (or imported, with the preflight)
+    seconds: float = 0.0  # the install's time, when it ran
+    report: Optional[dict[str, Any]] = None  # the preflight's JSON, when it ran
+
+
 class UpResult(_Frozen):
     cluster: ClusterRecord
     instances: tuple[InstanceRecord, ...]
     reused: bool = False
+    tensorflow: tuple[TfEnv, ...] = ()  # what each host's runs will use (empty: found at the first train)
 
 
 class TrainResult(_Frozen):
@@ -270,6 +285,8 @@ class RunStatus(_Frozen):
     elapsed_s: float
     usd: float
     log_tail: Optional[str] = None  # last lines of the log, for failed and lost runs
+    tensorflow: Optional[str] = None
+    image: Optional[str] = None
 
 
 class StatusReport(_Frozen):
@@ -305,6 +322,8 @@ class RunCost(_Frozen):
     examples_per_s: Optional[float] = None  # mean over the epochs
     usd_per_million_examples: Optional[float] = None
     projected_finish_at: Optional[float] = None  # when the planned epochs would be done
+    tensorflow: Optional[str] = None
+    image: Optional[str] = None
 
 
 class CostReport(_Frozen):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl.types import ClusterSpec, CommandResult, InstanceRecord, Resource, SyncStats
+from gpuctl.types import ClusterSpec, CommandResult, InstanceRecord, RemoteSpec, Resource, SyncStats
 
 
 class FakeHost:
@@ -94,8 +94,9 @@ class FakeProvider:
 
     @classmethod
     def spec_from_settings(cls, settings, usd_per_hour=None) -> ClusterSpec:
+        # A Python set, as on a host whose TensorFlow the user names: the setup step is not these tests' subject.
         return ClusterSpec(name=settings.cluster, provider="fake", usd_per_hour=usd_per_hour or 36.0,
-                           launch_token=secrets.token_hex(4))
+                           launch_token=secrets.token_hex(4), remote=RemoteSpec(python="python3"))
 
     def check(self) -> None:
         if self.world.get("refuse"):

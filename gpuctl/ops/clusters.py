@@ -12,7 +12,7 @@ import sqlite3
 import time
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
-from gpuctl.ops import guards, run_state
+from gpuctl.ops import guards, run_state, setup
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class, spec_from_settings
 from gpuctl.types import (
@@ -21,6 +21,7 @@ from gpuctl.types import (
     DownResult,
     Inventory,
     Resource,
+    TfEnv,
     UpResult,
 )
 
@@ -80,7 +81,14 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
     elif provider.arms_guard_at_up:
         progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
-    return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None)
+    envs: tuple[TfEnv, ...] = ()
+    if wait_ssh and not spec.remote.python:
+        # The TensorFlow runs will use, found or installed now rather than at the first train:
+        # `up` is where a user expects to wait, and a baked image proves itself here.
+        with s.working(cluster, "setup"):
+            envs = setup.ensure(s, cluster, progress, check=False)
+    return UpResult(cluster=cluster, instances=tuple(instances), reused=live is not None,
+                    tensorflow=tuple(e for e in envs if e.how != "local"))
 
 
 # What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.

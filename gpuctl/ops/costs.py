@@ -73,6 +73,7 @@ def status(s: Session) -> StatusReport:
             epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
             metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=elapsed * r.usd_per_hour / 3600.0,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
+            tensorflow=r.tensorflow, image=r.image,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs))
 
@@ -132,4 +133,5 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
+        tensorflow=run.tensorflow, image=run.image,
     )

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
-from gpuctl.ops import guards
+from gpuctl.ops import guards, setup
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs, preflight
@@ -21,6 +21,7 @@ from gpuctl.settings import LoadedSettings
 from gpuctl.types import (
     ClusterRecord,
     ExecResult,
+    InstanceRecord,
     PullResult,
     RunRecord,
     SyncResult,
@@ -136,11 +137,11 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
     sync_stats, data_sync, code_dir, data_dir = _push(host, project, data, progress)
     host.push(guards.PAYLOAD_DIR, payload_dir)
-    report = None
-    if not host.local:  # this machine is what it is; a remote one is checked first
-        progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
-        report = preflight.preflight(host, payload_dir)
-        progress(f"preflight on {host.label}: {preflight.summary(report)}")
+    # The project may pin its own TensorFlow; otherwise the cluster's (`up --tf`) holds.
+    asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow", "default") != "default" else None
+    env, = [e for e in setup.ensure(s, record, progress, asked, check=not host.local) if e.host == host.label]
+    report = env.report
+    if report is not None:
         refusal = preflight.verdict(report, allow_cpu)
         if refusal:
             raise RemoteError(f"not starting on {host.label}: {refusal}",
@@ -149,7 +150,8 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
-                    budget_usd=settings.train.budget_usd, env_names=tuple(secret_env))
+                    budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
+                    tensorflow=env.tensorflow, image=_image(inst))
     config = {
         "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.train.budget_usd,
         "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
@@ -158,7 +160,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     config_path = posixpath.join(paths.run_dir, "run.json")
     host.write_text(config_path, json.dumps(config, indent=2))
     s.ledger.put_run(run)
-    python = (report or {}).get("executable") or host.python
+    python = (report or {}).get("executable") or env.python
     env = {"GPUCTL_RUN_ID": run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
            # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
            "TF_CPP_MIN_LOG_LEVEL": str(settings.train.tf_log_level)}
@@ -179,6 +181,12 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
     s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
     return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
+
+
+def _image(inst: InstanceRecord) -> str | None:
+    if not inst.image_id:
+        return None
+    return f"{inst.image_name} ({inst.image_id})" if inst.image_name else inst.image_id
 
 
 def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:

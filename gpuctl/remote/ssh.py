@@ -234,6 +234,10 @@ class SshHost:
             self._python = find_python(self)
         return self._python
 
+    @python.setter
+    def python(self, path: str) -> None:
+        self._python = path  # the setup step's choice (ops/setup.py)
+
     # --- files ----------------------------------------------------------------------------------
 
     @property

@@ -1,0 +1,99 @@
+"""The TensorFlow a cluster's runs use: found on the host, or installed by the setup step.
+
+`up` (on a host gpuctl reaches over SSH), `train` and `image bake` call `ensure`. What it picks,
+in order: `remote.python` as set (nothing checked or installed); gpuctl's env for the version,
+made earlier or baked into the image; an image's own TensorFlow of that version (a DLAMI's
+/opt/tensorflow); else the setup step makes the env (payloads/gpuctl_setup.py): a venv with
+tensorflow[and-cuda] (tensorflow-cpu on a host without a GPU) and tf-keras of that version.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from gpuctl.errors import ConfigError, RemoteError
+from gpuctl.ops import guards
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.remote import preflight, tf_env
+from gpuctl.remote.host import Host
+from gpuctl.settings import TESTED_TENSORFLOW
+from gpuctl.types import ClusterRecord, TfEnv
+
+
+def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
+    """The version a command works with: asked (train's settings), else the cluster's, else the tested one."""
+    version = asked or cluster.spec.tensorflow or TESTED_TENSORFLOW
+    if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version):  # it names a directory on the host
+        raise ConfigError(f"--tf {version!r} is not a TensorFlow version", "Give one like 2.21 or 2.21.0.")
+    return version
+
+
+def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, version: str | None = None,
+           check: bool = True) -> tuple[TfEnv, ...]:
+    """Every host of the cluster gets a Python with TensorFlow `version` (set as its `python`);
+    with `check`, the preflight payload then reports what that Python sees (GPU, CUDA)."""
+    version = version_of(cluster, version)
+    pairs = s.hosts(cluster)
+    with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+        return tuple(pool.map(lambda p: _one(cluster, p[1], version, check, progress), pairs))
+
+
+def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, progress: Progress) -> TfEnv:
+    if host.local:  # this machine is what it is: the Python running gpuctl
+        return TfEnv(host=host.label, python=host.python, how="local")
+    remote = cluster.spec.remote
+    payload_dir = guards.payload_dir(host)
+    host.push(guards.PAYLOAD_DIR, payload_dir)
+    env = _choose(host, payload_dir, remote.workdir, remote.wheelhouse, remote.python, version, progress)
+    host.python = env.python
+    if not check:
+        return env
+    progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
+    report = preflight.preflight(host, payload_dir)
+    progress(f"preflight on {host.label}: {preflight.summary(report)}")
+    return env.model_copy(update={"report": report, "tensorflow": report.get("tensorflow") or env.tensorflow})
+
+
+def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str, python: str, version: str,
+            progress: Progress) -> TfEnv:
+    if python:
+        return TfEnv(host=host.label, python=python, how="remote.python")
+    where = tf_env.probe(host, payload_dir, root, version)
+    ready = where.get("ready")
+    if isinstance(ready, dict):
+        progress(f"TensorFlow {ready.get('tensorflow')} on {host.label}: gpuctl's env {where['env']} (ready)")
+        return TfEnv(host=host.label, python=str(where["python"]), how="ready", tensorflow=ready.get("tensorflow"))
+    found = where.get("found") or []
+    if found and isinstance(found[0], dict) and found[0].get("python"):
+        progress(f"TensorFlow {found[0].get('tensorflow')} on {host.label}: {found[0]['python']} (the image's own)")
+        return TfEnv(host=host.label, python=str(found[0]["python"]), how="found", tensorflow=found[0].get("tensorflow"))
+    others = ", ".join(f"{o.get('tensorflow') or 'no TF'} at {o.get('python')}" for o in where.get("others") or [])
+    what = "tensorflow[and-cuda]" if where.get("gpu") else "tensorflow-cpu (no GPU seen)"
+    progress(f"setup on {host.label}: no TensorFlow {version} there{f' ({others})' if others else ''}: installing "
+             f"{what} {version} into {where['env']} with python {where.get('system_version')}; a few minutes "
+             "(`gpuctl logs --setup` shows pip's output)")
+    started = time.monotonic()
+    pid = tf_env.start_install(host, payload_dir, root, version, wheelhouse)
+    result = tf_env.follow(host, where, pid, progress)
+    if not result.get("ok"):
+        raise RemoteError(f"the setup step failed on {host.label}: {str(result.get('error'))[:300]}",
+                          "`gpuctl logs --setup` shows pip's output. Check the version exists (--tf), the host "
+                          "reaches PyPI (or set remote.wheelhouse), or set remote.python.")
+    how = "ready" if result.get("skipped") else "installed"
+    return TfEnv(host=host.label, python=str(where["python"]), how=how, tensorflow=result.get("tensorflow"),
+                 seconds=round(time.monotonic() - started, 1))
+
+
+def setup_log(s: Session, cluster: ClusterRecord, version: str | None = None) -> list[tuple[str, str]]:
+    """(host, the setup step's log) for each host of the cluster."""
+    version = version_of(cluster, version)
+    out = []
+    for _, host in s.hosts(cluster):
+        if host.local:
+            raise RemoteError("a local cluster has no setup step", "It runs with the Python that runs gpuctl.")
+        payload_dir = guards.payload_dir(host)
+        host.push(guards.PAYLOAD_DIR, payload_dir)
+        out.append((host.label, tf_env.setup_log(host, payload_dir, cluster.spec.remote.workdir, version)))
+    return out

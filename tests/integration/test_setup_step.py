@@ -1,0 +1,100 @@
+"""The setup step on a real sshd host: a real `pip install` of tensorflow-cpu (what a host without
+a GPU gets; a GPU instance gets tensorflow[and-cuda]) into a fresh venv, from a local wheelhouse
+built once from this checkout's own TensorFlow (scripts/wheelhouse.py: the test hosts have no
+network), then preflight and a real TF run with that venv.
+
+Bad inputs tried: a TensorFlow version no wheel exists for (fails at once, no retries, names the
+version; the half-made venv is removed), `--tf` that is no version (refused before anything
+runs), `logs --setup` where nothing was set up, and `--guard` with `--setup`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_ssh import TF_TRAIN, up_ssh
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import wheelhouse  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture(scope="session")
+def wheels():
+    return wheelhouse.build()
+
+
+@pytest.fixture
+def bare_host(ssh, wheels, monkeypatch):
+    """The first lab host with no remote.python (gpuctl must find or make TensorFlow there), a work
+    dir on a disk big enough for a TensorFlow venv (/srv is a small tmpfs), and the wheelhouse."""
+    host = ssh.hosts[0]
+    work = host.base / "work"
+    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
+    monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(wheels))
+    yield host, work
+    host.run(f"pkill -f gpuctl_setup.py; rm -rf {work}")
+
+
+def test_up_installs_the_pinned_tf_then_train_uses_it(gpuctl, ssh, bare_host, make_project):
+    host, work = bare_host
+    env = work / "_envs" / "tf-2.21"
+    out = up_ssh(gpuctl, ssh).stderr
+    assert "no TensorFlow 2.21 there" in out and "installing tensorflow-cpu (no GPU seen) 2.21" in out
+    assert "pip install tensorflow-cpu==2.21.* (attempt 1 of 3)" in out and "ready: TensorFlow 2.21." in out
+    marker = json.loads((env / ".gpuctl-ready").read_text())
+    assert marker["tensorflow"].startswith("2.21.") and marker["variant"] == "cpu" and marker["wheelhouse"]
+    # A venv of its own, not the test environment's Python.
+    assert (env / "bin" / "python").exists() and (env / "pyvenv.cfg").exists()
+    installed = {p.name.split("-")[0] for p in (env / "lib").glob("python3*/site-packages/*.dist-info")}
+    assert {"tensorflow_cpu", "tf_keras"} <= installed and "tensorflow" not in installed
+
+    proj = make_project("setup", {"train.py": TF_TRAIN})
+    res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "1")
+    assert f"gpuctl's env {env} (ready)" in res.stderr
+    assert "installing" not in res.stderr  # made once
+    assert f"Python {marker['python']}" in res.stderr  # preflight ran with the venv's Python
+    run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+    assert run["state"] == "succeeded" and run["tensorflow"] == marker["tensorflow"]
+
+    log = gpuctl("logs", "--setup").stdout
+    assert "Successfully installed" in log and "tensorflow_cpu" in log.replace("-", "_")
+
+    # The env outlives the cluster: the next cluster on this host finds it ready.
+    gpuctl("down", "-y")
+    assert (env / ".gpuctl-ready").exists()
+    again = up_ssh(gpuctl, ssh).stderr
+    assert "(ready)" in again and "installing" not in again
+    gpuctl("down", "-y")
+
+
+def test_a_version_without_wheels_fails_at_once_and_leaves_no_half_venv(gpuctl, ssh, bare_host):
+    host, work = bare_host
+    res = up_ssh(gpuctl, ssh, extra=("--tf", "2.99"), code=7)
+    err = res.stderr
+    assert "the setup step failed on root@" in err and "pip found no tensorflow-cpu==2.99.*" in err
+    assert "attempt 2" not in err  # not a flaky download: no retry
+    assert "Hint:" in err and "logs --setup" in err
+    assert not (work / "_envs" / "tf-2.99").exists()
+    assert "No matching distribution" in gpuctl("logs", "--setup", "--tf", "2.99").stdout
+    gpuctl("down", "-y")
+
+
+def test_bad_setup_inputs(gpuctl, ssh, bare_host):
+    host, work = bare_host
+    res = up_ssh(gpuctl, ssh, extra=("--tf", "2.x"), code=3)
+    assert "train.tensorflow" in res.stderr and json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+    up_ssh(gpuctl, ssh, extra=("--tf", "2.99"), code=7)
+    res = gpuctl("logs", "--setup", "--tf", "../../etc", code=3)
+    assert "is not a TensorFlow version" in res.stderr
+    res = gpuctl("logs", "--setup", "--tf", "2.20", code=7)
+    assert "no setup log for TensorFlow 2.20" in res.stderr
+    res = gpuctl("logs", "--setup", "--guard", code=2)
+    assert "two different logs" in res.stderr
+    gpuctl("down", "-y")
