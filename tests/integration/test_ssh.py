@@ -265,7 +265,8 @@ def test_missing_tools_say_what_to_install(gpuctl, ssh, program):
 
 
 def test_no_tensorflow_on_the_host_is_refused(gpuctl, ssh, make_project, monkeypatch):
-    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")  # discovery falls back to python3, which has no TF
+    # remote.python is used as it is (no setup step): one without TensorFlow is refused at train.
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", "/usr/bin/python3")
     up_ssh(gpuctl, ssh)
     proj = make_project("p", {"train.py": "print(1)\n"})
     res = gpuctl("train", proj, code=7)
