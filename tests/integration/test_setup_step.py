@@ -10,7 +10,11 @@ runs), `logs --setup` where nothing was set up, and `--guard` with `--setup`."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,4 +101,36 @@ def test_bad_setup_inputs(gpuctl, ssh, bare_host):
     assert "no setup log for TensorFlow 2.20" in res.stderr
     res = gpuctl("logs", "--setup", "--guard", code=2)
     assert "two different logs" in res.stderr
+    gpuctl("down", "-y")
+
+
+def test_a_laptop_that_closes_mid_install_leaves_an_install_that_finishes(gpuctl, ssh, bare_host, make_project):
+    """`up` killed while pip runs (the laptop closed): the install goes on by itself on the host,
+    and the next `train` waits for it or finds it ready, without a second install."""
+    host, work = bare_host
+    env = work / "_envs" / "tf-2.21"
+    argv = [sys.executable, "-m", "gpuctl", "up", "--provider", "ssh", "--name", "box", "--identity", str(ssh.key),
+            "--host", host.address]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:
+        seen.append(line.strip())
+        if "pip install tensorflow-cpu" in line or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(30)
+    assert any("pip install tensorflow-cpu" in s for s in seen), seen
+    assert not (env / ".gpuctl-ready").exists()  # killed mid-install
+    # The install was not this command's child: it goes on without it.
+    assert host.run("pgrep -f 'gpuctl_setup.py install'").returncode == 0
+    proj = make_project("after", {"train.py": TF_TRAIN})
+    res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "1")
+    assert (env / ".gpuctl-ready").exists()
+    # Either it found the env ready, or it waited for the running install and then found it ready:
+    # never a second pip run.
+    log = (work / "_envs" / "tf-2.21.log").read_text()
+    assert log.count("gpuctl-setup: pip install tensorflow-cpu") == 1, log[-2000:]
+    assert "accuracy" in res.stdout
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "succeeded"
     gpuctl("down", "-y")
