@@ -1,9 +1,9 @@
 """The command line: parse with Click, call one use case in gpuctl.ops, render with gpuctl.render.
 
 This module holds the group and the one place that maps errors to `Error:`/`Hint:` lines and exit
-codes (`GpuctlGroup.invoke`); the commands are in cli_clusters.py and cli_runs.py. `gpuctl --help`
-must stay fast: at import time these modules load only click and gpuctl.errors; pydantic (settings,
-types), rich (render) and the use cases are imported inside the commands.
+codes (`GpuctlGroup.invoke`); the commands are in cli_clusters.py, cli_runs.py and cli_images.py.
+`gpuctl --help` must stay fast: at import time these modules load only click and gpuctl.errors;
+pydantic (settings, types), rich (render) and the use cases are imported inside the commands.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from gpuctl import __version__, cli_clusters, cli_runs
+from gpuctl import __version__, cli_clusters, cli_images, cli_runs
 from gpuctl.cli_common import CONTEXT
 from gpuctl.errors import ExitCode, GpuctlError
 
@@ -129,7 +129,7 @@ def cli(debug: bool) -> None:
 
 for _command in (cli_clusters.up, cli_clusters.down, cli_clusters.status, cli_clusters.cost, cli_clusters.guard,
                  cli_clusters.config, cli_runs.train, cli_runs.sync, cli_runs.pull, cli_runs.logs, cli_runs.exec_,
-                 cli_runs.ssh_, cli_runs.attach, cli_runs.ssh_config, cli_runs.tensorboard):
+                 cli_runs.ssh_, cli_runs.attach, cli_runs.ssh_config, cli_runs.tensorboard, cli_images.image):
     cli.add_command(_command)
 
 

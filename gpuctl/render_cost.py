@@ -23,6 +23,7 @@ from rich.console import Console
 from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, num, say, table, usd
 
 if TYPE_CHECKING:
+    from gpuctl.ops.images import ImageStorage
     from gpuctl.types import CostReport, RunCost, StatusReport
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
@@ -96,6 +97,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
                        usd(c.storage_usd), usd(c.usd), usd(c.idle_usd), usd(c.spot_savings_usd))
                       for c in report.clusters])
     if not report.runs:
+        images(getattr(report, "images", None), out)
         return
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
@@ -120,6 +122,17 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
         say(out, f"(epoch tables of {len(report.runs) - len(shown)} older runs hidden: gpuctl cost --all, or name runs)")
     out.print()
     say(out, f"Total across clusters: {usd(report.total_usd)}")
+    images(getattr(report, "images", None), out)
+
+
+def images(storage: ImageStorage | None, out: Console) -> None:
+    """The baked images' snapshot storage, under the clusters' total (it is no cluster's)."""
+    if storage is None or not storage.images:
+        return
+    live = [i for i in storage.images if i.removed_at is None]
+    say(out, f"Baked images: {len(live)} kept, {storage.gb:g} GB: {usd(storage.usd_per_month)}/month of snapshot "
+             f"storage at {storage.price}; {usd(storage.accrued_usd)} so far"
+             f"{f' (with {len(storage.images) - len(live)} removed)' if len(live) < len(storage.images) else ''}.")
 
 
 def epochs(r: RunCost, out: Console) -> list[str]:

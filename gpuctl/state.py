@@ -1,5 +1,5 @@
 """The ledger: one SQLite database (WAL) under the gpuctl home holding clusters, instances, runs,
-epochs and events. It outlives instances, so reports still work after `gpuctl down`.
+epochs, events and the machine images gpuctl baked. It outlives instances, so reports still work after `gpuctl down`.
 
 Several gpuctl processes may write at once (a `logs -f` beside a `train`, two terminals): every
 write is one short `BEGIN IMMEDIATE` transaction and readers never block writers (WAL).
@@ -13,8 +13,10 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from dataclasses import asdict
 from typing import Iterator, Mapping
 
+from gpuctl.provision import BakedImage
 from gpuctl.types import (
     ClusterRecord,
     ClusterSpec,
@@ -23,8 +25,19 @@ from gpuctl.types import (
     RunRecord,
 )
 
-SCHEMA_VERSION = 2
-SCHEMA = """
+SCHEMA_VERSION = 3
+# Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
+# Removed ones stay (removed_at) for what they cost while they existed.
+IMAGES_TABLE = """
+CREATE TABLE IF NOT EXISTS images (
+    region TEXT NOT NULL,
+    id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    removed_at REAL,
+    record_json TEXT NOT NULL,
+    PRIMARY KEY (region, id)
+)"""
+SCHEMA = IMAGES_TABLE + ";" + """
 CREATE TABLE IF NOT EXISTS clusters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -153,6 +166,8 @@ class Ledger:
             exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
             if exists and version < 2:
                 self._migrate_1_to_2(db)
+            if exists and version < 3:
+                db.execute(IMAGES_TABLE)
             elif not exists:
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
@@ -238,6 +253,12 @@ class Ledger:
             db.execute("UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
                        " WHERE id = ? AND state = 'up'", (at or time.time(), cluster_id))
 
+    def set_default(self, cluster_id: int) -> None:
+        """Make a live cluster the default again (a bake's cluster took the mark while it ran)."""
+        with self.write() as db:
+            if db.execute("SELECT 1 FROM clusters WHERE id = ? AND state = 'up'", (cluster_id,)).fetchone():
+                db.execute("UPDATE clusters SET is_default = (id = ?)", (cluster_id,))
+
     def forget_cluster(self, cluster_id: int) -> None:
         """Remove a cluster that never got anything (an `up` that failed before creating a thing)."""
         with self.write() as db:
@@ -316,3 +337,26 @@ class Ledger:
             q += " WHERE cluster_id = ?"
             args = (cluster_id,)
         return list(self._db.execute(q + " ORDER BY id", args))
+
+    # --- images ---------------------------------------------------------------------------------
+
+    def put_image(self, image: BakedImage) -> None:
+        with self.write() as db:
+            db.execute("INSERT INTO images (region, id, created_at, record_json) VALUES (?, ?, ?, ?)"
+                       " ON CONFLICT(region, id) DO UPDATE SET record_json = excluded.record_json",
+                       (image.region, image.id, image.created_at, json.dumps(asdict(image))))
+
+    def image_removed(self, region: str, image_id: str, at: float | None = None) -> None:
+        with self.write() as db:
+            db.execute("UPDATE images SET removed_at = ? WHERE region = ? AND id = ? AND removed_at IS NULL",
+                       (at or time.time(), region, image_id))
+
+    def images(self, include_removed: bool = True) -> list[tuple[BakedImage, float | None]]:
+        """(image, when it was removed or None), oldest first."""
+        where = "" if include_removed else "WHERE removed_at IS NULL"
+        rows = self._db.execute(f"SELECT record_json, removed_at FROM images {where} ORDER BY created_at, id")
+        out = []
+        for record, removed in rows:
+            data = json.loads(record)
+            out.append((BakedImage(**{**data, "snapshots": tuple(data.get("snapshots") or ())}), removed))
+        return out

@@ -1,6 +1,6 @@
 """Spend: `status` (what runs, what it has cost so far) and `cost` (per cluster, per run, per epoch,
-with projections). Every cluster `up` ever made is reported with its own dollars, also after its
-name was used again."""
+with projections, and the baked images' snapshot storage). Every cluster `up` ever made is reported
+with its own dollars, also after its name was used again."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from gpuctl import billing
 from gpuctl.errors import ConfigError
 from gpuctl.ops import clusters, guards, run_state
+from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.types import (
     ClusterCost,
@@ -22,6 +23,13 @@ from gpuctl.types import (
     RunStatus,
     StatusReport,
 )
+
+
+class CostWithImages(CostReport):
+    """`cost`: the clusters and runs, and the baked images' storage (a key of its own, so the
+    JSON of earlier versions keeps its meaning: total_usd is still the clusters' total)."""
+
+    images: ImageStorage = ImageStorage()
 
 
 def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
@@ -88,7 +96,7 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
                                  "market": inst.market})
 
 
-def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostReport:
+def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more)."""
     s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
@@ -105,7 +113,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
     for c in s.ledger.clusters():
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
-    return CostReport(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out))
+    return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
+                          images=storage(s, now))
 
 
 def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:

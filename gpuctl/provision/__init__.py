@@ -10,6 +10,7 @@ provider module and none of its heavy dependencies.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuctl.errors import ConfigError
@@ -71,6 +72,58 @@ class Provider(Protocol):
 
     def set_hard_cap(self, host: "Host", hours: float) -> bool:
         """Move the boot-time hard cap; False where the instance has none to move."""
+
+    def image_store(self) -> "ImageStore":
+        """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
+        (`no_image_store`) for a provider that has none."""
+
+
+@dataclass(frozen=True)
+class BakedImage:
+    """A machine image gpuctl made (`gpuctl image bake`), as the provider describes it."""
+
+    id: str
+    region: str
+    name: str
+    tensorflow: str | None  # what the preflight saw on the instance it was made from
+    base_image: str | None  # the image that instance booted
+    base_os: str | None
+    cluster: str | None  # the bake's cluster
+    created_at: float
+    size_gb: float  # of its snapshots: the provisioned size where the data size is not reported
+    snapshots: tuple[str, ...] = ()
+    state: str = "available"
+
+
+class ImageStore(Protocol):
+    region: str  # where its images are (an AWS region)
+
+    def images(self) -> "list[BakedImage]":
+        """This install's baked images (in the provider's region), newest first."""
+
+    def bake_base(self, progress: "Callable[[str], None]") -> str:
+        """The id of the image a bake starts from (never a baked one); refuses, before anything is
+        created, a machine type that image cannot run."""
+
+    def capture(self, instance: "InstanceRecord", tensorflow: str, base_image: str,
+                progress: "Callable[[str], None]") -> BakedImage:
+        """Stop the instance and make an image of it, tagged with what it carries."""
+
+    def remove(self, image_id: str, progress: "Callable[[str], None]") -> BakedImage:
+        """Delete one of this install's images and its storage; refuses any other image."""
+
+
+def tf_matches(asked: str, have: str | None) -> bool:
+    """Whether TensorFlow `have` serves a request for `asked`: '2.21' is any 2.21.x (and 2.21
+    itself); '2.21.0' is exactly that."""
+    if not have:
+        return False
+    return have == asked or (asked.count(".") == 1 and have.startswith(asked + "."))
+
+
+def no_image_store(provider: str) -> ConfigError:
+    return ConfigError(f"`gpuctl image` is for the aws provider; the {provider} provider has no machine images",
+                       "Run it with --provider aws (or `provider = \"aws\"` in the settings).")
 
 
 def provider_class(name: str) -> Any:

@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import pytest
 
-from gpuctl.provision.aws import access, inventory
+from gpuctl.provision.aws import access, images, inventory
+from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.types import Resource
 
@@ -39,7 +40,11 @@ FOREIGN = {"Name": "prod-db", "team": "data"}
 KEY = access.resource_name(CLUSTER, OWNER)
 # Who carries which tags in the account the checks run in: gpuctl's resources carry the tags
 # gpuctl's own create calls gave them (test_every_call... checks those calls are allowed).
-WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN}
+AMI = "ami-0123456789abcdef0"
+IMAGE_TAGS = {**GPUCTL, images.TAG_TF: "2.21.0", images.TAG_BASE_IMAGE: "ami-0base", images.TAG_BASE_OS: "ubuntu-22.04"}
+WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, AMI: IMAGE_TAGS, "snap-1": IMAGE_TAGS,
+         "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN, "ami-foreign": FOREIGN,
+         "snap-foreign": FOREIGN}
 
 Check = tuple[str, str, dict[str, Any]]  # (action, resource ARN, request context)
 
@@ -115,7 +120,8 @@ def refused(pol: dict[str, Any], checks: list[Check]) -> list[Check]:
 
 
 def arn(kind: str, rid: str) -> str:
-    return f"arn:aws:ec2:{REGION}:{'' if kind == 'image' else ACCOUNT}:{kind}/{rid}"
+    # Images and snapshots have no account in their ARN.
+    return f"arn:aws:ec2:{REGION}:{'' if kind in ('image', 'snapshot') else ACCOUNT}:{kind}/{rid}"
 
 
 def _tags(spec_list: list[dict[str, Any]], kind: str) -> dict[str, str]:
@@ -178,7 +184,24 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "ec2:DeleteSecurityGroup": _on("DeleteSecurityGroup", "security-group", "GroupId"),
     "ec2:DeleteKeyPair": _on("DeleteKeyPair", "key-pair", "KeyName"),
     "ec2:TerminateInstances": _on("TerminateInstances", "instance", "InstanceIds"),
-    "ec2:CreateTags": lambda p: [_existing("CreateTags", "instance", rid) for rid in p["Resources"]],
+    "ec2:StopInstances": _on("StopInstances", "instance", "InstanceIds"),
+    # CreateImage authorizes the instance it images, the new image (with the tags given) and the
+    # new snapshots (untagged: gpuctl tags them once the image names them).
+    "ec2:CreateImage": lambda p: [
+        _existing("CreateImage", "instance", p["InstanceId"]),
+        *_creating("CreateImage", "image", "*", _tags(p.get("TagSpecifications", []), "image"), {}),
+        *_creating("CreateImage", "snapshot", "*", _tags(p.get("TagSpecifications", []), "snapshot"), {})],
+    "ec2:DeregisterImage": _on("DeregisterImage", "image", "ImageId"),
+    "ec2:DeleteSnapshot": _on("DeleteSnapshot", "snapshot", "SnapshotId"),
+    "ec2:DescribeSnapshots": _anywhere("ec2", "DescribeSnapshots"),
+    "ec2:CreateTags": lambda p: [
+        (c[0], c[1], {**c[2], **_request_tags({t["Key"]: t["Value"] for t in p.get("Tags", [])})})
+        for c in (_existing("CreateTags", "snapshot" if rid.startswith("snap-") else "instance", rid)
+                  for rid in p["Resources"])],
+    # AWS's public parameters live in no account; the one gpuctl reads is named in images.py.
+    "ssm:GetParameter": lambda p: [("ssm:GetParameter", f"arn:aws:ssm:{REGION}::parameter"
+                                    + p.get("Name", images.BASE_PARAMETER.format(arch="x86_64", os="ubuntu-22.04")),
+                                    {})],
 }
 
 
@@ -193,7 +216,7 @@ def calls_in_code() -> set[str]:
 
     source = "\n".join(p.read_text() for p in sorted((REPO / "gpuctl" / "provision" / "aws").glob("*.py")))
     services = set(re.findall(r"client\(\s*\"(\w+)\"", source))
-    assert services == {"ec2", "pricing"}, f"a new AWS service is called: add its actions to the policy ({services})"
+    assert services == {"ec2", "pricing", "ssm"}, f"a new AWS service is called: add its actions to the policy ({services})"
     session, found = botocore.session.get_session(), set()
     for service in services:
         for op in session.get_service_model(service).operation_names:
@@ -246,8 +269,34 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
         inventory.release(provider, [Resource(provider="aws", kind=k, id=i, region=REGION, cluster=CLUSTER)
                                      for k, i in (("instance", "i-1"), ("security-group", "sg-1"), ("key-pair", KEY))],
                           lambda _: None)
+        _bake_and_remove(ok, aws, tmp_path)
         stub.assert_no_pending_responses()
     return sent
+
+
+def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
+    """`image bake`'s capture and `image rm`, as gpuctl sends them."""
+    from gpuctl.types import InstanceRecord
+
+    tagged = [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]
+    image = {"ImageId": AMI, "State": "available", "Tags": tagged, "CreationDate": "2026-11-30T00:00:00.000Z",
+             "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": "snap-1", "VolumeSize": 100}}]}
+    store = AwsImages(SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home, spec=SimpleNamespace(
+        region=REGION, name=CLUSTER, wait_timeout_s=5, base_os="ubuntu-22.04")))
+    ok("stop_instances")
+    ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "stopped"}}]}]})
+    ok("create_image", {"ImageId": AMI})
+    ok("describe_images", {"Images": [image]})  # the waiter
+    ok("describe_images", {"Images": [image]})
+    ok("create_tags")
+    ok("describe_snapshots", {"Snapshots": [{"SnapshotId": "snap-1", "VolumeSize": 100}]})
+    instance = InstanceRecord(id="i-1", cluster=CLUSTER, state="running", launched_at=0.0, workdir="/w")
+    store.capture(instance, "2.21.0", "ami-0base", lambda _: None)
+    ok("describe_images", {"Images": [image]})
+    ok("describe_snapshots", {"Snapshots": [{"SnapshotId": "snap-1", "VolumeSize": 100}]})
+    ok("deregister_image")
+    ok("delete_snapshot")
+    store.remove(AMI, lambda _: None)
 
 
 def plan(market: str) -> LaunchPlan:
@@ -303,6 +352,15 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     ("launch with an unencrypted volume", "ec2:RunInstances", _launch(BlockDeviceMappings=[
         {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 100, "VolumeType": "gp3", "Encrypted": False}}])),
     ("create a group without gpuctl's tags", "ec2:CreateSecurityGroup", {"VpcId": "vpc-1"}),
+    ("stop a foreign instance", "ec2:StopInstances", {"InstanceIds": ["i-foreign"]}),
+    ("image a foreign instance", "ec2:CreateImage", {"InstanceId": "i-foreign", "TagSpecifications": [
+        {"ResourceType": "image", "Tags": access.tags(CLUSTER, OWNER)}]}),
+    ("make an image without gpuctl's tags", "ec2:CreateImage", {"InstanceId": "i-1"}),
+    ("deregister a foreign image", "ec2:DeregisterImage", {"ImageId": "ami-foreign"}),
+    ("delete a foreign snapshot", "ec2:DeleteSnapshot", {"SnapshotId": "snap-foreign"}),
+    ("tag a snapshot with foreign tag keys", "ec2:CreateTags",
+     {"Resources": ["snap-1"], "Tags": [{"Key": "team", "Value": "finance"}]}),
+    ("read a parameter that is not AWS's DLAMI one", "ssm:GetParameter", {"Name": "/prod/db/password"}),
     ("import a key pair without an owner tag", "ec2:ImportKeyPair", {"KeyName": "k", "TagSpecifications": [
         {"ResourceType": "key-pair", "Tags": [{"Key": "gpuctl:created-by", "Value": "gpuctl"}]}]}),
 ])
@@ -311,7 +369,7 @@ def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
 
 
 @pytest.mark.parametrize("action, resource", [
-    ("ec2:StopInstances", arn("instance", "i-1")), ("ec2:StartInstances", arn("instance", "i-1")),
+    ("ec2:StartInstances", arn("instance", "i-1")),
     ("ec2:ModifyInstanceAttribute", arn("instance", "i-1")), ("ec2:DeleteVolume", arn("volume", "vol-1")),
     ("ec2:DeleteVpc", arn("vpc", "vpc-1")), ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin"),
 ])

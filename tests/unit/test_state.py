@@ -110,7 +110,8 @@ def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
     assert led.run("r").cluster_id == 1
     assert [e[4] for e in led.events(1)] == ["x"] and [e[4] for e in led.events(2)] == ["y"]
     Ledger(tmp_path)  # opening it again changes nothing
-    assert led._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert led.images() == []  # and the images table of version 3 is there
 
 
 def test_a_ledger_from_a_newer_gpuctl_is_refused_not_rewritten(tmp_path):

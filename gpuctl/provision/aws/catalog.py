@@ -51,6 +51,12 @@ def instance_type_info(aws: Aws, instance_type: str) -> dict[str, Any]:
     )
 
 
+def architecture(info: dict[str, Any]) -> str:
+    """The architecture an image for this type must have (x86_64 where the type runs both)."""
+    archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
+    return "x86_64" if "x86_64" in archs else archs[0]
+
+
 def zones_offering(aws: Aws, instance_type: str) -> list[str]:
     res = call(
         aws.ec2().describe_instance_type_offerings,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuctl.errors import CloudError, ConfigError
+from gpuctl.provision import tf_matches
 from gpuctl.provision.aws import access
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 
@@ -54,13 +55,6 @@ class Chosen:
     @property
     def name(self) -> str:
         return str(self.image.get("Name") or "?")
-
-
-def tf_matches(asked: str, have: str | None) -> bool:
-    """'2.21' is any 2.21.x (and 2.21 itself); '2.21.0' is exactly that."""
-    if not have:
-        return False
-    return have == asked or (asked.count(".") == 1 and have.startswith(asked + "."))
 
 
 def tag(image: dict[str, Any], key: str) -> str | None:
@@ -118,11 +112,18 @@ def resolve(aws: Aws, spec: Any, architecture: str, owner: str) -> Chosen:
     dlamis = described(aws, ["amazon"], [{"Name": "name", "Values": [pattern]}], architecture)
     if dlamis:
         return Chosen(dlamis[0], "dlami", f"AWS's TensorFlow {tf} Deep Learning AMI (named like {pattern!r})")
+    return base(aws, spec, architecture, also=f"no baked image of yours, no DLAMI named like {pattern!r}")
+
+
+def base(aws: Aws, spec: Any, architecture: str, also: str = "") -> Chosen:
+    """The Base OSS Nvidia Driver GPU AMI for the spec (what the setup step and a bake start
+    from); an error naming everything looked for when the region has none."""
+    tf = spec.tensorflow
     image, looked = base_image(aws, spec.base_os, architecture)
     if image is None:
         raise CloudError(
-            f"no image for TensorFlow {tf} on {architecture} in {aws.region}: no baked image of yours, no DLAMI "
-            f"named like {pattern!r}, and no base image ({'; '.join(looked)})",
+            f"no image for TensorFlow {tf} on {architecture} in {aws.region}: {also + ', and ' if also else ''}"
+            f"no base image ({'; '.join(looked)})",
             "Pin an AMI with --image ami-..., or try another region (--region).",
         )
     refuse_on_base(spec.instance_type)

@@ -96,8 +96,7 @@ class AwsProvider:
 
         # Check everything that can be checked before creating anything.
         info = catalog.instance_type_info(aws, spec.instance_type)
-        archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
-        arch = "x86_64" if "x86_64" in archs else archs[0]
+        arch = catalog.architecture(info)
         if not info.get("GpuInfo", {}).get("Gpus"):
             progress(f"warning: {spec.instance_type} has no GPU: training runs on its CPU, slowly, and `gpuctl train` "
                      "refuses it without --allow-cpu (GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, ...)")
@@ -250,6 +249,11 @@ class AwsProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return guard.set_hard_cap(host, hours)
+
+    def image_store(self) -> Any:
+        from gpuctl.provision.aws.baked import AwsImages
+
+        return AwsImages(self)
 
     # --- discover and release: provision/aws/inventory.py ----------------------------------------
 

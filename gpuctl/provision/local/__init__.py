@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
-from gpuctl.provision import remote_spec
+from gpuctl.provision import no_image_store, remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -77,6 +77,9 @@ class LocalProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
+
+    def image_store(self) -> None:
+        raise no_image_store(self.name)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()

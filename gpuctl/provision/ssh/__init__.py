@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
-from gpuctl.provision import remote_spec
+from gpuctl.provision import no_image_store, remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -90,6 +90,9 @@ class SshProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
+
+    def image_store(self) -> None:
+        raise no_image_store(self.name)
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"

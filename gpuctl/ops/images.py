@@ -1,0 +1,192 @@
+"""Machine images with TensorFlow baked in: `gpuctl image bake`, `image ls`, `image rm`, and what
+their storage costs.
+
+A bake is an ordinary cluster (`bake-tf<version>-<hex>`, launched through `clusters.up` from the
+provider's base image), so it is tagged, guarded, in the ledger and in `cost`, and a bake killed
+at any moment leaves nothing `status --all` / `down --all` cannot find. The image itself carries
+gpuctl's tags, so `image ls` finds it too. Which provider can bake is the provider's answer
+(`Provider.image_store`); nothing here asks which provider it holds.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuctl import billing
+from gpuctl.errors import GpuctlError, RemoteError
+from gpuctl.ops import clusters
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.provision import BakedImage, ImageStore, tf_matches
+from gpuctl.remote import preflight
+from gpuctl.types import ClusterRecord, InstanceRecord
+
+# Snapshot storage, standard tier: the us-east-1 list price; reports name it with its date.
+SNAPSHOT_USD_PER_GB_MONTH = 0.05
+SNAPSHOT_PRICE = f"${SNAPSHOT_USD_PER_GB_MONTH:.2f}/GB-month (EBS snapshot list price, us-east-1, 2026-11)"
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class ImageInfo(_Result):
+    id: str
+    region: str
+    name: str
+    tensorflow: Optional[str] = None
+    base_image: Optional[str] = None
+    base_os: Optional[str] = None
+    cluster: Optional[str] = None
+    created_at: float
+    size_gb: float
+    snapshots: tuple[str, ...] = ()
+    state: str = "available"
+    usd_per_month: float  # while it exists; 0 once removed
+    removed_at: Optional[float] = None
+    accrued_usd: float = 0.0  # storage since it was made (until removed)
+
+
+class ImageList(_Result):
+    region: str
+    images: tuple[ImageInfo, ...]
+    price: str = SNAPSHOT_PRICE
+
+
+class BakeResult(_Result):
+    image: ImageInfo
+    cluster: str  # the bake's cluster (released)
+    base_image: str
+    seconds: float
+    price: str = SNAPSHOT_PRICE
+
+
+class ImageStorage(_Result):
+    """`cost`: what the baked images cost in snapshot storage, from the ledger alone."""
+
+    images: tuple[ImageInfo, ...] = ()
+    gb: float = 0.0  # of the images that exist
+    usd_per_month: float = 0.0
+    accrued_usd: float = 0.0  # every image's, removed ones included
+    price: str = SNAPSHOT_PRICE
+
+
+def info(image: BakedImage, removed_at: float | None = None, now: float | None = None) -> ImageInfo:
+    end = removed_at or (time.time() if now is None else now)
+    return ImageInfo(
+        id=image.id, region=image.region, name=image.name, tensorflow=image.tensorflow, base_image=image.base_image,
+        base_os=image.base_os, cluster=image.cluster, created_at=image.created_at, size_gb=image.size_gb,
+        snapshots=image.snapshots, state="removed" if removed_at else image.state, removed_at=removed_at,
+        usd_per_month=0.0 if removed_at else image.size_gb * SNAPSHOT_USD_PER_GB_MONTH,
+        accrued_usd=billing.storage_cost(image.size_gb, image.created_at, end, SNAPSHOT_USD_PER_GB_MONTH),
+    )
+
+
+def _store(s: Session) -> ImageStore:
+    """The image store of the provider the settings name (ConfigError where it has none)."""
+    # clusters._searcher builds that provider from the settings, also where they could not
+    # launch a cluster (an ssh provider without hosts), so its refusal is about images.
+    return clusters._searcher(s, s.settings().settings.provider).image_store()
+
+
+def ls(s: Session) -> ImageList:
+    """This install's baked images as the provider lists them (the ledger learns of any it lacked,
+    e.g. from a bake killed after the image was made, and of any removed elsewhere)."""
+    store = _store(s)
+    found = store.images()
+    _reconcile(s, store.region, found)
+    return ImageList(region=store.region, images=tuple(info(i) for i in found))
+
+
+def _reconcile(s: Session, region: str, found: list[BakedImage]) -> None:
+    known = {(i.region, i.id): removed for i, removed in s.ledger.images()}
+    for image in found:
+        if (image.region, image.id) not in known:
+            s.ledger.put_image(image)
+    there = {i.id for i in found}
+    for (where, image_id), removed in known.items():
+        if where == region and removed is None and image_id not in there:
+            s.ledger.image_removed(where, image_id)
+
+
+def remove(s: Session, image_id: str, progress: Progress = quiet) -> ImageInfo:
+    """Deregister one of this install's images and delete its snapshots (the store refuses any
+    other image before it deletes anything)."""
+    removed = _store(s).remove(image_id, progress)
+    if not any(i.id == removed.id and i.region == removed.region for i, _ in s.ledger.images()):
+        s.ledger.put_image(removed)
+    s.ledger.image_removed(removed.region, removed.id)
+    s.ledger.event("image-rm", f"{removed.id} ({removed.name}) and {len(removed.snapshots)} snapshot(s)")
+    return info(removed, time.time())
+
+
+def bake_question(s: Session) -> str:
+    settings = s.settings().settings
+    return (f"launch a {settings.aws.instance_type} ({settings.aws.market}) to bake TensorFlow "
+            f"{settings.train.tensorflow} into an image (billed until the bake ends; the image then costs "
+            f"{SNAPSHOT_PRICE})")
+
+
+def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> BakeResult:
+    """Launch from the base image, set TensorFlow up, prove it (preflight), stop, make the image,
+    tag it, release the cluster. The cluster is released however the bake ends."""
+    started = time.monotonic()
+    store = _store(s)
+    tf = s.settings().settings.train.tensorflow
+    base = store.bake_base(progress)  # refuses a type the base image cannot run: nothing exists yet
+    name = f"bake-tf{tf}-{secrets.token_hex(2)}"
+    bs = Session(s.home, {**s.flags, "cluster": name, "aws.image": base}, s.env)
+    default = s.ledger.default_cluster()
+    ok = False
+    try:
+        up = clusters.up(bs, progress)
+        image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, progress)
+        ok = True
+    finally:
+        _release(bs, name, ok, progress)
+        if default is not None:
+            s.ledger.set_default(default.id)  # the bake's cluster took the mark while it ran
+        bs.close()
+    s.ledger.put_image(image)
+    s.ledger.event("image-bake", f"{image.id}: TensorFlow {image.tensorflow} on {base} ({name})")
+    return BakeResult(image=info(image), cluster=name, base_image=base, seconds=round(time.monotonic() - started, 1))
+
+
+def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: str, base: str, allow_cpu: bool,
+             progress: Progress) -> BakedImage:
+    from gpuctl.ops import setup  # the setup step (and what it imports) only for a bake
+
+    (env, *_) = setup.ensure(bs, cluster, progress, version=tf, check=True)
+    report = env.report or {}
+    refusal = preflight.verdict(report, allow_cpu)
+    seen = report.get("tensorflow")
+    if refusal is None and not tf_matches(tf, seen):
+        refusal = f"it imports TensorFlow {seen}, not {tf}"
+    if refusal:
+        raise RemoteError(f"not baking an image of {cluster.name}: {refusal}",
+                          "A GPU type (--type g5.xlarge) gets TensorFlow with the GPU; --allow-cpu bakes a CPU-only "
+                          "TensorFlow anyway.")
+    bs.close()  # the instance stops next: end the SSH connections first
+    return bs.provider(cluster.spec).image_store().capture(instance, str(seen), base, progress)
+
+
+def _release(bs: Session, name: str, ok: bool, progress: Progress) -> None:
+    if bs.ledger.live_cluster(name) is None:
+        return  # the launch created nothing (and left no cluster)
+    progress(f"{'' if ok else 'bake failed: '}releasing the bake's cluster {name} (instance, security group, key pair)")
+    try:
+        clusters.down(bs, name, progress, force=True)
+    except GpuctlError as exc:
+        progress(f"could not release {name}: {exc.message}; `gpuctl down {name} -y` (or `gpuctl down --all -y`) "
+                 "releases it")
+
+
+def storage(s: Session, now: float | None = None) -> ImageStorage:
+    """Snapshot storage of every image the ledger knows (no cloud call: `cost` answers offline)."""
+    rows = tuple(info(i, removed, now) for i, removed in s.ledger.images())
+    live = [r for r in rows if r.removed_at is None]
+    return ImageStorage(images=rows, gb=sum(r.size_gb for r in live), usd_per_month=sum(r.usd_per_month for r in live),
+                        accrued_usd=sum(r.accrued_usd for r in rows))

@@ -1,0 +1,154 @@
+"""Images gpuctl bakes on EC2: made from a stopped instance, listed and removed by their tags.
+
+An image is tagged at creation like everything gpuctl makes (cluster, owner, created-by) and with
+what it carries (TF version, base image and OS). Its snapshots get the same tags once the image
+is available and names them: CreateImage could tag them itself (TagSpecifications "snapshot"),
+and AWS accepts that, but moto (the test world) does not. Removing deregisters the image, then
+deletes its snapshots, which would otherwise go on costing storage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from gpuctl.errors import CloudError, ConflictError, NotFoundError
+from gpuctl.provision import BakedImage
+from gpuctl.provision.aws import access, catalog, images
+from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
+from gpuctl.types import InstanceRecord
+
+if TYPE_CHECKING:
+    from gpuctl.provision.aws.provider import AwsProvider
+
+Progress = Callable[[str], None]
+IMAGE_TIMEOUT_S = 3600.0  # CreateImage of a 100 GB root volume takes 10 to 30 minutes
+
+
+def _created(image: dict[str, Any]) -> float:
+    raw = str(image.get("CreationDate") or "")
+    try:
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def _snapshot_ids(image: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", [])
+                 if m.get("Ebs", {}).get("SnapshotId"))
+
+
+class AwsImages:
+    """The ImageStore of the aws provider, in the provider's region, for its owner."""
+
+    def __init__(self, provider: "AwsProvider"):
+        self.provider = provider
+        self.aws: Aws = provider.aws(provider.spec.region)
+        self.region = self.aws.region
+
+    def _record(self, image: dict[str, Any]) -> BakedImage:
+        snapshots = _snapshot_ids(image)
+        return BakedImage(
+            id=image["ImageId"], region=self.aws.region, name=str(image.get("Name") or ""),
+            tensorflow=images.tag(image, images.TAG_TF), base_image=images.tag(image, images.TAG_BASE_IMAGE),
+            base_os=images.tag(image, images.TAG_BASE_OS), cluster=images.tag(image, access.TAG_CLUSTER),
+            created_at=_created(image), size_gb=self._size_gb(image, snapshots), snapshots=snapshots,
+            state=str(image.get("State") or "available"))
+
+    def _size_gb(self, image: dict[str, Any], snapshots: tuple[str, ...]) -> float:
+        """The data its snapshots hold where EC2 reports it (FullSnapshotSizeInBytes), else their
+        volumes' provisioned size: an upper bound of what snapshot storage bills."""
+        provisioned = float(sum(m.get("Ebs", {}).get("VolumeSize") or 0 for m in image.get("BlockDeviceMappings", [])))
+        if not snapshots:
+            return provisioned
+        found = call(self.aws.ec2().describe_snapshots, SnapshotIds=list(snapshots)).get("Snapshots", [])
+        data = [s.get("FullSnapshotSizeInBytes") for s in found]
+        if found and all(data):
+            return round(sum(data) / 1e9, 2)
+        return provisioned or float(sum(s.get("VolumeSize") or 0 for s in found))
+
+    # --- the ImageStore protocol ---------------------------------------------------------------
+
+    def images(self) -> list[BakedImage]:
+        return [self._record(i) for i in images.baked_images(self.aws, self.provider.owner)]
+
+    def bake_base(self, progress: Progress) -> str:
+        spec = self.provider.spec
+        arch = catalog.architecture(catalog.instance_type_info(self.aws, spec.instance_type))
+        chosen = images.base(self.aws, spec, arch)
+        progress(f"bake: starting from {chosen.name} ({chosen.id}): {chosen.why}")
+        return chosen.id
+
+    def capture(self, instance: InstanceRecord, tensorflow: str, base_image: str, progress: Progress) -> BakedImage:
+        spec, ec2 = self.provider.spec, self.aws.ec2()
+        iid = instance.id
+        # Stopped first: an image of a running instance may catch pip's files half-written.
+        progress(f"stopping {iid} to image its disk")
+        call(ec2.stop_instances, InstanceIds=[iid])
+        wait_for(ec2, "instance_stopped", spec.wait_timeout_s, what=f"{iid} to stop",
+                 hint=f"`gpuctl down {spec.name} -y` releases it.", InstanceIds=[iid])
+        tags = access.tags(spec.name, self.provider.owner) + [
+            {"Key": images.TAG_TF, "Value": tensorflow}, {"Key": images.TAG_BASE_IMAGE, "Value": base_image},
+            {"Key": images.TAG_BASE_OS, "Value": spec.base_os}]
+        name = f"gpuctl-tf{tensorflow}-{spec.base_os}-{time.strftime('%Y%m%d-%H%M%S')}-{spec.name[-4:]}"
+        res = call(ec2.create_image, InstanceId=iid, Name=name,
+                   Description=f"TensorFlow {tensorflow} on {base_image}, baked by gpuctl",
+                   TagSpecifications=[{"ResourceType": "image", "Tags": tags}])
+        image_id = res["ImageId"]
+        progress(f"image {image_id} ({name}): waiting for it to be available (10-30 minutes on EC2)")
+        wait_for(ec2, "image_available", max(spec.wait_timeout_s, IMAGE_TIMEOUT_S), what=f"image {image_id}",
+                 hint=f"It may still become available: `gpuctl image ls`; `gpuctl image rm {image_id} -y` removes it.",
+                 ImageIds=[image_id])
+        image = call(ec2.describe_images, ImageIds=[image_id])["Images"][0]
+        snapshots = _snapshot_ids(image)
+        if snapshots:
+            call(ec2.create_tags, Resources=list(snapshots), Tags=tags)
+        return self._record(image)
+
+    def remove(self, image_id: str, progress: Progress) -> BakedImage:
+        ec2 = self.aws.ec2()
+        image = self._ours(image_id)
+        record = self._record(image)
+        call(ec2.deregister_image, ImageId=image_id)
+        progress(f"deregistered {image_id} ({record.name})")
+        for snap in record.snapshots:
+            self._delete_snapshot(ec2, snap)
+            progress(f"deleted snapshot {snap}")
+        return record
+
+    def _ours(self, image_id: str) -> dict[str, Any]:
+        """The image, if this install baked it; otherwise an error that changes nothing."""
+        from botocore.exceptions import ClientError
+
+        images.check_image_id(image_id)
+        try:
+            found = self.aws.ec2().describe_images(ImageIds=[image_id]).get("Images", [])
+        except ClientError as exc:
+            if not error_code(exc).startswith("InvalidAMIID"):
+                raise translate(exc, "DescribeImages") from exc
+            found = []
+        if not found:
+            raise NotFoundError(f"no image {image_id} in {self.aws.region}",
+                                "`gpuctl image ls` lists your baked images; AMI ids differ per region (--region).")
+        image = found[0]
+        made_by = images.tag(image, access.TAG_CREATED_BY)
+        owner = images.tag(image, access.TAG_OWNER)
+        if made_by != "gpuctl" or owner != self.provider.owner:
+            whose = "not made by gpuctl" if made_by != "gpuctl" else f"baked by another gpuctl install ({owner})"
+            raise ConflictError(f"image {image_id} is {whose}: not removing it",
+                                "`gpuctl image rm` removes only the images `gpuctl image ls` lists; deregister "
+                                "others in the EC2 console.")
+        return image
+
+    @staticmethod
+    def _delete_snapshot(ec2: Any, snapshot_id: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            ec2.delete_snapshot(SnapshotId=snapshot_id)
+        except ClientError as exc:
+            if error_code(exc) != "InvalidSnapshot.NotFound":
+                raise CloudError(f"image deregistered, but its snapshot {snapshot_id} was not deleted: "
+                                 f"{error_code(exc)}", f"Delete it in the EC2 console (Snapshots), or "
+                                 f"`aws ec2 delete-snapshot --snapshot-id {snapshot_id}`: it costs storage.") from exc

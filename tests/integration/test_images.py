@@ -1,0 +1,204 @@
+"""Which image `up` boots on today's AWS, and `gpuctl image ls / rm`, against a moto server over HTTP
+whose region holds only the Base OSS Nvidia Driver GPU AMIs (tests/aws.py); helpers add a TF DLAMI,
+a baked image, or withdraw the SSM parameter.
+
+Bad inputs tried (each: one-line error and hint, non-zero exit, nothing created or destroyed): a
+malformed AMI id (`image rm`, `up --image`), an unknown AMI id, an image of another gpuctl install,
+an image not made by gpuctl at all, a P3 type with the base image, `image ls` / `image bake` with the
+local provider, `--tf 2.x` (up and image bake), a region with no base image and no parameter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuctl.provision.aws import access
+from gpuctl.state import Ledger
+from tests.aws import (
+    BASE_AMIS,
+    NEWEST_X86,
+    add_baked,
+    add_dlami,
+    add_image,
+    live_instances,
+    nothing_created,
+    parameter_name,
+    remove_parameter,
+)
+
+UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
+
+
+def _kind(home):
+    ledger = Ledger(home)
+    (rec,) = ledger.instances(ledger.live_cluster("default").id)
+    return rec.image_kind
+
+
+def test_only_base_images_up_picks_the_newest_for_the_type_and_plans_the_setup_step(gpuctl, aws, isolated):
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]
+    line = next(ln for ln in res.stderr.splitlines() if ln.strip().startswith("image "))
+    # Which image, why, and what the setup step will install on it.
+    assert NEWEST_X86[0] in line and NEWEST_X86[1] in line
+    assert f"from SSM parameter {parameter_name('x86_64', 'ubuntu-22.04')}" in line
+    assert "installs TensorFlow 2.21" in line and "tensorflow[and-cuda]==2.21.*" in line
+    assert _kind(isolated) == "base"
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    (["--type", "g5g.xlarge"], {}, BASE_AMIS[3]),  # arm64: the ARM64 build
+    ([], {"GPUCTL_AWS__BASE_OS": "ubuntu-24.04"}, BASE_AMIS[2]),
+])
+def test_the_base_image_follows_the_architecture_and_the_os(gpuctl, aws, monkeypatch, args, env, expected):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    gpuctl(*UP, *args)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == expected[0]
+
+
+def test_without_the_parameter_describe_images_finds_the_base_image(gpuctl, aws, isolated):
+    name = parameter_name("x86_64", "ubuntu-22.04")
+    remove_parameter(name)
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]
+    assert "the newest named like 'Deep Learning*Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*'" in res.stderr
+    assert _kind(isolated) == "base"
+
+
+def test_a_region_with_no_base_image_names_everything_looked_for(gpuctl, aws, monkeypatch):
+    monkeypatch.setenv("GPUCTL_AWS__BASE_OS", "ubuntu-24.04")
+    remove_parameter(parameter_name("x86_64", "ubuntu-24.04"))
+    from moto.ec2.models import ec2_backends
+
+    ec2_backends["123456789012"]["us-east-1"].amis.pop(BASE_AMIS[2][0])
+    res = gpuctl(*UP, code=9)
+    err = res.stderr
+    assert parameter_name("x86_64", "ubuntu-24.04") in err and "(Ubuntu 24.04)" in err and "us-east-1" in err
+    assert "TensorFlow 2.21" in err and "Hint: Pin an AMI with --image" in err
+    nothing_created(aws)
+
+
+def test_a_tensorflow_dlami_is_used_while_aws_still_publishes_one(gpuctl, aws, isolated):
+    add_dlami("2.20")  # another version: not it
+    dlami = add_dlami("2.21")
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == dlami and "AWS's TensorFlow 2.21 Deep Learning AMI" in res.stderr
+    assert _kind(isolated) == "dlami"
+
+
+def test_a_baked_image_wins_and_is_said(gpuctl, aws, isolated):
+    owner = access.owner_id(isolated)
+    add_dlami("2.21")
+    add_baked(owner, "2.20.1", date="2026-11-29")  # another TF version
+    add_baked("someone@else-123456", "2.21.0", date="2026-11-29")  # another install's
+    add_baked(owner, "2.21.0", arch="arm64", date="2026-11-29")  # another architecture
+    mine = add_baked(owner, "2.21.0", date="2026-11-26")
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == mine
+    assert "your baked image with TensorFlow 2.21.0" in res.stderr and "no setup step needed" in res.stderr
+    assert _kind(isolated) == "baked"
+
+
+def test_an_exact_version_asks_for_exactly_that(gpuctl, aws, isolated):
+    owner = access.owner_id(isolated)
+    add_baked(owner, "2.21.0")
+    gpuctl(*UP, "--tf", "2.21.1")
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]  # 2.21.0 is not 2.21.1: the base image and the setup step
+
+
+def test_image_ls_and_rm_remove_the_image_and_its_snapshots(gpuctl, aws, isolated):
+    owner = access.owner_id(isolated)
+    keep = add_baked(owner, "2.20.1")
+    gone = add_baked(owner, "2.21.0", date="2026-11-28")
+    add_baked("someone@else-123456", "2.21.0")  # not listed: another install's
+    listed = json.loads(gpuctl("image", "ls", "--json").stdout)
+    assert [i["id"] for i in listed["images"]] == [gone, keep]
+    first = listed["images"][0]
+    assert first["tensorflow"] == "2.21.0" and first["base_image"] == NEWEST_X86[0] and first["size_gb"] > 0
+    assert first["usd_per_month"] == pytest.approx(first["size_gb"] * 0.05)
+    table = gpuctl("image", "ls").stdout
+    assert gone in table and "$0.05/GB-month" in table and "2026-11" in table
+    snaps = [m["Ebs"]["SnapshotId"] for m in aws.describe_images(ImageIds=[gone])["Images"][0]["BlockDeviceMappings"]]
+    assert snaps
+
+    res = gpuctl("image", "rm", gone, "-y")
+    assert f"Removed {gone}" in res.stdout
+    assert aws.describe_images(Owners=["self"], Filters=[{"Name": "image-id", "Values": [gone]}])["Images"] == []
+    left = {s["SnapshotId"] for s in aws.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    assert not set(snaps) & left
+    assert [i["id"] for i in json.loads(gpuctl("image", "ls", "--json").stdout)["images"]] == [keep]
+
+    # cost: from the ledger, the kept image's $/month and what both have cost since they were made.
+    storage = json.loads(gpuctl("cost", "--json").stdout)["images"]
+    assert {i["id"]: i["state"] for i in storage["images"]} == {keep: "available", gone: "removed"}
+    assert storage["usd_per_month"] == pytest.approx(next(i for i in storage["images"] if i["id"] == keep)["size_gb"]
+                                                     * 0.05)
+    assert storage["accrued_usd"] > 0 and "2026-11" in storage["price"]
+    assert "Baked images: 1 kept" in gpuctl("cost").stdout
+
+
+@pytest.mark.parametrize("image_id, code, message", [
+    ("ami-xyz", 3, "'ami-xyz' is not an AMI id"),
+    ("i-0123456789abcdef0", 3, "is not an AMI id"),
+    ("ami-0123456789abcdef0", 4, "no image ami-0123456789abcdef0 in us-east-1"),
+])
+def test_image_rm_refuses_bad_ids(gpuctl, aws, isolated, image_id, code, message):
+    mine = add_baked(access.owner_id(isolated))
+    res = gpuctl("image", "rm", image_id, "-y", code=code)
+    assert message in res.stderr and "Hint:" in res.stderr and len(res.stderr.strip().splitlines()) == 2
+    assert aws.describe_images(ImageIds=[mine])["Images"]  # nothing destroyed
+
+
+@pytest.mark.parametrize("whose, message", [
+    ("another install", "baked by another gpuctl install (someone@else-123456)"),
+    ("not gpuctl", "not made by gpuctl"),
+])
+def test_image_rm_refuses_an_image_that_is_not_this_installs(gpuctl, aws, isolated, whose, message):
+    other = add_baked("someone@else-123456") if whose == "another install" else add_image("golden-image-v3")
+    snaps = [m["Ebs"]["SnapshotId"] for m in aws.describe_images(ImageIds=[other])["Images"][0]["BlockDeviceMappings"]]
+    res = gpuctl("image", "rm", other, "-y", code=5)
+    assert message in res.stderr and "not removing it" in res.stderr and "Hint:" in res.stderr
+    assert aws.describe_images(ImageIds=[other])["Images"]
+    assert aws.describe_snapshots(SnapshotIds=snaps)["Snapshots"]
+
+
+def test_a_p3_type_cannot_boot_the_base_image(gpuctl, aws):
+    res = gpuctl("up", "--type", "p3dn.24xlarge", "--on-demand", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y",
+                 code=3)
+    assert "p3dn.24xlarge cannot boot the Base OSS Nvidia Driver GPU AMI" in res.stderr
+    assert "Hint: Pick another type" in res.stderr and "--image" in res.stderr
+    nothing_created(aws)
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+
+
+def test_bake_refuses_a_p3_type_before_launching(gpuctl, aws):
+    res = gpuctl("image", "bake", "--type", "p3dn.24xlarge", "--ssh-cidr", "203.0.113.5/32", "-y", code=3)
+    assert "cannot boot the Base OSS Nvidia Driver GPU AMI" in res.stderr
+    nothing_created(aws)
+
+
+@pytest.mark.parametrize("args", [["image", "ls"], ["image", "rm", "ami-0123456789abcdef0", "-y"],
+                                  ["image", "bake", "-y"]])
+def test_image_commands_on_a_provider_without_images(gpuctl, aws, monkeypatch, args):
+    monkeypatch.setenv("GPUCTL_PROVIDER", "local")
+    res = gpuctl(*args, code=3)
+    assert "`gpuctl image` is for the aws provider; the local provider has no machine images" in res.stderr
+    assert "Hint: Run it with --provider aws" in res.stderr
+    nothing_created(aws)
+
+
+@pytest.mark.parametrize("args", [UP[:-1] + ["--tf", "2.x", "-y"],
+                                  ["image", "bake", "--tf", "2.x", "--ssh-cidr", "203.0.113.5/32", "-y"]])
+def test_a_tensorflow_version_that_is_not_one(gpuctl, aws, args):
+    res = gpuctl(*args, code=3)
+    assert "2.x" in res.stderr and "Hint:" in res.stderr
+    nothing_created(aws)
