@@ -1,7 +1,7 @@
 """Machine images with TensorFlow baked in: `gpuctl image bake`, `image ls`, `image rm`, and what
 their storage costs.
 
-A bake is an ordinary cluster (`bake-tf<version>-<hex>`, launched through `clusters.up` from the
+A bake is an ordinary cluster (`bake-tf2-21-<hex>` for TF 2.21, launched through `clusters.up` from the
 provider's base image), so it is tagged, guarded, in the ledger and in `cost`, and a bake killed
 at any moment leaves nothing `status --all` / `down --all` cannot find. The image itself carries
 gpuctl's tags, so `image ls` finds it too. Which provider can bake is the provider's answer
@@ -137,7 +137,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     store = _store(s)
     tf = s.settings().settings.train.tensorflow
     base = store.bake_base(progress)  # refuses a type the base image cannot run: nothing exists yet
-    name = f"bake-tf{tf}-{secrets.token_hex(2)}"
+    name = f"bake-tf{tf.replace('.', '-')}-{secrets.token_hex(2)}"  # cluster names have no dots
     bs = Session(s.home, {**s.flags, "cluster": name, "aws.image": base}, s.env)
     default = s.ledger.default_cluster()
     ok = False

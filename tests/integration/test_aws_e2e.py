@@ -10,18 +10,20 @@ from tests.aws import live_instances, nothing_created
 from tests.integration.test_ssh import TF_TRAIN
 
 
-def cloud_init(host, isolated):
+def cloud_init(host, isolated, cluster="default"):
     """As on a real instance, the cluster's key is accepted only some time after boot: `up` must
-    keep retrying until it is. Returns the thread doing it."""
+    keep retrying until it is. `cluster` may be a glob (a bake's name has a random part). Returns
+    the thread doing it."""
     authorized = host.base / "authorized_keys"
     lab_key = authorized.read_text()
-    pub = isolated / "keys" / "default.us-east-1.pub"
+    keys = isolated / "keys"
 
     def install():
         deadline = time.monotonic() + 60
-        while not pub.exists() and time.monotonic() < deadline:
+        while not list(keys.glob(f"{cluster}.us-east-1.pub")) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)
+        (pub,) = keys.glob(f"{cluster}.us-east-1.pub")
         authorized.write_text(lab_key + pub.read_text())
 
     installer = threading.Thread(target=install, daemon=True)

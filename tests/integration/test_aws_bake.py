@@ -1,0 +1,78 @@
+"""`gpuctl image bake` end to end: a moto-launched instance mapped to a real sshd test host (as in
+test_aws_e2e.py), its TensorFlow proven by the real preflight there, stopped, imaged and tagged in
+moto, the cluster released; the next `up` boots the baked image. The test hosts have no GPU, so
+the bake runs with --allow-cpu, and `remote.python` (the ssh fixture's) stands for the setup step's
+env: the setup step itself is tested in test_setup_step.py."""
+
+from __future__ import annotations
+
+import json
+
+from gpuctl.provision.aws import access
+from gpuctl.state import Ledger
+from tests.aws import NEWEST_X86, live_instances, nothing_created
+from tests.integration.test_aws_e2e import cloud_init
+
+BAKE = ["image", "bake", "--tf", "2.21", "--type", "g5.xlarge", "--spot", "--ssh-cidr", "203.0.113.5/32", "-y"]
+
+
+def _on_the_lab(ssh, monkeypatch):
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
+    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
+    return host.base / "authorized_keys"
+
+
+def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, monkeypatch, isolated):
+    authorized = _on_the_lab(ssh, monkeypatch)
+    lab_key = authorized.read_text()
+    try:
+        installer = cloud_init(ssh.hosts[0], isolated, "bake-tf2-21-*")
+        res = gpuctl(*BAKE, "--allow-cpu", "--json")
+        installer.join(60)
+    finally:
+        authorized.write_text(lab_key)
+    baked = json.loads(res.stdout)
+    image_id, cluster = baked["image"]["id"], baked["cluster"]
+    assert cluster.startswith("bake-tf2-21-") and baked["base_image"] == NEWEST_X86[0]
+    assert "bake: starting from" in res.stderr and "preflight on" in res.stderr
+    assert f"releasing the bake's cluster {cluster}" in res.stderr
+
+    (image,) = aws.describe_images(ImageIds=[image_id])["Images"]
+    tags = {t["Key"]: t["Value"] for t in image["Tags"]}
+    assert tags == {
+        "gpuctl:created-by": "gpuctl", "gpuctl:owner": access.owner_id(isolated), "gpuctl:cluster": cluster,
+        "Name": f"gpuctl-{cluster}", "gpuctl:tf-version": "2.21.0", "gpuctl:base-image": NEWEST_X86[0],
+        "gpuctl:base-os": "ubuntu-22.04"}
+    snaps = [m["Ebs"]["SnapshotId"] for m in image["BlockDeviceMappings"]]
+    for snap in aws.describe_snapshots(SnapshotIds=snaps)["Snapshots"]:
+        assert {t["Key"]: t["Value"] for t in snap["Tags"]} == tags
+    assert baked["image"]["size_gb"] > 0 and baked["image"]["usd_per_month"] > 0
+
+    # Released: nothing of the bake runs, the ledger closed its cluster, the image is recorded.
+    nothing_created(aws)
+    ledger = Ledger(isolated)
+    (bake,) = [c for c in ledger.clusters() if c.name == cluster]
+    assert bake.state == "down" and [i.id for i, _ in ledger.images()] == [image_id]
+    assert json.loads(gpuctl("cost", "--json").stdout)["images"]["images"][0]["id"] == image_id
+
+    res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y")
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == image_id and "your baked image with TensorFlow 2.21.0" in res.stderr
+    gpuctl("down", "-y")
+
+
+def test_a_bake_that_fails_after_launch_still_releases_its_cluster(gpuctl, aws, ssh, monkeypatch, isolated):
+    authorized = _on_the_lab(ssh, monkeypatch)
+    lab_key = authorized.read_text()
+    try:
+        installer = cloud_init(ssh.hosts[0], isolated, "bake-tf2-21-*")
+        res = gpuctl(*BAKE, code=7)  # no GPU on the test host, and no --allow-cpu
+        installer.join(60)
+    finally:
+        authorized.write_text(lab_key)
+    assert "not baking an image of bake-tf2-21-" in res.stderr and "sees no GPU" in res.stderr
+    assert "bake failed: releasing the bake's cluster" in res.stderr
+    nothing_created(aws)
+    assert aws.describe_images(Owners=["self"])["Images"] == []
+    assert all(c.state == "down" for c in Ledger(isolated).clusters())
