@@ -13,7 +13,6 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from dataclasses import asdict
 from typing import Iterator, Mapping
 
 from gpuctl.provision import BakedImage
@@ -344,7 +343,7 @@ class Ledger:
         with self.write() as db:
             db.execute("INSERT INTO images (region, id, created_at, record_json) VALUES (?, ?, ?, ?)"
                        " ON CONFLICT(region, id) DO UPDATE SET record_json = excluded.record_json",
-                       (image.region, image.id, image.created_at, json.dumps(asdict(image))))
+                       (image.region, image.id, image.created_at, image.model_dump_json()))
 
     def image_removed(self, region: str, image_id: str, at: float | None = None) -> None:
         with self.write() as db:
@@ -355,8 +354,4 @@ class Ledger:
         """(image, when it was removed or None), oldest first."""
         where = "" if include_removed else "WHERE removed_at IS NULL"
         rows = self._db.execute(f"SELECT record_json, removed_at FROM images {where} ORDER BY created_at, id")
-        out = []
-        for record, removed in rows:
-            data = json.loads(record)
-            out.append((BakedImage(**{**data, "snapshots": tuple(data.get("snapshots") or ())}), removed))
-        return out
+        return [(BakedImage.model_validate_json(record), removed) for record, removed in rows]

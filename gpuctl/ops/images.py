@@ -33,18 +33,9 @@ class _Result(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class ImageInfo(_Result):
-    id: str
-    region: str
-    name: str
-    tensorflow: Optional[str] = None
-    base_image: Optional[str] = None
-    base_os: Optional[str] = None
-    cluster: Optional[str] = None
-    created_at: float
-    size_gb: float
-    snapshots: tuple[str, ...] = ()
-    state: str = "available"
+class ImageInfo(BakedImage):
+    """A baked image with what its storage costs."""
+
     usd_per_month: float  # while it exists; 0 once removed
     removed_at: Optional[float] = None
     accrued_usd: float = 0.0  # storage since it was made (until removed)
@@ -76,13 +67,9 @@ class ImageStorage(_Result):
 
 def info(image: BakedImage, removed_at: float | None = None, now: float | None = None) -> ImageInfo:
     end = removed_at or (time.time() if now is None else now)
-    return ImageInfo(
-        id=image.id, region=image.region, name=image.name, tensorflow=image.tensorflow, base_image=image.base_image,
-        base_os=image.base_os, cluster=image.cluster, created_at=image.created_at, size_gb=image.size_gb,
-        snapshots=image.snapshots, state="removed" if removed_at else image.state, removed_at=removed_at,
-        usd_per_month=0.0 if removed_at else image.size_gb * SNAPSHOT_USD_PER_GB_MONTH,
-        accrued_usd=billing.storage_cost(image.size_gb, image.created_at, end, SNAPSHOT_USD_PER_GB_MONTH),
-    )
+    return ImageInfo(**{**image.model_dump(), "state": "removed" if removed_at else image.state}, removed_at=removed_at,
+                     usd_per_month=0.0 if removed_at else image.size_gb * SNAPSHOT_USD_PER_GB_MONTH,
+                     accrued_usd=billing.storage_cost(image.size_gb, image.created_at, end, SNAPSHOT_USD_PER_GB_MONTH))
 
 
 def _store(s: Session) -> ImageStore:

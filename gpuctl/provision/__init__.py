@@ -10,8 +10,9 @@ provider module and none of its heavy dependencies.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from gpuctl.errors import ConfigError
 
@@ -78,17 +79,19 @@ class Provider(Protocol):
         (`no_image_store`) for a provider that has none."""
 
 
-@dataclass(frozen=True)
-class BakedImage:
-    """A machine image gpuctl made (`gpuctl image bake`), as the provider describes it."""
+class BakedImage(BaseModel):
+    """A machine image gpuctl made (`gpuctl image bake`), as the provider describes it. (Here, not
+    in types.py: the ImageStore contract below returns it.)"""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: str
     region: str
     name: str
-    tensorflow: str | None  # what the preflight saw on the instance it was made from
-    base_image: str | None  # the image that instance booted
-    base_os: str | None
-    cluster: str | None  # the bake's cluster
+    tensorflow: Optional[str] = None  # what the preflight saw on the instance it was made from
+    base_image: Optional[str] = None  # the image that instance booted
+    base_os: Optional[str] = None
+    cluster: Optional[str] = None  # the bake's cluster
     created_at: float
     size_gb: float  # of its snapshots: the provisioned size where the data size is not reported
     snapshots: tuple[str, ...] = ()
