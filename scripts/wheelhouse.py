@@ -1,7 +1,7 @@
 """Build a wheelhouse: the wheels of the TensorFlow this checkout's .venv runs (tensorflow-cpu
 and its dependencies at the versions installed here, plus tf-keras), for the setup step on test
 hosts that have no network (`remote.wheelhouse`). pip fetches them from the index it installed
-the venv from (its cache answers for most), once: later calls return the same directory.
+the venv from (its cache answers for most), with TensorBoard, once: later calls return the same directory.
 
 Usage: .venv/bin/python scripts/wheelhouse.py [DEST]   (default .cache/wheelhouse); prints the path.
 """
@@ -38,7 +38,7 @@ def build(dest: Path = REPO / ".cache" / "wheelhouse") -> Path:
         constraints.write_text("".join(line + "\n" for line in frozen.splitlines() if "==" in line))
         pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
                "--only-binary=:all:", "-d", str(target)]
-        subprocess.run(pip + ["-c", str(constraints), f"tensorflow-cpu=={version}"], check=True)
+        subprocess.run(pip + ["-c", str(constraints), f"tensorflow-cpu=={version}", "tensorboard"], check=True)
         subprocess.run(pip + ["--no-deps", f"tf-keras=={md.version('tf-keras')}"], check=True)
         done.touch()
     return target

@@ -86,7 +86,11 @@ def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
 
 def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] | None, str]:
     """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
-    _, host = s.host(s.resolve_cluster(cluster))
+    from gpuctl.ops import setup
+
+    record = s.resolve_cluster(cluster)
+    _, host = s.host(record)
+    setup.ensure(s, record, check=False, install=False)  # TensorBoard lives in the runs' TensorFlow env
     remote_port = port if host.local else TENSORBOARD_PORT
     paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
     port_file = posixpath.join(paths.run_dir, "port")

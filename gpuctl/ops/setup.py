@@ -31,22 +31,24 @@ def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
 
 
 def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, version: str | None = None,
-           check: bool = True) -> tuple[TfEnv, ...]:
+           check: bool = True, install: bool = True) -> tuple[TfEnv, ...]:
     """Every host of the cluster gets a Python with TensorFlow `version` (set as its `python`);
-    with `check`, the preflight payload then reports what that Python sees (GPU, CUDA)."""
+    with `check`, the preflight payload then reports what that Python sees (GPU, CUDA). Without
+    `install`, a host that has none is an error instead of a setup step."""
     version = version_of(cluster, version)
     pairs = s.hosts(cluster)
     with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
-        return tuple(pool.map(lambda p: _one(cluster, p[1], version, check, progress), pairs))
+        return tuple(pool.map(lambda p: _one(cluster, p[1], version, check, install, progress), pairs))
 
 
-def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, progress: Progress) -> TfEnv:
+def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install: bool, progress: Progress) -> TfEnv:
     if host.local:  # this machine is what it is: the Python running gpuctl
         return TfEnv(host=host.label, python=host.python, how="local")
     remote = cluster.spec.remote
     payload_dir = guards.payload_dir(host)
     host.push(guards.PAYLOAD_DIR, payload_dir)
-    env = _choose(host, payload_dir, remote.workdir, remote.wheelhouse, remote.python, version, progress)
+    env = _choose(host, payload_dir, remote.workdir, remote.wheelhouse if install else None, remote.python, version,
+                  progress)
     host.python = env.python
     if not check:
         return env
@@ -56,8 +58,9 @@ def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, progress
     return env.model_copy(update={"report": report, "tensorflow": report.get("tensorflow") or env.tensorflow})
 
 
-def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str, python: str, version: str,
+def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, python: str, version: str,
             progress: Progress) -> TfEnv:
+    """`wheelhouse` None: look only, install nothing."""
     if python:
         return TfEnv(host=host.label, python=python, how="remote.python")
     where = tf_env.probe(host, payload_dir, root, version)
@@ -70,6 +73,9 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str, python: st
         progress(f"TensorFlow {found[0].get('tensorflow')} on {host.label}: {found[0]['python']} (the image's own)")
         return TfEnv(host=host.label, python=str(found[0]["python"]), how="found", tensorflow=found[0].get("tensorflow"))
     others = ", ".join(f"{o.get('tensorflow') or 'no TF'} at {o.get('python')}" for o in where.get("others") or [])
+    if wheelhouse is None:
+        raise RemoteError(f"no TensorFlow {version} on {host.label} yet{f' ({others})' if others else ''}",
+                          "`gpuctl train` (or `gpuctl up`) sets it up there.")
     what = "tensorflow[and-cuda]" if where.get("gpu") else "tensorflow-cpu (no GPU seen)"
     progress(f"setup on {host.label}: no TensorFlow {version} there{f' ({others})' if others else ''}: installing "
              f"{what} {version} into {where['env']} with python {where.get('system_version')}; a few minutes "

@@ -134,11 +134,12 @@ def make_venv(p, log):
 
 def requirements(version, variant):
     pin = "==%s.*" % version if version.count(".") == 1 else "==" + version
+    # TensorBoard: TensorFlow no longer depends on it, and `gpuctl tensorboard` runs it from this env.
     if variant == "cuda":
-        return [["tensorflow[and-cuda]" + pin, "tf-keras" + pin]]
+        return [["tensorflow[and-cuda]" + pin, "tf-keras" + pin, "tensorboard"]]
     # tf-keras asks for `tensorflow`, which tensorflow-cpu provides under another name: without
     # --no-deps pip would fetch the full build as well.
-    return [["tensorflow-cpu" + pin], ["--no-deps", "tf-keras" + pin]]
+    return [["tensorflow-cpu" + pin, "tensorboard"], ["--no-deps", "tf-keras" + pin]]
 
 
 def pip_install(p, args, variant, log):

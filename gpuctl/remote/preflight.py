@@ -1,4 +1,4 @@
-"""Before a run on a remote host: find the Python that has TensorFlow, and check what it sees."""
+"""Before a run on a remote host: what its Python (ops/setup.py chose it) sees: TensorFlow, the GPU."""
 
 from __future__ import annotations
 
@@ -7,33 +7,6 @@ import shlex
 from typing import Any
 
 from gpuctl.errors import RemoteError
-
-# Where the Deep Learning AMIs keep TensorFlow: a venv on current ones, conda envs on older ones.
-CANDIDATES = (
-    "/opt/tensorflow/bin/python3",
-    "/opt/conda/envs/tensorflow/bin/python",
-    "$HOME/anaconda3/envs/tensorflow2_p310/bin/python",
-    "$HOME/anaconda3/envs/tensorflow2_p39/bin/python",
-    "/opt/conda/bin/python",
-    "python3",
-)
-
-
-def find_python(host: Any) -> str:
-    """The first candidate that imports tensorflow, else python3; RemoteError when there is none."""
-    probe = " ".join(CANDIDATES)
-    script = (
-        f'for p in {probe}; do '
-        'command -v "$p" >/dev/null 2>&1 || continue; '
-        '"$p" -c "import importlib.util as u, sys; sys.exit(u.find_spec(\'tensorflow\') is None)" 2>/dev/null '
-        '&& { command -v "$p"; exit 0; }; done; command -v python3 || exit 3'
-    )
-    res = host.run(["sh", "-c", script], check=False)
-    path = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
-    if res.returncode != 0 or not path:
-        raise RemoteError(f"no python3 on {host.label}", "Install it there (`sudo apt-get install python3`), "
-                          "or set `remote.python` to an interpreter that has TensorFlow.")
-    return path
 
 
 def preflight(host: Any, payload_dir: str) -> dict[str, Any]:

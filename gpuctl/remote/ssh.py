@@ -228,11 +228,9 @@ class SshHost:
 
     @property
     def python(self) -> str:
-        if not self._python:
-            from gpuctl.remote.preflight import find_python
-
-            self._python = find_python(self)
-        return self._python
+        """The Python payloads run with: remote.python, or what ops/setup.py chose for the runs;
+        before that the host's python3 (the watchdog and the guard check need only the stdlib)."""
+        return self._python or "python3"
 
     @python.setter
     def python(self, path: str) -> None:

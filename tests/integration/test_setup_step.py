@@ -43,7 +43,7 @@ def bare_host(ssh, wheels, monkeypatch):
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
     monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(wheels))
     yield host, work
-    host.run(f"pkill -f gpuctl_setup.py; rm -rf {work}")
+    host.run(f"pkill -f 'gpuctl_[s]etup.py'; rm -rf {work}")  # [s]: not this shell's own command line
 
 
 def test_up_installs_the_pinned_tf_then_train_uses_it(gpuctl, ssh, bare_host, make_project):
@@ -51,13 +51,13 @@ def test_up_installs_the_pinned_tf_then_train_uses_it(gpuctl, ssh, bare_host, ma
     env = work / "_envs" / "tf-2.21"
     out = up_ssh(gpuctl, ssh).stderr
     assert "no TensorFlow 2.21 there" in out and "installing tensorflow-cpu (no GPU seen) 2.21" in out
-    assert "pip install tensorflow-cpu==2.21.* (attempt 1 of 3)" in out and "ready: TensorFlow 2.21." in out
+    assert "pip install tensorflow-cpu==2.21.* tensorboard (attempt 1 of 3)" in out and "ready: TensorFlow 2.21." in out
     marker = json.loads((env / ".gpuctl-ready").read_text())
     assert marker["tensorflow"].startswith("2.21.") and marker["variant"] == "cpu" and marker["wheelhouse"]
     # A venv of its own, not the test environment's Python.
     assert (env / "bin" / "python").exists() and (env / "pyvenv.cfg").exists()
     installed = {p.name.split("-")[0] for p in (env / "lib").glob("python3*/site-packages/*.dist-info")}
-    assert {"tensorflow_cpu", "tf_keras"} <= installed and "tensorflow" not in installed
+    assert {"tensorflow_cpu", "tf_keras", "tensorboard"} <= installed and "tensorflow" not in installed
 
     proj = make_project("setup", {"train.py": TF_TRAIN})
     res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "1")
@@ -123,7 +123,7 @@ def test_a_laptop_that_closes_mid_install_leaves_an_install_that_finishes(gpuctl
     assert any("pip install tensorflow-cpu" in s for s in seen), seen
     assert not (env / ".gpuctl-ready").exists()  # killed mid-install
     # The install was not this command's child: it goes on without it.
-    assert host.run("pgrep -f 'gpuctl_setup.py install'").returncode == 0
+    assert host.run("pgrep -f 'gpuctl_[s]etup.py install'").returncode == 0
     proj = make_project("after", {"train.py": TF_TRAIN})
     res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "1")
     assert (env / ".gpuctl-ready").exists()

@@ -25,9 +25,10 @@ def test_which_installed_version_counts_as_the_asked_one(found, asked, ok):
 
 
 def test_what_pip_is_asked_for():
-    assert setup.requirements("2.21", "cuda") == [["tensorflow[and-cuda]==2.21.*", "tf-keras==2.21.*"]]
+    assert setup.requirements("2.21", "cuda") == [["tensorflow[and-cuda]==2.21.*", "tf-keras==2.21.*", "tensorboard"]]
     # Without a GPU: the CPU build, and tf-keras without the full build it would drag in.
-    assert setup.requirements("2.21.0", "cpu") == [["tensorflow-cpu==2.21.0"], ["--no-deps", "tf-keras==2.21.0"]]
+    assert setup.requirements("2.21.0", "cpu") == [["tensorflow-cpu==2.21.0", "tensorboard"],
+                                                   ["--no-deps", "tf-keras==2.21.0"]]
 
 
 def test_the_probe_finds_an_images_own_tensorflow_of_that_version(tmp_path):
