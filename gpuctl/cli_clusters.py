@@ -26,7 +26,7 @@ from gpuctl.cli_common import (
 @click.option("--fallback-on-demand", is_flag=True, default=None, help="Launch on-demand if spot fails in every zone.")
 @click.option("--region", help="AWS region (setting `aws.region`; default: boto3's).")
 @click.option("--profile", help="AWS profile (setting `aws.profile`).")
-@click.option("--image", help="AMI id (default: the newest TensorFlow Deep Learning AMI).")
+@click.option("--image", help="AMI id (default: your baked image for --tf, a TF DLAMI of it, else the Base OSS Nvidia GPU AMI + the setup step).")
 @click.option("--tf", "tensorflow", metavar="VERSION",
               help="TensorFlow version, e.g. 2.21 (setting `train.tensorflow`; default: the one gpuctl is tested with).")
 @click.option("--disk-gb", type=int, help="Encrypted gp3 root volume size (setting `aws.disk_gb`).")

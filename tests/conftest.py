@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import textwrap
 from pathlib import Path
 
@@ -141,6 +142,16 @@ def ssh(ssh_lab, monkeypatch):
     monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
     return ssh_lab
+
+
+@pytest.fixture(scope="session")
+def wheels():
+    """A wheelhouse of this checkout's own TensorFlow (scripts/wheelhouse.py), built once, for the
+    setup step on test hosts that have no network (`remote.wheelhouse`)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import wheelhouse
+
+    return wheelhouse.build()
 
 
 MARK = "/srv/POWEROFF"  # what the test hosts' poweroff command leaves

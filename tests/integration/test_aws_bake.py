@@ -1,8 +1,9 @@
 """`gpuctl image bake` end to end: a moto-launched instance mapped to a real sshd test host (as in
 test_aws_e2e.py), its TensorFlow proven by the real preflight there, stopped, imaged and tagged in
 moto, the cluster released; the next `up` boots the baked image. The test hosts have no GPU, so
-the bake runs with --allow-cpu, and `remote.python` (the ssh fixture's) stands for the setup step's
-env: the setup step itself is tested in test_setup_step.py."""
+the bake runs with --allow-cpu. The first test runs the real setup step (no remote.python; pip
+installs tensorflow-cpu from the local wheelhouse), and the "instance" booted from the baked
+image is the same host, so it finds the env the bake made, as a real one finds it in its image."""
 
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ def _on_the_lab(ssh, monkeypatch):
     return host.base / "authorized_keys"
 
 
-def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, monkeypatch, isolated):
+def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, wheels, monkeypatch, isolated):
     authorized = _on_the_lab(ssh, monkeypatch)
     lab_key = authorized.read_text()
+    work = ssh.hosts[0].base / "bake-work"  # /srv is too small a tmpfs for a TensorFlow venv
+    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
+    monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(wheels))
     try:
         installer = cloud_init(ssh.hosts[0], isolated, "bake-tf2-21-*")
         res = gpuctl(*BAKE, "--allow-cpu", "--json")
@@ -36,6 +41,7 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, monk
     image_id, cluster = baked["image"]["id"], baked["cluster"]
     assert cluster.startswith("bake-tf2-21-") and baked["base_image"] == NEWEST_X86[0]
     assert "bake: starting from" in res.stderr and "preflight on" in res.stderr
+    assert "installing tensorflow-cpu (no GPU seen) 2.21" in res.stderr and "ready: TensorFlow 2.21.0" in res.stderr
     assert f"releasing the bake's cluster {cluster}" in res.stderr
 
     (image,) = aws.describe_images(ImageIds=[image_id])["Images"]
@@ -56,10 +62,18 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, monk
     assert bake.state == "down" and [i.id for i, _ in ledger.images()] == [image_id]
     assert json.loads(gpuctl("cost", "--json").stdout)["images"]["images"][0]["id"] == image_id
 
-    res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y")
+    try:
+        installer = cloud_init(ssh.hosts[0], isolated)
+        res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
+        installer.join(60)
+    finally:
+        authorized.write_text(lab_key)
     (inst,) = live_instances(aws)
     assert inst["ImageId"] == image_id and "your baked image with TensorFlow 2.21.0" in res.stderr
+    # Booted from the baked image, it has the env: no setup step.
+    assert f"gpuctl's env {work}/_envs/tf-2.21 (ready)" in res.stderr and "installing" not in res.stderr
     gpuctl("down", "-y")
+    ssh.hosts[0].run(f"rm -rf {work}")
 
 
 def test_a_bake_that_fails_after_launch_still_releases_its_cluster(gpuctl, aws, ssh, monkeypatch, isolated):

@@ -15,22 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.integration.test_ssh import TF_TRAIN, up_ssh
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import wheelhouse  # noqa: E402
-
 pytestmark = pytest.mark.tf
-
-
-@pytest.fixture(scope="session")
-def wheels():
-    return wheelhouse.build()
 
 
 @pytest.fixture
