@@ -48,6 +48,8 @@ def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch
         assert "Epoch 2/2" in out.stdout
         run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
         assert run["state"] == "succeeded" and run["cluster"] == "default"
+        # Which TensorFlow and which image the run had (status and cost --compare show them).
+        assert run["tensorflow"].startswith("2.") and inst["ImageId"] in run["image"]
         assert "Epoch 1/2" in gpuctl("logs", run["run_id"]).stdout
         cost = json.loads(gpuctl("cost", "--json").stdout)
         (rc,) = cost["runs"]

@@ -67,7 +67,9 @@ def cost_report() -> CostReport:
                 usd_per_hour=1234.56 if k == 0 else 0.0123, epochs_done=3, epochs_planned=30,
                 epochs=epoch_rows(3, 1234.56 if k == 0 else 0.0123), mean_epoch_s=61.5, mean_epoch_usd=0.0123,
                 spent_usd=1234.56, projected_remaining_usd=9876.54, projected_total_usd=11111.10,
-                examples_per_s=813.0, usd_per_million_examples=0.0123, projected_finish_at=1.8e9)
+                examples_per_s=813.0, usd_per_million_examples=0.0123, projected_finish_at=1.8e9,
+                tensorflow="2.21.0", image="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261101 "
+                "(ami-0123456789abcdef0)")
         for k, rid in enumerate(IDS))
     clusters = (ClusterCost(name=CLUSTER, provider="aws", state="up", uptime_s=172800, usd_per_hour=1.006,
                             usd=1234.56, compute_usd=1200.0, storage_usd=34.56, spot_savings_usd=987.65,
@@ -115,6 +117,8 @@ def test_compare_keeps_ids_and_money_whole(width):
     assert_whole(text, width, IDS, ["$11,111.10", "$0.0123"])
     side_by_side = text.splitlines()[0].split() == IDS
     assert side_by_side == (width == 200)  # narrower: one row per run
+    if side_by_side:  # each run's TensorFlow and image (its id: the name is long)
+        assert "2.21.0" in text and "ami-0123456789abcdef0" in text and "Ubuntu" not in text
 
 
 @pytest.mark.parametrize("width", WIDTHS)
