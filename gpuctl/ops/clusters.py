@@ -45,8 +45,10 @@ def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None
     return s.provider(spec).launch_question()
 
 
-def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None) -> UpResult:
-    """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the default."""
+def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None,
+       make_default: bool = True) -> UpResult:
+    """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the
+    default (unless `make_default` is False: an image bake's cluster is nobody's default)."""
     spec = _asked(s, usd_per_hour)
     guards.check_settings(s.settings())
     live = s.ledger.live_cluster(spec.name)
@@ -57,7 +59,7 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         s.provider(spec).check()
         try:
             # Recorded before launching, so a launch killed half-way is still known locally too.
-            cluster = s.ledger.add_cluster(spec)
+            cluster = s.ledger.add_cluster(spec, make_default=make_default)
         except sqlite3.IntegrityError:
             raise ConflictError(f"a cluster named {spec.name!r} is already up") from None
     provider = s.provider(spec)
@@ -92,7 +94,8 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
 
 
 # What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.
-LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts"}
+LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts",
+                 "tensorflow", "base_os"}  # these two choose the image (aws) and the TF the runs get
 # Who may reach the cluster: always as this `up` asks, never as an earlier (perhaps killed) one did.
 ACCESS_FIELDS = {"ssh_cidr"}
 
@@ -107,6 +110,8 @@ def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpe
         )
     want = asked.model_dump(include=LAUNCH_FIELDS)
     have = live.spec.model_dump(include=LAUNCH_FIELDS)
+    if not have["tensorflow"]:  # recorded before gpuctl pinned TensorFlow: whatever it has, it keeps
+        want["tensorflow"] = have["tensorflow"]
     if want != have:
         diff = ", ".join(f"{k}: {have[k]} -> {want[k]}" for k in want if want[k] != have.get(k))
         raise ConflictError(f"cluster {asked.name!r} is up with other settings ({diff})",
