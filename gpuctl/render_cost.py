@@ -2,7 +2,7 @@
 
 Under the width rule of render.py (money and ids whole), each table drops columns in this order:
 - status clusters: provider, uptime, state (kept: cluster, $/h, $ so far)
-- status runs: TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
+- status runs: image, TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
 - cost clusters: provider, state, $ spot saved, uptime, $ storage, $ idle, $ compute, $/h (kept: cluster, $)
 - cost runs: finish, ex/s, mean epoch, $/M ex, cluster, state, epochs (kept: run, $ spent, $ projected)
 - epoch tables: examples, seconds, ex/s, metrics (which wraps first) (kept: epoch, $ epoch, $ cumulative)
@@ -71,13 +71,14 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
     if not report.runs:
         return
     out.print()
-    cols = [Col("run"), Col("cluster", drop=4), Col("state"), Col("TF", drop=1), Col("epoch", True, drop=5),
-            Col("elapsed", True, drop=3), Col("$ so far", True), Col("last metrics", wrap=True, drop=2)]
+    cols = [Col("run"), Col("cluster", drop=5), Col("state"), Col("TF", drop=2), Col("image", drop=1),
+            Col("epoch", True, drop=6), Col("elapsed", True, drop=4), Col("$ so far", True),
+            Col("last metrics", wrap=True, drop=3)]
     rows = []
     for r in report.runs:
         state = r.state + (f" ({r.exit_code})" if r.state == "failed" else "")
-        rows.append((r.run_id, r.cluster, state, r.tensorflow or "-", f"{r.epoch}/{r.epochs_planned or '?'}",
-                     duration(r.elapsed_s), usd(r.usd), metrics(r.metrics)))
+        rows.append((r.run_id, r.cluster, state, r.tensorflow or "-", _image_id(r.image),
+                     f"{r.epoch}/{r.epochs_planned or '?'}", duration(r.elapsed_s), usd(r.usd), metrics(r.metrics)))
     table(out, cols, rows)
     for r in report.runs:
         if r.log_tail:

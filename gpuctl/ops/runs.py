@@ -17,7 +17,7 @@ from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (t
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import Host
-from gpuctl.settings import LoadedSettings
+from gpuctl.settings import PROJECT_FILE, LoadedSettings
 from gpuctl.types import (
     ClusterRecord,
     ExecResult,
@@ -137,8 +137,10 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
     sync_stats, data_sync, code_dir, data_dir = _push(host, project, data, progress)
     host.push(guards.PAYLOAD_DIR, payload_dir)
-    # The project may pin its own TensorFlow; otherwise the cluster's (`up --tf`) holds.
-    asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow", "default") != "default" else None
+    # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
+    # holds: a user-wide setting or variable was already the cluster's default at `up`.
+    project_file = str(project / PROJECT_FILE)
+    asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == project_file else None
     env, = [e for e in setup.ensure(s, record, progress, asked, check=not host.local) if e.host == host.label]
     report = env.report
     if report is not None:

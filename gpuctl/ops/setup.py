@@ -9,6 +9,7 @@ tensorflow[and-cuda] (tensorflow-cpu on a host without a GPU) and tf-keras of th
 
 from __future__ import annotations
 
+import posixpath
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -64,15 +65,17 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, pyt
     if python:
         return TfEnv(host=host.label, python=python, how="remote.python")
     where = tf_env.probe(host, payload_dir, root, version)
-    ready = where.get("ready")
-    if isinstance(ready, dict):
-        progress(f"TensorFlow {ready.get('tensorflow')} on {host.label}: gpuctl's env {where['env']} (ready)")
-        return TfEnv(host=host.label, python=str(where["python"]), how="ready", tensorflow=ready.get("tensorflow"))
-    found = where.get("found") or []
-    if found and isinstance(found[0], dict) and found[0].get("python"):
-        progress(f"TensorFlow {found[0].get('tensorflow')} on {host.label}: {found[0]['python']} (the image's own)")
-        return TfEnv(host=host.label, python=str(found[0]["python"]), how="found", tensorflow=found[0].get("tensorflow"))
-    others = ", ".join(f"{o.get('tensorflow') or 'no TF'} at {o.get('python')}" for o in where.get("others") or [])
+    ready = where["ready"]
+    if ready is not None:
+        tf = ready.get("tensorflow") if isinstance(ready.get("tensorflow"), str) else None
+        progress(f"TensorFlow {tf} on {host.label}: gpuctl's env {posixpath.dirname(posixpath.dirname(where['python']))} "
+                 "(ready)")
+        return TfEnv(host=host.label, python=where["python"], how="ready", tensorflow=tf)
+    if where["found"]:
+        first = where["found"][0]
+        progress(f"TensorFlow {first['tensorflow']} on {host.label}: {first['python']} (found there)")
+        return TfEnv(host=host.label, python=first["python"], how="found", tensorflow=first["tensorflow"])
+    others = ", ".join(f"{o['tensorflow'] or 'no TF'} at {o['python']}" for o in where["others"])
     if wheelhouse is None:
         raise RemoteError(f"no TensorFlow {version} on {host.label} yet{f' ({others})' if others else ''}",
                           "`gpuctl train` (or `gpuctl up`) sets it up there.")
@@ -83,12 +86,13 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, pyt
     started = time.monotonic()
     pid = tf_env.start_install(host, payload_dir, root, version, wheelhouse)
     result = tf_env.follow(host, where, pid, progress)
-    if not result.get("ok"):
-        raise RemoteError(f"the setup step failed on {host.label}: {str(result.get('error'))[:300]}",
+    if not result["ok"]:
+        raise RemoteError(f"the setup step failed on {host.label}: {result['error']}",
                           "`gpuctl logs --setup` shows pip's output. Check the version exists (--tf), the host "
                           "reaches PyPI (or set remote.wheelhouse), or set remote.python.")
-    how = "ready" if result.get("skipped") else "installed"
-    return TfEnv(host=host.label, python=str(where["python"]), how=how, tensorflow=result.get("tensorflow"),
+    how = "ready" if result["skipped"] else "installed"
+    python = result["python"] if how == "ready" and result["python"] else where["python"]
+    return TfEnv(host=host.label, python=python, how=how, tensorflow=result["tensorflow"],
                  seconds=round(time.monotonic() - started, 1))
 
 

@@ -6,8 +6,9 @@ TensorFlow, made once and marked ready. Stdlib only; Python 3.8+.
     gpuctl_setup.py log     --root ROOT --tensorflow 2.21     the install log
 
 The venv is ROOT/_envs/tf-VERSION; next to it VERSION.log (everything pip said), .lock (one
-install at a time, across clusters sharing the host) and .result.json (how the last install
-ended). The venv counts as ready only with its marker (.gpuctl-ready), written after TensorFlow
+install at a time, across clusters sharing the host) and .result.PID.json (how the install with
+that pid ended: one file each, so two installs that ran one after the other never read the
+other's). The venv counts as ready only with its marker (.gpuctl-ready), written after TensorFlow
 imported from it at the asked version: an install killed half-way is removed and made again.
 """
 
@@ -46,7 +47,7 @@ def paths(root, version):
     envs = os.path.join(os.path.expanduser(root), "_envs")
     env = os.path.join(envs, "tf-" + version)
     return {"envs": envs, "env": env, "python": os.path.join(env, "bin", "python"), "log": env + ".log",
-            "lock": env + ".lock", "result": env + ".result.json", "marker": os.path.join(env, MARKER)}
+            "lock": env + ".lock", "result": env + ".result.%d.json" % os.getpid(), "marker": os.path.join(env, MARKER)}
 
 
 def matches(found, asked):
@@ -80,15 +81,28 @@ def read_json(path):
         return None
 
 
+def ready_env(p, asked):
+    """(env dir, marker) of a ready env of gpuctl's with the asked version: its own dir first,
+    then any other (a "2.21" install serves "2.21.0", an image baked for "2.21.0" serves "2.21")."""
+    dirs = [p["env"]] + sorted(os.path.join(p["envs"], d) for d in (os.listdir(p["envs"]) if os.path.isdir(p["envs"]) else [])
+                               if d.startswith("tf-") and os.path.join(p["envs"], d) != p["env"])
+    for env in dirs:
+        marker = read_json(os.path.join(env, MARKER))
+        if isinstance(marker, dict) and matches(marker.get("tensorflow"), asked) \
+                and os.access(os.path.join(env, "bin", "python"), os.X_OK):
+            return env, marker
+    return None, None
+
+
 def probe(args):
     p = paths(args.root, args.tensorflow)
-    marker = read_json(p["marker"])
-    ready = bool(marker) and os.access(p["python"], os.X_OK)
+    env, marker = ready_env(p, args.tensorflow)
     found = []
-    if not ready:
-        for cand in CANDIDATES:
+    if not env:
+        # An image's own TensorFlow, or the host's python3 (a lab machine with TF installed).
+        for cand in CANDIDATES + tuple(filter(None, [shutil.which("python3")])):
             path = os.path.expanduser(cand)
-            if os.access(path, os.X_OK):
+            if os.access(path, os.X_OK) and path not in [f["python"] for f in found]:
                 found.append({"python": path, "tensorflow": tf_version(path)})
     lock_free = True
     if os.path.exists(p["lock"]):
@@ -98,9 +112,9 @@ def probe(args):
             except OSError:
                 lock_free = False  # an install holds it now
     print(json.dumps({
-        "env": p["env"], "python": p["python"], "log": p["log"], "result": p["result"],
+        "env": p["env"], "python": os.path.join(env, "bin", "python") if env else p["python"], "log": p["log"],
         "log_size": os.path.getsize(p["log"]) if os.path.exists(p["log"]) else 0,
-        "ready": marker if ready else None, "installing": not lock_free,
+        "ready": marker, "ready_env": env, "installing": not lock_free,
         "found": [f for f in found if matches(f["tensorflow"], args.tensorflow)], "others": found,
         "gpu": has_gpu(), "system_python": sys.executable, "system_version": "%d.%d" % sys.version_info[:2],
     }))
@@ -126,7 +140,7 @@ def make_venv(p, log):
     shutil.rmtree(p["env"], ignore_errors=True)
     log.step("python3 -m venv failed: installing python3-venv (sudo apt-get)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["sudo", "-n", "apt-get", "update", "-q"], ["sudo", "-n", "apt-get", "install", "-y", "-q", "python3-venv"]):
+    for argv in (["sudo", "-n", "apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-q"], ["sudo", "-n", "apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "python3-venv"]):
         log.run(argv, env=env)
     if log.run([sys.executable, "-m", "venv", p["env"]]) != 0:
         raise SystemExit("cannot make a venv with %s (install python3-venv, or set remote.python)" % sys.executable)
@@ -134,12 +148,14 @@ def make_venv(p, log):
 
 def requirements(version, variant):
     pin = "==%s.*" % version if version.count(".") == 1 else "==" + version
+    # tf-keras numbers its patches apart from TensorFlow's (2.20.1 for TF 2.20.0): same minor only.
+    keras = "==%s.*" % ".".join(version.split(".")[:2])
     # TensorBoard: TensorFlow no longer depends on it, and `gpuctl tensorboard` runs it from this env.
     if variant == "cuda":
-        return [["tensorflow[and-cuda]" + pin, "tf-keras" + pin, "tensorboard"]]
+        return [["tensorflow[and-cuda]" + pin, "tf-keras" + keras, "tensorboard"]]
     # tf-keras asks for `tensorflow`, which tensorflow-cpu provides under another name: without
     # --no-deps pip would fetch the full build as well.
-    return [["tensorflow-cpu" + pin, "tensorboard"], ["--no-deps", "tf-keras" + pin]]
+    return [["tensorflow-cpu" + pin, "tensorboard"], ["--no-deps", "tf-keras" + keras]]
 
 
 def pip_install(p, args, variant, log):
@@ -174,9 +190,11 @@ def install(args):
         log = Log(p["log"])
         result = {"ok": False, "pid": os.getpid(), "started": started, "tensorflow": None, "python": p["python"]}
         try:
-            if read_json(p["marker"]) and os.access(p["python"], os.X_OK):
+            env, marker = ready_env(p, args.tensorflow)
+            if env:
                 log.step("ready already (made by an earlier install)")
-                result.update(ok=True, tensorflow=tf_version(p["python"]), skipped=True)
+                result.update(ok=True, tensorflow=marker.get("tensorflow"), skipped=True,
+                              python=os.path.join(env, "bin", "python"))
                 return
             variant = args.variant if args.variant != "auto" else ("cuda" if has_gpu() else "cpu")
             log.step("setting up TensorFlow %s (%s) in %s with %s" % (args.tensorflow, variant, p["env"], sys.executable))

@@ -34,15 +34,56 @@ def _no_python3(host: Host) -> RemoteError:
 
 
 def probe(host: Host, payload_dir: str, root: str, version: str) -> dict[str, Any]:
-    """What the host has: gpuctl's env for `version` (ready or being made), other Pythons with it."""
+    """What the host has: gpuctl's env for `version` (ready or being made), other Pythons with it.
+    The answer is the instance's: checked for shape and for paths where gpuctl's own must be."""
     res = host.run(_payload(payload_dir, "probe", root, version), check=False, timeout=300)
     if res.returncode == 127:
         raise _no_python3(host)
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        where = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise RemoteError(f"the setup probe failed on {host.label}: {(res.stderr or res.stdout).strip()[-300:]}",
                           "Check that python3 runs there, or set `remote.python`.") from None
+    problem = _unreadable(where, version)
+    if problem:
+        raise RemoteError(f"the setup probe on {host.label} answered what gpuctl cannot use ({problem})",
+                          "Check the host's python3 and gpuctl's work dir there, or set `remote.python`.")
+    return where
+
+
+def _path(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("/") and value.isprintable()
+
+
+def _unreadable(where: Any, version: str) -> str | None:
+    """Why the probe's answer cannot be used, or None."""
+    if not isinstance(where, dict):
+        return "not an object"
+    env = where.get("env")
+    if not _path(env) or not env.endswith(f"/_envs/tf-{version}"):
+        return "env"
+    envs = posixpath.dirname(env)
+    python = where.get("python")
+    if not _path(python) or not (python.startswith(envs + "/tf-") and python.endswith("/bin/python")):
+        return "python"
+    if where.get("log") != env + ".log" or not isinstance(where.get("log_size"), int) or where["log_size"] < 0:
+        return "log"
+    if where.get("ready") is not None and not (isinstance(where["ready"], dict) and _text(where["ready"].get("tensorflow"))):
+        return "ready"
+    for key in ("found", "others"):
+        items = where.get(key)
+        if not isinstance(items, list) or not all(
+                isinstance(i, dict) and _path(i.get("python")) and (i.get("tensorflow") is None or _text(i["tensorflow"]))
+                for i in items):
+            return key
+    if not _text(where.get("system_version")):
+        return "system_version"
+    return None
+
+
+def _text(value: Any) -> bool:
+    """A short printable string: it goes to the user's terminal (no escape sequences)."""
+    return isinstance(value, str) and len(value) <= 64 and value.isprintable()
 
 
 def start_install(host: Host, payload_dir: str, root: str, version: str, wheelhouse: str = "") -> int:
@@ -63,7 +104,8 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
     """Relay the install's steps (its log from where the probe left it) until it writes its result.
     An install of another command that holds the env's lock makes this one wait, then find the
     env ready: either way the result is this pid's."""
-    offset = int(where.get("log_size") or 0)
+    offset = where["log_size"]
+    result_path = f"{where['env']}.result.{pid}.json"
     deadline = time.monotonic() + timeout_s
     looked = time.monotonic()
     while True:
@@ -73,8 +115,9 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
         for line in complete.decode("utf-8", "replace").splitlines():
             if line.startswith(STEP):
                 progress(f"setup on {host.label}: {line[len(STEP):]}")
-        result = _result(host, where["result"])
-        if result and result.get("pid") == pid:
+        result = _result(host, result_path)
+        if result is not None:
+            host.run(["rm", "-f", result_path], check=False)  # read: one file per install, none left over
             return result
         if time.monotonic() > deadline:
             raise RemoteError(f"the setup step on {host.label} is still running after {timeout_s / 60:.0f} min",
@@ -82,8 +125,8 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
         if time.monotonic() - looked > 10:
             looked = time.monotonic()
             if host.run(["kill", "-0", str(pid)], check=False).returncode != 0:
-                result = _result(host, where["result"])  # it may have ended between the two looks
-                if result and result.get("pid") == pid:
+                result = _result(host, result_path)  # it may have ended between the two looks
+                if result is not None:
                     return result
                 raise RemoteError(f"the setup step on {host.label} ended without a result (killed?)",
                                   "See `gpuctl logs --setup`; `gpuctl train` again starts it anew.")
@@ -91,12 +134,19 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
 
 
 def _result(host: Host, path: str) -> dict[str, Any] | None:
+    """The install's result, once whole; only its plain fields, checked (it is the instance's file)."""
     raw = host.read_bytes(path)
     try:
         data = json.loads(raw) if raw else None
     except ValueError:
+        return None  # being written (it is renamed into place, so only a foreign file is torn)
+    if not isinstance(data, dict):
         return None
-    return data if isinstance(data, dict) else None  # the instance's file: trust its shape no further
+    version = data.get("tensorflow")
+    return {"ok": data.get("ok") is True, "skipped": data.get("skipped") is True,
+            "tensorflow": version if isinstance(version, str) and version.isprintable() else None,
+            "python": data.get("python") if _path(data.get("python")) else None,
+            "error": str(data.get("error"))[:300] if data.get("error") else None}
 
 
 def setup_log(host: Host, payload_dir: str, root: str, version: str) -> str:

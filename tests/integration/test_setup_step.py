@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,23 @@ def test_a_laptop_that_closes_mid_install_leaves_an_install_that_finishes(gpuctl
     assert "accuracy" in res.stdout
     assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "succeeded"
     gpuctl("down", "-y")
+
+
+def test_two_installs_at_once_each_get_their_own_result(wheels, tmp_path):
+    """Two commands installing the same version at once (two clusters on one host): the second
+    waits for the first's lock, then finds the env ready; each reads its own result file (one file
+    for both let the later overwrite the earlier before its caller looked)."""
+    payload = Path(__file__).resolve().parents[2] / "gpuctl" / "payloads" / "gpuctl_setup.py"
+    root = tmp_path / "host"
+    argv = ["python3", str(payload), "install", "--root", str(root), "--tensorflow", "2.21", "--wheelhouse", str(wheels)]
+    first = subprocess.Popen(argv)
+    time.sleep(1)
+    second = subprocess.Popen(argv)
+    assert first.wait(300) == 0 and second.wait(300) == 0
+    results = {json.loads(p.read_text())["pid"]: json.loads(p.read_text())
+               for p in (root / "_envs").glob("tf-2.21.result.*.json")}
+    assert set(results) == {first.pid, second.pid}
+    assert results[first.pid]["ok"] and not results[first.pid].get("skipped")
+    assert results[second.pid]["ok"] and results[second.pid]["skipped"]
+    log = (root / "_envs" / "tf-2.21.log").read_text()
+    assert log.count("gpuctl-setup: pip install tensorflow-cpu") == 1

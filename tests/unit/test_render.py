@@ -84,7 +84,8 @@ def status_report() -> StatusReport:
     runs = tuple(RunStatus(run_id=rid, cluster=CLUSTER, state="failed" if k else "running", exit_code=1 if k else None,
                            epoch=3, epochs_planned=30, metrics={"loss": 0.4321, "val_accuracy": 0.9876},
                            elapsed_s=4000, usd=0.0123 if k else 1234.56,
-                           log_tail="[red]ValueError[/red]: shapes" if k else None)
+                           log_tail="[red]ValueError[/red]: shapes" if k else None, tensorflow="2.21.0",
+                           image="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) (ami-0fedcba9876543210)")
                  for k, rid in enumerate(IDS))
     return StatusReport(clusters=clusters, runs=runs)
 
@@ -126,6 +127,8 @@ def test_status_keeps_ids_and_money_whole_and_markup_literal(width):
     text = draw(render_cost.status, width, status_report(), now=2e9 - 90)
     assert_whole(text, width, IDS + [CLUSTER + " *"], ["$1,234.56", "$0.0123"])
     assert "failed (1)" in text and "idle in 1m30s" in text
+    if width == 200:  # each run's TensorFlow and image id, while they fit
+        assert "2.21.0" in text and "ami-0fedcba9876543210" in text
     # Values are text, never markup: the brackets print as they are.
     assert "[red]ValueError[/red]: shapes" in text and "[bold]job[/bold]" in text and "spot [interruption]" in text
 
