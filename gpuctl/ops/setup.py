@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.payloads.gpuctl_setup import matches
 from gpuctl.remote import preflight, tf_env
 from gpuctl.remote.host import Host
 from gpuctl.settings import TESTED_TENSORFLOW
@@ -44,7 +45,12 @@ def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, versi
 
 def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install: bool, progress: Progress) -> TfEnv:
     if host.local:  # this machine is what it is: the Python running gpuctl
-        return TfEnv(host=host.label, python=host.python, how="local")
+        have = _local_tensorflow()
+        if not matches(have, version):
+            progress(f"warning: the local provider runs with this machine's Python, which has "
+                     f"{f'TensorFlow {have}' if have else 'no TensorFlow'}, not {version}: gpuctl installs "
+                     "nothing here (install it, or use an ssh or aws cluster)")
+        return TfEnv(host=host.label, python=host.python, how="local", tensorflow=have)
     remote = cluster.spec.remote
     payload_dir = guards.payload_dir(host)
     host.push(guards.PAYLOAD_DIR, payload_dir)
@@ -94,6 +100,18 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, pyt
     python = result["python"] if how == "ready" and result["python"] else where["python"]
     return TfEnv(host=host.label, python=python, how=how, tensorflow=result["tensorflow"],
                  seconds=round(time.monotonic() - started, 1))
+
+
+def _local_tensorflow() -> str | None:
+    """The TensorFlow installed for the Python running gpuctl (its metadata: no import, no 3 s)."""
+    import importlib.metadata as md
+
+    for dist in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
 
 
 def setup_log(s: Session, cluster: ClusterRecord, version: str | None = None) -> list[tuple[str, str]]:

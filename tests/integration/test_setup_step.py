@@ -145,3 +145,19 @@ def test_two_installs_at_once_each_get_their_own_result(wheels, tmp_path):
     assert results[second.pid]["ok"] and results[second.pid]["skipped"]
     log = (root / "_envs" / "tf-2.21.log").read_text()
     assert log.count("gpuctl-setup: pip install tensorflow-cpu") == 1
+
+
+def test_local_says_when_its_tensorflow_is_not_the_asked_one(gpuctl, quick_project):
+    """The local provider installs nothing: a --tf it does not have is said, not silently ignored;
+    runs record the TensorFlow they had."""
+    import importlib.metadata as md
+
+    have = md.version("tensorflow-cpu")
+    res = gpuctl("up", "--provider", "local", "--tf", "2.20", "-y")
+    assert f"which has TensorFlow {have}, not 2.20: gpuctl installs nothing here" in res.stderr
+    gpuctl("down", "-y")
+    res = gpuctl("up", "--provider", "local", "-y")
+    assert "warning" not in res.stderr
+    gpuctl("train", quick_project, "--wait", "--", "--epochs", "1")
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["tensorflow"] == have
+    gpuctl("down", "-y")
