@@ -16,8 +16,10 @@ from gpuctl.errors import RunFailedError
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--resume", "resume_run", metavar="RUN",
+              help="Start a failed, stopped or lost run again from its last checkpoint (same id, arguments, log).")
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
 @click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
@@ -33,27 +35,45 @@ from gpuctl.errors import RunFailedError
               "stderr, the ended run as JSON).")
 @json_option
 @click.pass_context
-def train(ctx: click.Context, path: Path, args: tuple[str, ...], cluster: str | None, data: Path | None,
-          entry: str | None, budget: float | None, allow_cpu: bool, env_names: tuple[str, ...], down_after: bool | None,
-          wait: bool, as_json: bool) -> None:
-    """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`."""
+def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_run: str | None, cluster: str | None,
+          data: Path | None, entry: str | None, budget: float | None, allow_cpu: bool, env_names: tuple[str, ...],
+          down_after: bool | None, wait: bool, as_json: bool) -> None:
+    """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`.
+    `train --resume RUN` continues a run from its checkpoint instead."""
     from gpuctl import render, render_commands
     from gpuctl.ops import runs
 
     s = session(ctx, **{"train.entry": entry, "train.budget_usd": budget})
-    with progress_sink() as progress:
-        result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
-                            progress=progress, down_after_run=down_after, env_names=env_names)
+    if resume_run is not None:
+        given = [o for o, v in (("PATH", path), ("ARGS", args), ("--cluster", cluster), ("--data", data),
+                                ("--entry", entry), ("--budget", budget), ("--env", env_names),
+                                ("--down/--no-down", down_after is not None)) if v]
+        if given:
+            raise click.UsageError(f"--resume runs the run as it was: {', '.join(given)} cannot change it")
+        from gpuctl.ops import resume
+
+        with progress_sink() as progress:
+            run = resume.resume(s, resume_run, progress)
+        click.echo(f"Run {run.run_id} resumed from its checkpoint on {run.cluster}.", err=wait or as_json)
+        result = None
+    elif path is None:
+        raise click.UsageError("give the project to train (PATH), or --resume RUN")
+    else:
+        with progress_sink() as progress:
+            result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
+                                progress=progress, down_after_run=down_after, env_names=env_names)
+        run = result.run
     if as_json and not wait:
-        return render.emit_json(result)
-    render_commands.train_started(result, to_stderr=wait)
+        return render.emit_json(result if result is not None else run)
+    if result is not None:
+        render_commands.train_started(result, to_stderr=wait)
     if not wait:
         return
-    for chunk in runs.logs(s, result.run.run_id, follow=True):
+    for chunk in runs.logs(s, run.run_id, follow=True):
         click.echo(chunk, nl=False, err=as_json)  # with --json, stdout holds the JSON alone
-    final = runs.wait(s, result.run.run_id)
+    final = runs.wait(s, run.run_id)
     if as_json:
-        render.emit_json(result.model_copy(update={"run": final}))
+        render.emit_json(result.model_copy(update={"run": final}) if result is not None else final)
     if final.state != "succeeded":
         # The log was just streamed above, so its tail is not repeated here.
         raise RunFailedError(

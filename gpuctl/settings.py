@@ -65,6 +65,10 @@ class TrainSettings(_Section):
         description="TensorFlow version runs use (2.21 = the newest 2.21.x; 2.21.0 exactly). The instance gets it "
         "from a baked image, a TensorFlow DLAMI of that version, or gpuctl's setup step. Flag: `up --tf`.",
     )
+    checkpoint: Literal["auto", "off"] = Field(
+        "auto", description="auto: every Keras fit saves a checkpoint after each epoch in the run's outputs "
+        "(BackupAndRestore), which `train --resume` starts from; off: none."
+    )
     tf_log_level: int = Field(
         2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
         "(oneDNN, cuInit), errors still show; 0 shows everything."

@@ -155,6 +155,8 @@ class RunRecord(_Frozen):
     env_names: tuple[str, ...] = ()  # passed with `train --env NAME`: the names only, never the values
     tensorflow: Optional[str] = None  # the version the run's Python imported (preflight), None on local
     image: Optional[str] = None  # the image its instance booted ("name (ami-...)"), None on hosts gpuctl did not launch
+    resumed_at: Optional[float] = None  # the last `train --resume` (its job's times count from here)
+    resumes: int = 0
 
 
 class EpochReport(_Frozen):

@@ -79,8 +79,8 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
 def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
     """When the run ended: its start plus how long it ran by the instance's clock (not when this
     client happened to look, and not skewed by the two clocks disagreeing)."""
-    ran = jobs.duration(host, paths)
-    return run.started_at + ran if ran is not None else time.time()
+    ran = jobs.duration(host, paths)  # of the job's last start: the resumed one, after train --resume
+    return (run.resumed_at or run.started_at) + ran if ran is not None else time.time()
 
 
 def refresh_or_keep(s: Session, run: RunRecord) -> RunRecord:

@@ -57,11 +57,16 @@ def _data_dir(data: Path | None) -> Path | None:
     return Path(data).resolve()
 
 
+def push_code(host: Host, project: Path, progress: Progress) -> tuple[SyncStats, str]:
+    """Push the project's code to its dir on the host (one per project name); (stats, that dir)."""
+    code_dir = posixpath.join(host.root, "code", _slug(project.name))
+    return host.push(project, code_dir, progress=lambda line: progress(f"code: {line}")), code_dir
+
+
 def _push(host: Host, project: Path, data: Path | None, progress: Progress
           ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
     """Push code and (separately, so a code push never touches it) data; their remote dirs."""
-    code_dir = posixpath.join(host.root, "code", _slug(project.name))
-    code = host.push(project, code_dir, progress=lambda line: progress(f"code: {line}"))
+    code, code_dir = push_code(host, project, progress)
     if data is None:
         return code, None, code_dir, None
     data_dir = posixpath.join(host.root, "data", _slug(data.name))
@@ -82,7 +87,7 @@ def sync(s: Session, project: Path, cluster: str | None = None, data: Path | Non
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _secret_env(s: Session, names: tuple[str, ...]) -> dict[str, str]:
+def env_values(s: Session, names: tuple[str, ...]) -> dict[str, str]:
     """`train --env NAME`: the values of these variables here, checked before anything happens."""
     out = {}
     for name in names:
@@ -102,7 +107,7 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
           env_names: tuple[str, ...] = ()) -> TrainResult:
     """Push the project, check the machine, write the run's config, start the payload under tmux.
     `env_names`: variables passed from here to the job; their values are never recorded."""
-    secret_env = _secret_env(s, tuple(env_names))
+    secret_env = env_values(s, tuple(env_names))
     project = _project(project)
     loaded = s.settings(project_dir=project)
     settings = loaded.settings
@@ -158,6 +163,8 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
         "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.train.budget_usd,
         "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
         "report_path": paths.epochs,
+        # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
+        "checkpoint_dir": posixpath.join(paths.outputs, "checkpoint") if settings.train.checkpoint == "auto" else None,
     }
     config_path = posixpath.join(paths.run_dir, "run.json")
     host.write_text(config_path, json.dumps(config, indent=2))

@@ -16,7 +16,7 @@ import time
 SCHEMA_VERSION = 1
 CONFIG_FILE = "run.json"
 # Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for.
-STATE = {"in_fit": False, "stop_requested": False}
+STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False}
 
 
 def stop_requested():
@@ -57,6 +57,34 @@ class ReportWriter(object):
         self.budget_usd = float(budget_usd or 0.0)
         self.epochs_done = 0
         self.cumulative_usd = 0.0
+        # A resumed run (train --resume) goes on counting from what its report file holds.
+        self.history = {0: 0.0}  # epoch -> cumulative $ after it
+        for report in self._earlier():
+            self.history[report["epoch"]] = report["cumulative_usd"]
+            self.epochs_done, self.cumulative_usd = report["epoch"], report["cumulative_usd"]
+
+    def _earlier(self):
+        try:
+            with open(self.path) as fh:
+                lines = fh.read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return []
+        out = []
+        for line in lines:
+            try:
+                report = json.loads(line)
+                if report.get("run_id") == self.run_id:
+                    out.append({"epoch": int(report["epoch"]), "cumulative_usd": float(report["cumulative_usd"])})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+        return out
+
+    def resume_at(self, epoch):
+        """A resumed fit restarts at `epoch` (0-based, from its checkpoint): count from there, so
+        an epoch reported before the interruption but not checkpointed is reported once more
+        under its own number (the ledger keeps the first) and never shifts the numbers after it."""
+        self.epochs_done = epoch
+        self.cumulative_usd = self.history.get(epoch, self.cumulative_usd)
 
     @classmethod
     def shared(cls, path, run_id, usd_per_hour, budget_usd=0.0):
@@ -183,6 +211,12 @@ def reporter_class(callback_base):
         def on_epoch_begin(self, epoch, logs=None):
             if self._initial is None:
                 self._initial = epoch
+                if STATE.get("resumed") and not STATE.get("fits_begun"):
+                    # The first fit of a resumed run, restored from its checkpoint at `epoch`
+                    # (0 when there was none to restore): its epochs are numbered from there.
+                    self.writer.resume_at(epoch)
+                    self._first_epoch_done = epoch
+                STATE["fits_begun"] = True
             self._start = time.time()
             self._steps = 0
 

@@ -84,16 +84,47 @@ def _keras_flavours(tf):
     return out
 
 
-def install_fit_hook(tf):
-    """Wrap Model.fit so that every fit reports each epoch; returns how many classes were wrapped."""
+def backup_class(callback_base):
+    """Keras's BackupAndRestore from the same Keras as `callback_base` (keras 3, tf_keras)."""
+    top = sys.modules.get(callback_base.__module__.split(".")[0])
+    return getattr(getattr(top, "callbacks", None), "BackupAndRestore", None)
+
+
+FITS = {"n": 0}
+
+
+def with_checkpoint(model, callbacks, checkpoint_dir, backup_cls):
+    """The callbacks with a per-epoch BackupAndRestore added (train --resume restarts from it),
+    unless the script has one or the model cannot use one. Added last: the epoch's report is
+    written before its checkpoint, so an interruption between the two repeats that epoch rather
+    than losing its report."""
+    n = FITS["n"]
+    FITS["n"] += 1
+    if backup_cls is None or any(isinstance(cb, backup_cls) for cb in callbacks):
+        return callbacks
+    if not getattr(model, "built", True):
+        # Keras 3 restores into built models only (keras-team/keras#20712).
+        log("no checkpoints for this fit: the model is not built before fit (give it an Input "
+            "layer or call model.build(input_shape) first); `gpuctl train --resume` would start it over")
+        return callbacks
+    directory = os.path.join(checkpoint_dir, "fit-%d" % n)
+    if n == 0:
+        log("checkpoint after each epoch in %s" % checkpoint_dir)
+    return callbacks + [backup_cls(backup_dir=directory, save_freq="epoch", delete_checkpoint=False)]
+
+
+def install_fit_hook(tf, checkpoint_dir=None):
+    """Wrap Model.fit so that every fit reports each epoch (and checkpoints it, with a
+    `checkpoint_dir`); returns how many classes were wrapped."""
     wrapped = 0
     for model_cls, callback_base in _keras_flavours(tf):
         original = model_cls.fit
         if getattr(original, "_gpuctl_wrapped", False):
             continue
         reporter_cls = gpuctl_report.reporter_class(callback_base)
+        backup_cls = backup_class(callback_base) if checkpoint_dir else None
 
-        def make(original, reporter_cls):
+        def make(original, reporter_cls, backup_cls):
             @functools.wraps(original)
             def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
                 callbacks = list(kwargs.get("callbacks") or [])
@@ -107,6 +138,9 @@ def install_fit_hook(tf):
                         x, batch_size, kwargs.get("validation_split") or 0.0, kwargs.get("steps_per_epoch")
                     )
                     reporter.expect(n, bs)
+                if checkpoint_dir:
+                    kwargs["callbacks"] = with_checkpoint(self, list(kwargs.get("callbacks") or []), checkpoint_dir,
+                                                          backup_cls)
                 gpuctl_report.STATE["in_fit"] = True
                 try:
                     return original(self, x, y, batch_size, *args, **kwargs)
@@ -116,7 +150,7 @@ def install_fit_hook(tf):
             fit._gpuctl_wrapped = True
             return fit
 
-        model_cls.fit = make(original, reporter_cls)
+        model_cls.fit = make(original, reporter_cls, backup_cls)
         wrapped += 1
     return wrapped
 
@@ -153,7 +187,8 @@ def main(argv):
         log("TensorFlow is not importable by %s: running %s without per-epoch reports" % (sys.executable, entry))
     if tf is not None:
         configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
-        install_fit_hook(tf)
+        install_fit_hook(tf, cfg.get("checkpoint_dir"))
+    gpuctl_report.STATE["resumed"] = bool(cfg.get("resumed"))
     install_sigterm()
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])

@@ -116,11 +116,30 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
     """Start `command` in a detached tmux session; returns once tmux has it. `secret_env` reaches
     the job without being written into its script (train --env)."""
     if secret_env:
-        q = shlex.quote
         # The run's directory is the owner's alone first: the file is written before its chmod.
         host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", paths.run_dir])
-        host.write_text(paths.secrets, "".join(f"export {k}={q(v)}\n" for k, v in secret_env.items()), mode=0o600)
+        _write_secrets(host, paths, secret_env)
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
+    _new_session(host, session, paths)
+
+
+def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[str, str] | None = None) -> None:
+    """Run a job's own script again (train --resume): same command and environment, the same log
+    (appended to); its old end marks and its dead pane go first."""
+    host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
+    host.run(["rm", "-f", paths.exitcode, paths.ended])
+    if secret_env:
+        _write_secrets(host, paths, secret_env)
+    _new_session(host, session, paths)
+
+
+def _write_secrets(host: Host, paths: JobPaths, secret_env: Mapping[str, str]) -> None:
+    """The job script sources this file (the owner's alone) and deletes it."""
+    host.write_text(paths.secrets, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret_env.items()),
+                    mode=0o600)
+
+
+def _new_session(host: Host, session: str, paths: JobPaths) -> None:
     host.run(
         server_env(host) + _tmux(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))
         # remain-on-exit keeps the pane for `capture-pane`/attach after the job ends.

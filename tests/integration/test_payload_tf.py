@@ -24,14 +24,16 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 """
 
 
-def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=(), env_extra=None):
+def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=(), env_extra=None,
+                cfg_extra=None):
     project = tmp_path / "project"
     run_dir = tmp_path / "run"
     project.mkdir()
     run_dir.mkdir()
     (project / "train.py").write_text(textwrap.dedent(MODEL) + textwrap.dedent(script))
     cfg = {"run_id": "r-tf", "entry": "train.py", "usd_per_hour": rate, "budget_usd": budget,
-           "mixed_precision": "auto", "memory_growth": True, "report_path": str(run_dir / "epochs.jsonl")}
+           "mixed_precision": "auto", "memory_growth": True, "report_path": str(run_dir / "epochs.jsonl"),
+           **(cfg_extra or {})}
     (run_dir / "run.json").write_text(json.dumps(cfg))
     env = {"GPUCTL_RUN_DIR": str(run_dir), "GPUCTL_RUN_ID": "r-tf", "PATH": "/usr/bin:/bin",
            "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path), **(env_extra or {})}
@@ -109,3 +111,29 @@ def test_crash_in_the_script_is_its_exit_status(tmp_path):
     assert proc.returncode == 1
     assert "boom in user code" in proc.stderr
     assert reports == []
+
+
+@pytest.mark.parametrize("keras", sorted(KERAS))
+def test_each_fit_checkpoints_after_every_epoch_unless_it_cannot(tmp_path, keras):
+    """Keras 3 and tf_keras: a BackupAndRestore per fit in the checkpoint dir; a model that is not
+    built before fit gets none (keras#20712), with a line saying why, and trains all the same."""
+    script = """
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    class Late(tf.keras.Model):  # built only by its first call, inside fit
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(2, activation="softmax")
+        def call(self, inputs):
+            return self.dense(inputs)
+    late = Late()
+    late.compile("adam", "sparse_categorical_crossentropy")
+    late.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    """
+    ckpt = tmp_path / "ckpt"
+    proc, reports, _ = run_payload(tmp_path, script, env_extra=KERAS[keras], cfg_extra={"checkpoint_dir": str(ckpt)})
+    assert proc.returncode == 0, proc.stderr
+    assert [r.epoch for r in reports] == [1, 2, 3]
+    assert any((ckpt / "fit-0").rglob("*")), "the built model's fit left no checkpoint"
+    assert not (ckpt / "fit-1").exists() or keras == "keras2"  # tf_keras restores into unbuilt models
+    if keras == "keras3":
+        assert "no checkpoints for this fit: the model is not built before fit" in proc.stderr

@@ -1,0 +1,107 @@
+"""`gpuctl train --resume RUN` with real TensorFlow, on local and on a real sshd host: an unmodified
+Keras script (6 epochs) whose job is killed with SIGKILL in the middle of epoch 3 starts again
+from the checkpoint the launcher added (BackupAndRestore after each epoch), as the same run, and
+ends with epochs 1-6 each reported once.
+
+Bad inputs tried: --resume of an unknown run, of a succeeded run, of a run without a checkpoint
+(train.checkpoint = "off"), of a run whose cluster was released, and --resume with a PATH or
+script ARGS (it runs the run as it was)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import pytest
+
+from tests.integration.test_payload_tf import MODEL
+from tests.integration.test_ssh import up_ssh
+
+pytestmark = pytest.mark.tf
+
+# Each epoch takes ~1.5 s (a pause per batch), so a kill lands inside one.
+SLOW = textwrap.dedent(MODEL) + textwrap.dedent("""
+    import sys, time
+    class Slow(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.2)
+    model.fit(x, y, batch_size=16, epochs=int(sys.argv[sys.argv.index("--epochs") + 1]), verbose=2,
+              callbacks=[Slow()])
+    print("final accuracy", model.evaluate(x, y, verbose=0)[1])
+""")
+
+
+def _status(gpuctl, run_id):
+    return next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
+
+
+def _kill_mid_epoch_3(gpuctl, kill, run_id):
+    deadline = time.monotonic() + 180
+    while _status(gpuctl, run_id)["epoch"] < 2:
+        assert time.monotonic() < deadline, "epoch 2 never came"
+        time.sleep(0.3)
+    time.sleep(0.6)  # into epoch 3 (its checkpoint of epoch 2 is written right after the report)
+    kill(f"pkill -9 -f 'runs/{run_id}/run[.]json'")
+    while _status(gpuctl, run_id)["state"] == "running":
+        assert time.monotonic() < deadline, "the killed run still shows running"
+        time.sleep(0.3)
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "failed" and run["exit_code"] == 137 and run["epoch"] == 2
+    return run
+
+
+def _resume_and_check(gpuctl, run_id):
+    res = gpuctl("train", "--resume", run_id, "--wait")
+    assert f"Run {run_id} resumed from its checkpoint" in res.stderr
+    assert "final accuracy" in res.stdout
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "succeeded" and run["epoch"] == 6 and run["epochs_planned"] == 6
+    cost = json.loads(gpuctl("cost", "--json", run_id).stdout)["runs"][0]
+    assert [e["epoch"] for e in cost["epochs"]] == [1, 2, 3, 4, 5, 6]  # each once, numbered on
+    dollars = [e["cumulative_usd"] for e in cost["epochs"]]
+    assert dollars == sorted(dollars)  # the resumed epochs go on counting from epoch 2's total
+
+
+def test_resume_on_local_after_a_sigkill_mid_epoch(gpuctl, make_project, tmp_path):
+    import subprocess
+
+    gpuctl("up", "--provider", "local", "--usd-per-hour", "3.6", "-y")
+    proj = make_project("slow", {"train.py": SLOW})
+    run_id = json.loads(gpuctl("train", proj, "--json", "--", "--epochs", "6").stdout)["run"]["run_id"]
+    _kill_mid_epoch_3(gpuctl, lambda cmd: subprocess.run(["sh", "-c", cmd]), run_id)
+    _resume_and_check(gpuctl, run_id)
+
+    # Bad inputs: each refused before anything starts.
+    assert "cannot resume run" in gpuctl("train", "--resume", run_id, code=5).stderr  # succeeded
+    assert "nothing to resume" in gpuctl("train", "--resume", run_id, code=5).stderr
+    assert "no run" in gpuctl("train", "--resume", "nope-1", code=4).stderr.lower()
+    res = gpuctl("train", "--resume", run_id, str(proj), code=2)
+    assert "--resume runs the run as it was: PATH" in res.stderr
+    res = gpuctl("train", "--resume", run_id, "--", "--epochs", "9", code=2)
+    assert "ARGS" in res.stderr
+    gpuctl("down", "-y")
+
+
+def test_a_run_without_a_checkpoint_is_not_resumed(gpuctl, make_project, monkeypatch):
+    monkeypatch.setenv("GPUCTL_TRAIN__CHECKPOINT", "off")
+    gpuctl("up", "--provider", "local", "-y")
+    proj = make_project("nockpt", {"train.py": "raise SystemExit(3)\n"})
+    res = gpuctl("train", proj, "--wait", code=8)
+    run_id = json.loads(gpuctl("status", "--json").stdout)["runs"][0]["run_id"]
+    res = gpuctl("train", "--resume", run_id, code=4)
+    assert "has no checkpoint" in res.stderr and "Hint:" in res.stderr
+    assert _status(gpuctl, run_id)["state"] == "failed"  # nothing started
+    gpuctl("down", "-y")
+    res = gpuctl("train", "--resume", run_id, code=4)
+    assert "was released, and its checkpoint with it" in res.stderr
+
+
+def test_resume_on_an_ssh_host_after_a_sigkill_mid_epoch(gpuctl, ssh, make_project):
+    host = ssh.hosts[0]
+    up_ssh(gpuctl, ssh, extra=("--usd-per-hour", "3.6"))
+    proj = make_project("slow", {"train.py": SLOW})
+    run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json", "--", "--epochs", "6").stdout)["run"]["run_id"]
+    _kill_mid_epoch_3(gpuctl, host.run, run_id)
+    _resume_and_check(gpuctl, run_id)
+    gpuctl("down", "-y")
