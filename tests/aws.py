@@ -124,6 +124,41 @@ def moto_server(tmp_path_factory):
     server.stop()
 
 
+def ec2_as_aws_does(monkeypatch) -> None:
+    """Two EC2 behaviours moto 5.2.5 lacks, patched into the in-process backend the ThreadedMotoServer
+    serves from: StopInstances of a one-time spot instance is refused (UnsupportedOperation), and
+    CreateImage tags the image's snapshots from TagSpecifications ResourceType "snapshot" (moto
+    raises NotImplementedError for those)."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.amis import AmiBackend
+    from moto.ec2.models.instances import InstanceBackend
+
+    stop = InstanceBackend.stop_instances
+
+    def stop_instances(self, instance_ids):
+        for instance in self.get_multi_instances_by_id(instance_ids):
+            if instance.lifecycle == "spot":  # moto's run_instances marks InstanceMarketOptions spot so
+                raise EC2ClientError(
+                    "UnsupportedOperation",
+                    f"You can't stop the Spot Instance '{instance.id}' because it is associated with a one-time "
+                    "Spot Instance request. You can only stop Spot Instances associated with persistent Spot "
+                    "Instance requests.")
+        return stop(self, instance_ids)
+
+    create = AmiBackend.create_image
+
+    def create_image(self, instance_id, name, description, tag_specifications):
+        snapshot_tags = [t for spec in tag_specifications if spec["ResourceType"] == "snapshot" for t in spec["Tags"]]
+        ami = create(self, instance_id, name, description,
+                     [spec for spec in tag_specifications if spec["ResourceType"] != "snapshot"])
+        for tag in snapshot_tags:
+            ami.ebs_snapshot.add_tag(tag["Key"], tag["Value"])
+        return ami
+
+    monkeypatch.setattr(InstanceBackend, "stop_instances", stop_instances)
+    monkeypatch.setattr(AmiBackend, "create_image", create_image)
+
+
 class NonLoopbackTraffic(AssertionError):
     pass
 
@@ -155,6 +190,7 @@ def aws(moto_server, monkeypatch, tmp_path):
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    ec2_as_aws_does(monkeypatch)
 
     violations: list[str] = []
     connect = socket.socket.connect

@@ -202,3 +202,34 @@ def test_a_tensorflow_version_that_is_not_one(gpuctl, aws, args):
     res = gpuctl(*args, code=3)
     assert "2.x" in res.stderr and "Hint:" in res.stderr
     nothing_created(aws)
+
+
+def _capture_the_default_cluster(aws, tf="2.21.0"):
+    """The capture step of a bake, on the instance of the cluster `up` just launched in moto."""
+    from gpuctl.ops.session import open_session
+
+    s = open_session()
+    cluster = s.ledger.live_cluster("default")
+    (inst,) = s.ledger.instances(cluster.id)
+    lines: list[str] = []
+    image = s.provider(cluster.spec).image_store().capture(inst, tf, NEWEST_X86[0], lines.append)
+    s.close()
+    (state,) = [i["State"]["Name"] for i in live_instances(aws)]
+    return image, state, lines
+
+
+def test_capture_of_a_spot_instance_never_stops_it(gpuctl, aws, isolated):
+    # EC2 refuses StopInstances for a one-time spot instance (tests/aws.py makes moto refuse it too):
+    # CreateImage reboots it instead.
+    gpuctl(*UP)
+    image, state, lines = _capture_the_default_cluster(aws)
+    assert state == "running" and image.state == "available"
+    assert any("spot instance, which EC2 cannot stop: CreateImage reboots it" in ln for ln in lines)
+    assert not any(ln.startswith("stopping") for ln in lines)
+
+
+def test_capture_of_an_on_demand_instance_stops_it_first(gpuctl, aws, isolated):
+    gpuctl(*[a if a != "--spot" else "--on-demand" for a in UP])
+    image, state, lines = _capture_the_default_cluster(aws)
+    assert state == "stopped" and image.state == "available"
+    assert any(ln.startswith("stopping i-") for ln in lines)

@@ -283,6 +283,7 @@ def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
              "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": "snap-1", "VolumeSize": 100}}]}
     store = AwsImages(SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home, spec=SimpleNamespace(
         region=REGION, name=CLUSTER, wait_timeout_s=5, base_os="ubuntu-22.04")))
+    ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1"}]}]})  # on-demand: stopped first
     ok("stop_instances")
     ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "stopped"}}]}]})
     ok("create_image", {"ImageId": AMI})

@@ -83,11 +83,17 @@ class AwsImages:
     def capture(self, instance: InstanceRecord, tensorflow: str, base_image: str, progress: Progress) -> BakedImage:
         spec, ec2 = self.provider.spec, self.aws.ec2()
         iid = instance.id
-        # Stopped first: an image of a running instance may catch pip's files half-written.
-        progress(f"stopping {iid} to image its disk")
-        call(ec2.stop_instances, InstanceIds=[iid])
-        wait_for(ec2, "instance_stopped", spec.wait_timeout_s, what=f"{iid} to stop",
-                 hint=f"`gpuctl down {spec.name} -y` releases it.", InstanceIds=[iid])
+        if self._spot(iid):
+            # EC2 refuses to stop a one-time spot instance (UnsupportedOperation). CreateImage
+            # without NoReboot reboots the instance itself, which spot allows: the disk is imaged
+            # with every write flushed all the same.
+            progress(f"{iid} is a spot instance, which EC2 cannot stop: CreateImage reboots it to image its disk")
+        else:
+            # Stopped first: an image of a running instance may catch pip's files half-written.
+            progress(f"stopping {iid} to image its disk")
+            call(ec2.stop_instances, InstanceIds=[iid])
+            wait_for(ec2, "instance_stopped", spec.wait_timeout_s, what=f"{iid} to stop",
+                     hint=f"`gpuctl down {spec.name} -y` releases it.", InstanceIds=[iid])
         tags = access.tags(spec.name, self.provider.owner) + [
             {"Key": images.TAG_TF, "Value": tensorflow}, {"Key": images.TAG_BASE_IMAGE, "Value": base_image},
             {"Key": images.TAG_BASE_OS, "Value": spec.base_os}]
@@ -105,6 +111,11 @@ class AwsImages:
         if snapshots:
             call(ec2.create_tags, Resources=list(snapshots), Tags=tags)
         return self._record(image)
+
+    def _spot(self, instance_id: str) -> bool:
+        """Whether EC2 runs it as spot (its own answer: a spot launch that fell back on-demand is not)."""
+        found = call(self.aws.ec2().describe_instances, InstanceIds=[instance_id])["Reservations"]
+        return any(i.get("InstanceLifecycle") == "spot" for r in found for i in r["Instances"])
 
     def remove(self, image_id: str, progress: Progress) -> BakedImage:
         ec2 = self.aws.ec2()
