@@ -252,12 +252,6 @@ class Ledger:
             db.execute("UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
                        " WHERE id = ? AND state = 'up'", (at or time.time(), cluster_id))
 
-    def set_default(self, cluster_id: int) -> None:
-        """Make a live cluster the default again (a bake's cluster took the mark while it ran)."""
-        with self.write() as db:
-            if db.execute("SELECT 1 FROM clusters WHERE id = ? AND state = 'up'", (cluster_id,)).fetchone():
-                db.execute("UPDATE clusters SET is_default = (id = ?)", (cluster_id,))
-
     def forget_cluster(self, cluster_id: int) -> None:
         """Remove a cluster that never got anything (an `up` that failed before creating a thing)."""
         with self.write() as db:

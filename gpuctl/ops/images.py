@@ -27,6 +27,7 @@ from gpuctl.types import ClusterRecord, InstanceRecord
 # Snapshot storage, standard tier: the us-east-1 list price; reports name it with its date.
 SNAPSHOT_USD_PER_GB_MONTH = 0.05
 SNAPSHOT_PRICE = f"${SNAPSHOT_USD_PER_GB_MONTH:.2f}/GB-month (EBS snapshot list price, us-east-1, 2026-11)"
+BAKE_MAX_HOURS = 2.0  # the hard cap of a bake's instance (at most; a lower guards.max_hours stays)
 
 
 class _Result(BaseModel):
@@ -113,8 +114,12 @@ def remove(s: Session, image_id: str, progress: Progress = quiet) -> ImageInfo:
 def bake_question(s: Session) -> str:
     settings = s.settings().settings
     return (f"launch a {settings.aws.instance_type} ({settings.aws.market}) to bake TensorFlow "
-            f"{settings.train.tensorflow} into an image (billed until the bake ends; the image then costs "
-            f"{SNAPSHOT_PRICE})")
+            f"{settings.train.tensorflow} into an image (billed until the bake ends, which powers off after "
+            f"{_max_hours(s):g} h at most; the image then costs {SNAPSHOT_PRICE})")
+
+
+def _max_hours(s: Session) -> float:
+    return min(s.settings().settings.guards.max_hours, BAKE_MAX_HOURS)
 
 
 def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> BakeResult:
@@ -125,17 +130,21 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     tf = s.settings().settings.train.tensorflow
     base = store.bake_base(progress)  # refuses a type the base image cannot run: nothing exists yet
     name = f"bake-tf{tf.replace('.', '-')}-{secrets.token_hex(2)}"  # cluster names have no dots
-    bs = Session(s.home, {**s.flags, "cluster": name, "aws.image": base}, s.env)
-    default = s.ledger.default_cluster()
+    bs = Session(s.home, {
+        **s.flags, "cluster": name, "aws.image": base,
+        # The setup step is what the image is made of: a remote.python of the user's would skip it.
+        "remote.python": "",
+        # A bake takes 20-40 minutes; one whose laptop died powers off after this, not after 8 h.
+        "guards.max_hours": _max_hours(s),
+    }, s.env)
     ok = False
     try:
-        up = clusters.up(bs, progress)
+        # Nobody's default: a `train` in another terminal must not land on the bake's instance.
+        up = clusters.up(bs, progress, make_default=False)
         image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, progress)
         ok = True
     finally:
         _release(bs, name, ok, progress)
-        if default is not None:
-            s.ledger.set_default(default.id)  # the bake's cluster took the mark while it ran
         bs.close()
     s.ledger.put_image(image)
     s.ledger.event("image-bake", f"{image.id}: TensorFlow {image.tensorflow} on {base} ({name})")

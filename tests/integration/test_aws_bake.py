@@ -1,13 +1,15 @@
 """`gpuctl image bake` end to end: a moto-launched instance mapped to a real sshd test host (as in
 test_aws_e2e.py), its TensorFlow proven by the real preflight there, stopped, imaged and tagged in
 moto, the cluster released; the next `up` boots the baked image. The test hosts have no GPU, so
-the bake runs with --allow-cpu. The first test runs the real setup step (no remote.python; pip
+the bake runs with --allow-cpu. The first test runs the real setup step (the lab's remote.python is set, and a
+bake ignores it; pip
 installs tensorflow-cpu from the local wheelhouse), and the "instance" booted from the baked
 image is the same host, so it finds the env the bake made, as a real one finds it in its image."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from gpuctl.provision.aws import access
 from gpuctl.state import Ledger
@@ -28,7 +30,7 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, whee
     authorized = _on_the_lab(ssh, monkeypatch)
     lab_key = authorized.read_text()
     work = ssh.hosts[0].base / "bake-work"  # /srv is too small a tmpfs for a TensorFlow venv
-    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")
+    assert "GPUCTL_REMOTE__PYTHON" in os.environ  # the lab's: a bake ignores it and runs the setup step
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
     monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(wheels))
     try:

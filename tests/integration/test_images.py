@@ -10,6 +10,7 @@ local provider, `--tf 2.x` (up and image bake), a region with no base image and 
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -233,3 +234,33 @@ def test_capture_of_an_on_demand_instance_stops_it_first(gpuctl, aws, isolated):
     image, state, lines = _capture_the_default_cluster(aws)
     assert state == "stopped" and image.state == "available"
     assert any(ln.startswith("stopping i-") for ln in lines)
+
+
+def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_hours(aws, isolated, monkeypatch):
+    from gpuctl.errors import GpuctlError
+    from gpuctl.ops import images
+    from gpuctl.ops.session import open_session
+    from gpuctl.types import ClusterSpec
+
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", "/opt/tf/bin/python3")  # the user's: it would skip the setup step
+    monkeypatch.setenv("GPUCTL_AWS__SSH_CIDR", "203.0.113.5/32")
+    monkeypatch.setenv("GPUCTL_AWS__WAIT_TIMEOUT_S", "1")  # moto's instance never answers SSH: fails after launch
+    s = open_session()
+    s.ledger.add_cluster(ClusterSpec(name="mine", provider="local"))
+    lines, defaults = [], []
+
+    def progress(line: str) -> None:  # while the bake runs, a `train` elsewhere still lands on "mine"
+        lines.append(line)
+        defaults.append(s.ledger.default_cluster().name)
+
+    with pytest.raises(GpuctlError):
+        images.bake(s, progress)
+    assert lines and set(defaults) == {"mine"} and s.ledger.default_cluster().name == "mine"
+    (bake,) = [c for c in s.ledger.clusters() if c.name.startswith("bake-")]
+    assert bake.spec.remote.python == "" and bake.spec.max_hours == 2
+    (launched,) = [i for r in aws.describe_instances()["Reservations"] for i in r["Instances"]]
+    user_data = aws.describe_instance_attribute(InstanceId=launched["InstanceId"], Attribute="userData")
+    assert "OnBootSec=120min" in base64.b64decode(user_data["UserData"]["Value"]).decode()
+    assert "powers off after 2 h at most" in images.bake_question(s)
+    nothing_created(aws)
+    s.close()
