@@ -97,18 +97,29 @@ def add_image(name: str, arch: str = "x86_64", date: str = "2026-11-25", owner: 
     return ami_id
 
 
-def add_dlami(tf: str = "2.21", arch: str = "x86_64", date: str = "2026-11-25") -> str:
-    """A TensorFlow DLAMI of that version, as AWS named them (owner 898082745236)."""
-    return add_image(f"Deep Learning OSS Nvidia Driver AMI GPU TensorFlow {tf} (Ubuntu 22.04) {date.replace('-', '')}",
+def add_dlami(tf: str = "2.21", arch: str = "x86_64", date: str = "2026-11-25", os_name: str = "Ubuntu 22.04") -> str:
+    """A TensorFlow DLAMI of that version, as AWS named them (owner 898082745236), for Ubuntu or
+    Amazon Linux 2023 (os_name "Amazon Linux 2023")."""
+    return add_image(f"Deep Learning OSS Nvidia Driver AMI GPU TensorFlow {tf} ({os_name}) {date.replace('-', '')}",
                      arch, date, owner=OWNER)
 
 
 def add_baked(gpuctl_owner: str, tf: str = "2.21.0", arch: str = "x86_64", date: str = "2026-11-26",
-              base: str = NEWEST_X86[0]) -> str:
-    """An image as `gpuctl image bake` tags it, registered in this account."""
-    return add_image(f"gpuctl-tf{tf}-{date}", arch, date, tags={
-        "gpuctl:created-by": "gpuctl", "gpuctl:owner": gpuctl_owner, "gpuctl:cluster": f"bake-tf{tf}-0000",
-        "gpuctl:tf-version": tf, "gpuctl:base-image": base, "gpuctl:base-os": "ubuntu-22.04"})
+              base: str = NEWEST_X86[0], installed: str | None = None, variant: str = "cuda",
+              base_os: str = "ubuntu-22.04", state: str = "available") -> str:
+    """An image as `gpuctl image bake` tags it (`tf` as asked, `installed` as seen: tf unless
+    said), registered in this account."""
+    installed = installed or tf
+    ami_id = add_image(f"gpuctl-tf{installed}-{date}", arch, date, tags={
+        "gpuctl:created-by": "gpuctl", "gpuctl:owner": gpuctl_owner,
+        "gpuctl:cluster": f"bake-tf{tf.replace('.', '-')}-0000", "gpuctl:tf-version": tf,
+        "gpuctl:tf-installed": installed, "gpuctl:tf-variant": variant, "gpuctl:base-image": base,
+        "gpuctl:base-os": base_os})
+    if state != "available":
+        from moto.ec2.models import ec2_backends
+
+        ec2_backends[ACCOUNT][REGION].amis[ami_id].state = state
+    return ami_id
 
 
 @pytest.fixture(scope="session")

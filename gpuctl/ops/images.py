@@ -20,7 +20,7 @@ from gpuctl import billing
 from gpuctl.errors import GpuctlError, RemoteError
 from gpuctl.ops import clusters
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.provision import BakedImage, ImageStore, tf_matches
+from gpuctl.provision import TF_VERSION, BakeContents, BakedImage, ImageStore, tf_matches
 from gpuctl.remote import preflight
 from gpuctl.types import ClusterRecord, InstanceRecord
 
@@ -92,8 +92,7 @@ def ls(s: Session) -> ImageList:
 def _reconcile(s: Session, region: str, found: list[BakedImage]) -> None:
     known = {(i.region, i.id): removed for i, removed in s.ledger.images()}
     for image in found:
-        if (image.region, image.id) not in known:
-            s.ledger.put_image(image)
+        s.ledger.put_image(image)  # new, or its state and size as they are now (a pending one is done)
     there = {i.id for i in found}
     for (where, image_id), removed in known.items():
         if where == region and removed is None and image_id not in there:
@@ -123,8 +122,9 @@ def _max_hours(s: Session) -> float:
 
 
 def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> BakeResult:
-    """Launch from the base image, set TensorFlow up, prove it (preflight), stop, make the image,
-    tag it, release the cluster. The cluster is released however the bake ends."""
+    """Launch from the base image, set TensorFlow up, prove it (preflight), make the image (tagged
+    with its snapshots; in the ledger as soon as it exists), release the cluster. The cluster is
+    released however the bake ends."""
     started = time.monotonic()
     store = _store(s)
     tf = s.settings().settings.train.tensorflow
@@ -146,7 +146,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     finally:
         _release(bs, name, ok, progress)
         bs.close()
-    s.ledger.put_image(image)
+    s.ledger.put_image(image)  # available now (recorded as pending when CreateImage answered)
     s.ledger.event("image-bake", f"{image.id}: TensorFlow {image.tensorflow} on {base} ({name})")
     return BakeResult(image=info(image), cluster=name, base_image=base, seconds=round(time.monotonic() - started, 1))
 
@@ -158,15 +158,21 @@ def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: 
     (env, *_) = setup.ensure(bs, cluster, progress, version=tf, check=True)
     report = env.report or {}
     refusal = preflight.verdict(report, allow_cpu)
-    seen = report.get("tensorflow")
-    if refusal is None and not tf_matches(tf, seen):
+    seen = str(report.get("tensorflow") or "")
+    if refusal is None and not TF_VERSION.fullmatch(seen):  # the instance's word: it names the image
+        refusal = f"it reports TensorFlow {seen[:40]!r}, which is not a version"
+    elif refusal is None and not tf_matches(tf, seen):
         refusal = f"it imports TensorFlow {seen}, not {tf}"
     if refusal:
         raise RemoteError(f"not baking an image of {cluster.name}: {refusal}",
                           "A GPU type (--type g5.xlarge) gets TensorFlow with the GPU; --allow-cpu bakes a CPU-only "
                           "TensorFlow anyway.")
-    bs.close()  # the instance stops next: end the SSH connections first
-    return bs.provider(cluster.spec).image_store().capture(instance, str(seen), base, progress)
+    # The variant is what the preflight saw: an --allow-cpu bake on a CPU type has tensorflow-cpu,
+    # which `up` must never pick for a GPU type.
+    contents = BakeContents(tensorflow=tf, installed=seen, variant="cuda" if report.get("tf_gpus") else "cpu",
+                            base_image=base)
+    bs.close()  # the instance reboots or stops next: end the SSH connections first
+    return bs.provider(cluster.spec).image_store().capture(instance, contents, progress, created=bs.ledger.put_image)
 
 
 def _release(bs: Session, name: str, ok: bool, progress: Progress) -> None:

@@ -10,6 +10,7 @@ provider module and none of its heavy dependencies.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -88,7 +89,9 @@ class BakedImage(BaseModel):
     id: str
     region: str
     name: str
-    tensorflow: Optional[str] = None  # what the preflight saw on the instance it was made from
+    tensorflow: Optional[str] = None  # the version the bake was asked for (2.21), which `up --tf` matches
+    tf_installed: Optional[str] = None  # the exact one the bake's preflight saw (2.21.0)
+    tf_variant: Optional[str] = None  # "cuda" (TensorFlow saw a GPU) or "cpu" (an --allow-cpu bake)
     base_image: Optional[str] = None  # the image that instance booted
     base_os: Optional[str] = None
     cluster: Optional[str] = None  # the bake's cluster
@@ -98,19 +101,36 @@ class BakedImage(BaseModel):
     state: str = "available"
 
 
+class BakeContents(BaseModel):
+    """What a bake puts into its image: its tags, and what `up` matches them against."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensorflow: str  # as asked (--tf 2.21)
+    installed: str  # as the preflight saw it (2.21.0), checked against TF_VERSION
+    variant: str  # "cuda" or "cpu"
+    base_image: str
+
+
+# A TensorFlow version as gpuctl takes it (settings' train.tensorflow): also what an instance's
+# report must look like before it names an image or a tag.
+TF_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
+
+
 class ImageStore(Protocol):
     region: str  # where its images are (an AWS region)
 
     def images(self) -> "list[BakedImage]":
-        """This install's baked images (in the provider's region), newest first."""
+        """This install's baked images (in the provider's region) in every state, newest first."""
 
     def bake_base(self, progress: "Callable[[str], None]") -> str:
         """The id of the image a bake starts from (never a baked one); refuses, before anything is
         created, a machine type that image cannot run."""
 
-    def capture(self, instance: "InstanceRecord", tensorflow: str, base_image: str,
-                progress: "Callable[[str], None]") -> BakedImage:
-        """Stop the instance and make an image of it, tagged with what it carries."""
+    def capture(self, instance: "InstanceRecord", contents: BakeContents, progress: "Callable[[str], None]",
+                created: "Callable[[BakedImage], None]") -> BakedImage:
+        """Make an image of the instance, tagged (with its storage) with what it carries; `created`
+        hears of it as soon as it exists, before the long wait for it to be available."""
 
     def remove(self, image_id: str, progress: "Callable[[str], None]") -> BakedImage:
         """Delete one of this install's images and its storage; refuses any other image."""

@@ -1,10 +1,11 @@
 """`gpuctl image bake` end to end: a moto-launched instance mapped to a real sshd test host (as in
-test_aws_e2e.py), its TensorFlow proven by the real preflight there, stopped, imaged and tagged in
-moto, the cluster released; the next `up` boots the baked image. The test hosts have no GPU, so
-the bake runs with --allow-cpu. The first test runs the real setup step (the lab's remote.python is set, and a
-bake ignores it; pip
-installs tensorflow-cpu from the local wheelhouse), and the "instance" booted from the baked
-image is the same host, so it finds the env the bake made, as a real one finds it in its image."""
+test_aws_e2e.py), its TensorFlow proven by the real preflight there, imaged and tagged in moto
+(spot: rebooted by CreateImage, never stopped), the cluster released; the next `up` boots the
+baked image. The test hosts have no GPU, so the bake runs with --allow-cpu and makes a CPU-only
+image, which the next `up` boots on a type without a GPU. The first test runs the real setup step
+(the lab's remote.python is set, and a bake ignores it; pip installs tensorflow-cpu from the local
+wheelhouse), and the "instance" booted from the baked image is the same host, so it finds the env
+the bake made, as a real one finds it in its image."""
 
 from __future__ import annotations
 
@@ -44,14 +45,14 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, whee
     assert cluster.startswith("bake-tf2-21-") and baked["base_image"] == NEWEST_X86[0]
     assert "bake: starting from" in res.stderr and "preflight on" in res.stderr
     assert "installing tensorflow-cpu (no GPU seen) 2.21" in res.stderr and "ready: TensorFlow 2.21.0" in res.stderr
-    assert f"releasing the bake's cluster {cluster}" in res.stderr
+    assert f"releasing the bake's cluster {cluster}" in res.stderr and "EC2 cannot stop" in res.stderr
 
     (image,) = aws.describe_images(ImageIds=[image_id])["Images"]
     tags = {t["Key"]: t["Value"] for t in image["Tags"]}
     assert tags == {
         "gpuctl:created-by": "gpuctl", "gpuctl:owner": access.owner_id(isolated), "gpuctl:cluster": cluster,
-        "Name": f"gpuctl-{cluster}", "gpuctl:tf-version": "2.21.0", "gpuctl:base-image": NEWEST_X86[0],
-        "gpuctl:base-os": "ubuntu-22.04"}
+        "Name": f"gpuctl-{cluster}", "gpuctl:tf-version": "2.21", "gpuctl:tf-installed": "2.21.0",
+        "gpuctl:tf-variant": "cpu", "gpuctl:base-image": NEWEST_X86[0], "gpuctl:base-os": "ubuntu-22.04"}
     snaps = [m["Ebs"]["SnapshotId"] for m in image["BlockDeviceMappings"]]
     for snap in aws.describe_snapshots(SnapshotIds=snaps)["Snapshots"]:
         assert {t["Key"]: t["Value"] for t in snap["Tags"]} == tags
@@ -64,9 +65,11 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, whee
     assert bake.state == "down" and [i.id for i, _ in ledger.images()] == [image_id]
     assert json.loads(gpuctl("cost", "--json").stdout)["images"]["images"][0]["id"] == image_id
 
+    monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")  # an `up` with it set skips the setup step's look for the env
     try:
         installer = cloud_init(ssh.hosts[0], isolated)
-        res = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
+        # A CPU-only bake (--allow-cpu on the GPU-less lab): `up` boots it only on a type without a GPU.
+        res = gpuctl("up", "--spot", "--type", "c5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
         installer.join(60)
     finally:
         authorized.write_text(lab_key)
@@ -81,13 +84,19 @@ def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, whee
 def test_a_bake_that_fails_after_launch_still_releases_its_cluster(gpuctl, aws, ssh, monkeypatch, isolated):
     authorized = _on_the_lab(ssh, monkeypatch)
     lab_key = authorized.read_text()
+    # The setup step fails on the instance: its wheelhouse holds no TensorFlow (the lab's
+    # remote.python, which has one, is ignored by a bake).
+    empty = ssh.hosts[0].base / "no-wheels"
+    empty.mkdir(exist_ok=True)
+    monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(empty))
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(ssh.hosts[0].base / "bake-fail-work"))
     try:
         installer = cloud_init(ssh.hosts[0], isolated, "bake-tf2-21-*")
-        res = gpuctl(*BAKE, code=7)  # no GPU on the test host, and no --allow-cpu
+        res = gpuctl(*BAKE, code=7)
         installer.join(60)
     finally:
         authorized.write_text(lab_key)
-    assert "not baking an image of bake-tf2-21-" in res.stderr and "sees no GPU" in res.stderr
+        ssh.hosts[0].run(f"rm -rf {ssh.hosts[0].base / 'bake-fail-work'}")
     assert "bake failed: releasing the bake's cluster" in res.stderr
     nothing_created(aws)
     assert aws.describe_images(Owners=["self"])["Images"] == []

@@ -205,16 +205,22 @@ def test_a_tensorflow_version_that_is_not_one(gpuctl, aws, args):
     nothing_created(aws)
 
 
-def _capture_the_default_cluster(aws, tf="2.21.0"):
-    """The capture step of a bake, on the instance of the cluster `up` just launched in moto."""
+def _capture_the_default_cluster(aws, installed="2.21.0", variant="cuda"):
+    """The capture step of a bake, on the instance of the cluster `up` just launched in moto; the
+    lines it printed, with ("created", image) where it said the image exists."""
     from gpuctl.ops.session import open_session
+    from gpuctl.provision import BakeContents
 
     s = open_session()
     cluster = s.ledger.live_cluster("default")
     (inst,) = s.ledger.instances(cluster.id)
-    lines: list[str] = []
-    image = s.provider(cluster.spec).image_store().capture(inst, tf, NEWEST_X86[0], lines.append)
-    s.close()
+    lines: list = []
+    contents = BakeContents(tensorflow="2.21", installed=installed, variant=variant, base_image=NEWEST_X86[0])
+    try:
+        image = s.provider(cluster.spec).image_store().capture(inst, contents, lines.append,
+                                                               lambda made: lines.append(("created", made)))
+    finally:
+        s.close()
     (state,) = [i["State"]["Name"] for i in live_instances(aws)]
     return image, state, lines
 
@@ -225,15 +231,48 @@ def test_capture_of_a_spot_instance_never_stops_it(gpuctl, aws, isolated):
     gpuctl(*UP)
     image, state, lines = _capture_the_default_cluster(aws)
     assert state == "running" and image.state == "available"
-    assert any("spot instance, which EC2 cannot stop: CreateImage reboots it" in ln for ln in lines)
-    assert not any(ln.startswith("stopping") for ln in lines)
+    assert "spot instance, which EC2 cannot stop: CreateImage reboots it" in lines[0]
+    assert not any(str(ln).startswith("stopping") for ln in lines)
 
 
 def test_capture_of_an_on_demand_instance_stops_it_first(gpuctl, aws, isolated):
     gpuctl(*[a if a != "--spot" else "--on-demand" for a in UP])
     image, state, lines = _capture_the_default_cluster(aws)
     assert state == "stopped" and image.state == "available"
-    assert any(ln.startswith("stopping i-") for ln in lines)
+    assert lines[0].startswith("stopping i-")
+
+
+def test_capture_tags_the_snapshots_in_create_image_and_says_so_before_the_wait(gpuctl, aws, isolated, monkeypatch):
+    from moto.ec2.responses.tags import TagResponse
+
+    tag, tagged = TagResponse.create_tags, []
+
+    def create_tags(self):  # the CreateTags requests gpuctl sends (the IAM policy refuses it on a snapshot)
+        tagged.extend(self._get_param("Resources", []))
+        return tag(self)
+
+    monkeypatch.setattr(TagResponse, "create_tags", create_tags)
+    gpuctl(*UP)
+    image, _, lines = _capture_the_default_cluster(aws)
+    made = next(i for i, ln in enumerate(lines) if isinstance(ln, tuple))
+    waiting = next(i for i, ln in enumerate(lines) if "waiting for it to be available" in str(ln))
+    assert made < waiting and lines[made][1].id == image.id and lines[made][1].state == "pending"
+    (described,) = aws.describe_images(ImageIds=[image.id])["Images"]
+    tags = {t["Key"]: t["Value"] for t in described["Tags"]}
+    assert tags["gpuctl:tf-version"] == "2.21" and tags["gpuctl:tf-installed"] == "2.21.0"
+    assert tags["gpuctl:tf-variant"] == "cuda" and "gpuctl-tf2.21.0-ubuntu-22.04-" in image.name
+    (snap,) = aws.describe_snapshots(SnapshotIds=list(image.snapshots))["Snapshots"]
+    assert {t["Key"]: t["Value"] for t in snap["Tags"]} == tags and tagged == []
+
+
+@pytest.mark.parametrize("installed", ["2.21.0; reboot", "2.21.0-$(id)", "", "2.21.0 " + "x" * 200])
+def test_capture_refuses_a_version_that_is_not_one(gpuctl, aws, isolated, installed):
+    from gpuctl.errors import CloudError
+
+    gpuctl(*UP)
+    with pytest.raises(CloudError, match="is not a TensorFlow version"):
+        _capture_the_default_cluster(aws, installed=installed)
+    assert aws.describe_images(Owners=["self"])["Images"] == []
 
 
 def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_hours(aws, isolated, monkeypatch):
@@ -264,3 +303,71 @@ def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_h
     assert "powers off after 2 h at most" in images.bake_question(s)
     nothing_created(aws)
     s.close()
+
+
+def test_image_ls_shows_pending_and_failed_images_and_up_boots_neither(gpuctl, aws, isolated):
+    owner = access.owner_id(isolated)
+    pending = add_baked(owner, "2.21", installed="2.21.0", date="2026-11-29", state="pending")
+    failed = add_baked(owner, "2.21", installed="2.21.0", date="2026-11-28", state="failed")
+    listed = json.loads(gpuctl("image", "ls", "--json").stdout)["images"]
+    assert {i["id"]: i["state"] for i in listed} == {pending: "pending", failed: "failed"}
+    table = gpuctl("image", "ls").stdout
+    assert "pending" in table and "failed" in table and "`up` boots only available images" in table
+    assert {i.id: i.state for i, _ in Ledger(isolated).images()} == {pending: "pending", failed: "failed"}
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]
+
+
+@pytest.mark.parametrize("asked", ["2.21", "2.21.0"])
+def test_a_bake_asked_for_2_21_serves_both_2_21_and_the_version_it_installed(gpuctl, aws, isolated, asked):
+    mine = add_baked(access.owner_id(isolated), "2.21", installed="2.21.0")
+    res = gpuctl(*UP, "--tf", asked)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == mine and "your baked image with TensorFlow 2.21.0" in res.stderr
+
+
+def test_a_cpu_only_bake_is_skipped_for_a_gpu_type_and_said(gpuctl, aws, isolated):
+    owner = access.owner_id(isolated)
+    cpu = add_baked(owner, "2.21", installed="2.21.0", variant="cpu", date="2026-11-29")
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]
+    line = next(ln for ln in res.stderr.splitlines() if ln.strip().startswith("image "))
+    assert f"skipped your CPU-only bake {cpu}: g5.xlarge has a GPU" in line
+    gpuctl("down", "-y")
+    # A type without a GPU boots it.
+    gpuctl(*[a if a != "g5.xlarge" else "c5.xlarge" for a in UP])
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == cpu
+
+
+def test_a_bake_for_another_base_os_is_not_used(gpuctl, aws, isolated):
+    add_baked(access.owner_id(isolated), "2.21", installed="2.21.0", base_os="ubuntu-24.04")
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == NEWEST_X86[0]
+
+
+def test_a_dlami_for_another_os_is_not_used(gpuctl, aws, isolated, monkeypatch):
+    # AWS published TF DLAMIs for Amazon Linux 2023 too: booted with ssh_user ubuntu, it would wait
+    # out wait_timeout_s while billing.
+    add_dlami("2.21", date="2026-11-28", os_name="Amazon Linux 2023")
+    ubuntu = add_dlami("2.21", date="2026-11-20")
+    res = gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == ubuntu and "Deep Learning AMI for Ubuntu 22.04" in res.stderr
+    gpuctl("down", "-y")
+    monkeypatch.setenv("GPUCTL_AWS__BASE_OS", "ubuntu-24.04")  # no 24.04 DLAMI: the 24.04 base image
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["ImageId"] == BASE_AMIS[2][0]
+
+
+def test_an_image_pattern_without_the_version_is_refused(gpuctl, aws, monkeypatch):
+    add_dlami("2.19")
+    monkeypatch.setenv("GPUCTL_AWS__IMAGE_PATTERN", "Deep Learning*AMI GPU TensorFlow*")  # an old config's
+    res = gpuctl(*UP, code=3)
+    assert "has no {tf}" in res.stderr and "Hint: Put {tf} where the version goes" in res.stderr
+    nothing_created(aws)
+

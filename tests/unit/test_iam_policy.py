@@ -41,7 +41,8 @@ KEY = access.resource_name(CLUSTER, OWNER)
 # Who carries which tags in the account the checks run in: gpuctl's resources carry the tags
 # gpuctl's own create calls gave them (test_every_call... checks those calls are allowed).
 AMI = "ami-0123456789abcdef0"
-IMAGE_TAGS = {**GPUCTL, images.TAG_TF: "2.21.0", images.TAG_BASE_IMAGE: "ami-0base", images.TAG_BASE_OS: "ubuntu-22.04"}
+IMAGE_TAGS = {**GPUCTL, images.TAG_TF: "2.21", images.TAG_TF_INSTALLED: "2.21.0", images.TAG_TF_VARIANT: "cuda",
+              images.TAG_BASE_IMAGE: "ami-0base", images.TAG_BASE_OS: "ubuntu-22.04"}
 WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, AMI: IMAGE_TAGS, "snap-1": IMAGE_TAGS,
          "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN, "ami-foreign": FOREIGN,
          "snap-foreign": FOREIGN}
@@ -185,8 +186,8 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "ec2:DeleteKeyPair": _on("DeleteKeyPair", "key-pair", "KeyName"),
     "ec2:TerminateInstances": _on("TerminateInstances", "instance", "InstanceIds"),
     "ec2:StopInstances": _on("StopInstances", "instance", "InstanceIds"),
-    # CreateImage authorizes the instance it images, the new image (with the tags given) and the
-    # new snapshots (untagged: gpuctl tags them once the image names them).
+    # CreateImage authorizes the instance it images, the new image and the new snapshots, each with
+    # the tags given for it.
     "ec2:CreateImage": lambda p: [
         _existing("CreateImage", "instance", p["InstanceId"]),
         *_creating("CreateImage", "image", "*", _tags(p.get("TagSpecifications", []), "image"), {}),
@@ -276,23 +277,24 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
     """`image bake`'s capture and `image rm`, as gpuctl sends them."""
+    from gpuctl.provision import BakeContents
     from gpuctl.types import InstanceRecord
 
     tagged = [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]
     image = {"ImageId": AMI, "State": "available", "Tags": tagged, "CreationDate": "2026-11-30T00:00:00.000Z",
              "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": "snap-1", "VolumeSize": 100}}]}
     store = AwsImages(SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home, spec=SimpleNamespace(
-        region=REGION, name=CLUSTER, wait_timeout_s=5, base_os="ubuntu-22.04")))
+        region=REGION, name=CLUSTER, wait_timeout_s=5, base_os="ubuntu-22.04", disk_gb=100)))
     ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1"}]}]})  # on-demand: stopped first
     ok("stop_instances")
     ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "stopped"}}]}]})
     ok("create_image", {"ImageId": AMI})
     ok("describe_images", {"Images": [image]})  # the waiter
     ok("describe_images", {"Images": [image]})
-    ok("create_tags")
     ok("describe_snapshots", {"Snapshots": [{"SnapshotId": "snap-1", "VolumeSize": 100}]})
     instance = InstanceRecord(id="i-1", cluster=CLUSTER, state="running", launched_at=0.0, workdir="/w")
-    store.capture(instance, "2.21.0", "ami-0base", lambda _: None)
+    store.capture(instance, BakeContents(tensorflow="2.21", installed="2.21.0", variant="cuda", base_image="ami-0base"),
+                  lambda _: None, lambda _: None)
     ok("describe_images", {"Images": [image]})
     ok("describe_snapshots", {"Snapshots": [{"SnapshotId": "snap-1", "VolumeSize": 100}]})
     ok("deregister_image")
@@ -361,6 +363,11 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     ("delete a foreign snapshot", "ec2:DeleteSnapshot", {"SnapshotId": "snap-foreign"}),
     ("tag a snapshot with foreign tag keys", "ec2:CreateTags",
      {"Resources": ["snap-1"], "Tags": [{"Key": "team", "Value": "finance"}]}),
+    # Tagging a foreign snapshot as gpuctl's would let `image rm`'s DeleteSnapshot reach it.
+    ("put gpuctl's tags on an existing foreign snapshot", "ec2:CreateTags",
+     {"Resources": ["snap-foreign"], "Tags": [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]}),
+    ("make an image whose snapshots are untagged", "ec2:CreateImage", {"InstanceId": "i-1", "TagSpecifications": [
+        {"ResourceType": "image", "Tags": [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]}]}),
     ("read a parameter that is not AWS's DLAMI one", "ssm:GetParameter", {"Name": "/prod/db/password"}),
     ("import a key pair without an owner tag", "ec2:ImportKeyPair", {"KeyName": "k", "TagSpecifications": [
         {"ResourceType": "key-pair", "Tags": [{"Key": "gpuctl:created-by", "Value": "gpuctl"}]}]}),

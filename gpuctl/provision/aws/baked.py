@@ -1,9 +1,10 @@
-"""Images gpuctl bakes on EC2: made from a stopped instance, listed and removed by their tags.
+"""Images gpuctl bakes on EC2: made from its instance, listed and removed by their tags.
 
 An image is tagged at creation like everything gpuctl makes (cluster, owner, created-by) and with
-what it carries (TF version, base image and OS). Its snapshots get the same tags once the image
-is available and names them: CreateImage could tag them itself (TagSpecifications "snapshot"),
-and AWS accepts that, but moto (the test world) does not. Removing deregisters the image, then
+what it carries (TF version asked and installed, CUDA or CPU build, base image and OS); its
+snapshots get the same tags in the same CreateImage call (TagSpecifications "snapshot"), so no
+moment exists where a snapshot of gpuctl's is untagged (IAM lets `image rm` delete only tagged
+ones, and never lets gpuctl tag an existing snapshot). Removing deregisters the image, then
 deletes its snapshots, which would otherwise go on costing storage.
 """
 
@@ -14,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl.errors import CloudError, ConflictError, NotFoundError
-from gpuctl.provision import BakedImage
+from gpuctl.provision import TF_VERSION, BakeContents, BakedImage
 from gpuctl.provision.aws import access, catalog, images
 from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
 from gpuctl.types import InstanceRecord
@@ -51,7 +52,8 @@ class AwsImages:
         snapshots = _snapshot_ids(image)
         return BakedImage(
             id=image["ImageId"], region=self.aws.region, name=str(image.get("Name") or ""),
-            tensorflow=images.tag(image, images.TAG_TF), base_image=images.tag(image, images.TAG_BASE_IMAGE),
+            tensorflow=images.tag(image, images.TAG_TF), tf_installed=images.tag(image, images.TAG_TF_INSTALLED),
+            tf_variant=images.tag(image, images.TAG_TF_VARIANT), base_image=images.tag(image, images.TAG_BASE_IMAGE),
             base_os=images.tag(image, images.TAG_BASE_OS), cluster=images.tag(image, access.TAG_CLUSTER),
             created_at=_created(image), size_gb=self._size_gb(image, snapshots), snapshots=snapshots,
             state=str(image.get("State") or "available"))
@@ -71,7 +73,7 @@ class AwsImages:
     # --- the ImageStore protocol ---------------------------------------------------------------
 
     def images(self) -> list[BakedImage]:
-        return [self._record(i) for i in images.baked_images(self.aws, self.provider.owner)]
+        return [self._record(i) for i in images.baked_images(self.aws, self.provider.owner, any_state=True)]
 
     def bake_base(self, progress: Progress) -> str:
         spec = self.provider.spec
@@ -80,8 +82,12 @@ class AwsImages:
         progress(f"bake: starting from {chosen.name} ({chosen.id}): {chosen.why}")
         return chosen.id
 
-    def capture(self, instance: InstanceRecord, tensorflow: str, base_image: str, progress: Progress) -> BakedImage:
+    def capture(self, instance: InstanceRecord, contents: BakeContents, progress: Progress,
+                created: Callable[[BakedImage], None]) -> BakedImage:
         spec, ec2 = self.provider.spec, self.aws.ec2()
+        for version in (contents.tensorflow, contents.installed):  # they go into a name and tags
+            if not TF_VERSION.fullmatch(version):
+                raise CloudError(f"not baking: {version[:40]!r} is not a TensorFlow version")
         iid = instance.id
         if self._spot(iid):
             # EC2 refuses to stop a one-time spot instance (UnsupportedOperation). CreateImage
@@ -94,23 +100,28 @@ class AwsImages:
             call(ec2.stop_instances, InstanceIds=[iid])
             wait_for(ec2, "instance_stopped", spec.wait_timeout_s, what=f"{iid} to stop",
                      hint=f"`gpuctl down {spec.name} -y` releases it.", InstanceIds=[iid])
-        tags = access.tags(spec.name, self.provider.owner) + [
-            {"Key": images.TAG_TF, "Value": tensorflow}, {"Key": images.TAG_BASE_IMAGE, "Value": base_image},
-            {"Key": images.TAG_BASE_OS, "Value": spec.base_os}]
-        name = f"gpuctl-tf{tensorflow}-{spec.base_os}-{time.strftime('%Y%m%d-%H%M%S')}-{spec.name[-4:]}"
+        carries = {images.TAG_TF: contents.tensorflow, images.TAG_TF_INSTALLED: contents.installed,
+                   images.TAG_TF_VARIANT: contents.variant, images.TAG_BASE_IMAGE: contents.base_image,
+                   images.TAG_BASE_OS: spec.base_os}
+        tags = access.tags(spec.name, self.provider.owner) + [{"Key": k, "Value": v} for k, v in carries.items()]
+        cpu = "-cpu" if contents.variant == "cpu" else ""
+        name = (f"gpuctl-tf{contents.installed}{cpu}-{spec.base_os}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                f"{spec.name[-4:]}")
         res = call(ec2.create_image, InstanceId=iid, Name=name,
-                   Description=f"TensorFlow {tensorflow} on {base_image}, baked by gpuctl",
-                   TagSpecifications=[{"ResourceType": "image", "Tags": tags}])
+                   Description=f"TensorFlow {contents.installed} ({contents.variant}) on {contents.base_image}, "
+                               "baked by gpuctl",
+                   TagSpecifications=[{"ResourceType": kind, "Tags": tags} for kind in ("image", "snapshot")])
         image_id = res["ImageId"]
+        # Known locally before the long wait: a bake killed now still shows in `cost` and `image ls`.
+        created(BakedImage(id=image_id, region=self.region, name=name, tensorflow=contents.tensorflow,
+                           tf_installed=contents.installed, tf_variant=contents.variant,
+                           base_image=contents.base_image, base_os=spec.base_os, cluster=spec.name,
+                           created_at=time.time(), size_gb=float(spec.disk_gb), state="pending"))
         progress(f"image {image_id} ({name}): waiting for it to be available (10-30 minutes on EC2)")
         wait_for(ec2, "image_available", max(spec.wait_timeout_s, IMAGE_TIMEOUT_S), what=f"image {image_id}",
                  hint=f"It may still become available: `gpuctl image ls`; `gpuctl image rm {image_id} -y` removes it.",
                  ImageIds=[image_id])
-        image = call(ec2.describe_images, ImageIds=[image_id])["Images"][0]
-        snapshots = _snapshot_ids(image)
-        if snapshots:
-            call(ec2.create_tags, Resources=list(snapshots), Tags=tags)
-        return self._record(image)
+        return self._record(call(ec2.describe_images, ImageIds=[image_id])["Images"][0])
 
     def _spot(self, instance_id: str) -> bool:
         """Whether EC2 runs it as spot (its own answer: a spot launch that fell back on-demand is not)."""

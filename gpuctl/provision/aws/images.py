@@ -4,8 +4,11 @@ Since TF 2.18 AWS publishes no TensorFlow DLAMI; what it maintains is the Deep L
 Nvidia Driver GPU AMI (driver and CUDA, no framework). So an `up` looks, in this order, for:
 
 1. `--image ami-...` (pinned): the user's word wins;
-2. a baked image of this owner (`gpuctl image bake`): TF of the asked version already installed;
-3. a TensorFlow DLAMI of that version, should AWS still publish one (`aws.image_pattern`);
+2. a baked image of this owner (`gpuctl image bake`): TF of the asked version already installed,
+   on the asked base OS; a CPU-only bake (--allow-cpu) only for a type without a GPU;
+3. a TensorFlow DLAMI of that version for `aws.base_os` (its "(Ubuntu 22.04)" in the name: AWS
+   published them for Amazon Linux too, whose login user is not ubuntu), should AWS still publish
+   one (`aws.image_pattern`, which must say where the version goes: {tf});
 4. the Base OSS Nvidia Driver GPU AMI for `aws.base_os` and the type's architecture (the SSM
    public parameter first, DescribeImages as the fallback); gpuctl's setup step installs TF on it.
 
@@ -25,7 +28,9 @@ from gpuctl.provision.aws.session import Aws, call, error_code, translate
 Progress = Callable[[str], None]
 
 # The tags a baked image carries besides gpuctl's own three (access.tags).
-TAG_TF = "gpuctl:tf-version"
+TAG_TF = "gpuctl:tf-version"  # as asked (2.21)
+TAG_TF_INSTALLED = "gpuctl:tf-installed"  # as installed (2.21.0)
+TAG_TF_VARIANT = "gpuctl:tf-variant"  # cuda | cpu (an --allow-cpu bake: never for a GPU type)
 TAG_BASE_IMAGE = "gpuctl:base-image"
 TAG_BASE_OS = "gpuctl:base-os"
 
@@ -65,10 +70,11 @@ def _newest(images: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(images, key=lambda i: (i.get("CreationDate", ""), i.get("Name", "")), reverse=True)
 
 
-def described(aws: Aws, owners: list[str], filters: list[dict[str, Any]], architecture: str | None = None
-              ) -> list[dict[str, Any]]:
-    """Available images of these owners matching the filters (and architecture), newest first."""
-    filters = filters + [{"Name": "state", "Values": ["available"]}]
+def described(aws: Aws, owners: list[str], filters: list[dict[str, Any]], architecture: str | None = None,
+              any_state: bool = False) -> list[dict[str, Any]]:
+    """Available images (or in any state: pending, failed...) of these owners matching the filters
+    (and architecture), newest first."""
+    filters = filters + ([] if any_state else [{"Name": "state", "Values": ["available"]}])
     if architecture:
         filters.append({"Name": "architecture", "Values": [architecture]})
     return _newest(call(aws.ec2().describe_images, Owners=owners, Filters=filters).get("Images", []))
@@ -93,26 +99,57 @@ def check_image_id(image_id: str) -> None:
                           "An AMI id looks like ami-0123456789abcdef0 (`gpuctl image ls` lists your baked ones).")
 
 
-def baked_images(aws: Aws, owner: str, architecture: str | None = None) -> list[dict[str, Any]]:
-    """This owner's images made by `gpuctl image bake` in the region, newest first."""
-    return described(aws, ["self"], access.owner_filters(owner), architecture)
+def baked_images(aws: Aws, owner: str, architecture: str | None = None, any_state: bool = False
+                 ) -> list[dict[str, Any]]:
+    """This owner's images made by `gpuctl image bake` in the region, newest first (available
+    ones only, unless any_state)."""
+    return described(aws, ["self"], access.owner_filters(owner), architecture, any_state)
 
 
-def resolve(aws: Aws, spec: Any, architecture: str, owner: str) -> Chosen:
-    """The image an `up` of this spec boots (see the module docstring for the order)."""
+def serves(image: dict[str, Any], tf: str) -> bool:
+    """Whether a baked image serves `--tf tf`: asked as it was baked (2.21 for a 2.21 bake) or as
+    it is installed (2.21.0); images baked before gpuctl:tf-installed carry the installed one."""
+    return tf_matches(tf, tag(image, TAG_TF)) or tf_matches(tf, tag(image, TAG_TF_INSTALLED))
+
+
+def resolve(aws: Aws, spec: Any, architecture: str, owner: str, gpus: bool = True) -> Chosen:
+    """The image an `up` of this spec boots (see the module docstring for the order); `gpus`:
+    whether the type has any (a CPU-only bake is never chosen for one that does)."""
     if spec.image:
         image = image_by_id(aws, spec.image)
         return Chosen(image, "pinned", f"pinned with --image (or `aws.image`): {image.get('Name') or spec.image}")
-    tf = spec.tensorflow
+    pattern = dlami_pattern(spec)
+    tf, skipped = spec.tensorflow, []
     for image in baked_images(aws, owner, architecture):
-        if tf_matches(tf, tag(image, TAG_TF)):
-            return Chosen(image, "baked", f"your baked image with TensorFlow {tag(image, TAG_TF)} "
-                                          f"(`gpuctl image bake`): no setup step needed")
-    pattern = spec.image_pattern.replace("{tf}", tf)
-    dlamis = described(aws, ["amazon"], [{"Name": "name", "Values": [pattern]}], architecture)
+        if not serves(image, tf) or tag(image, TAG_BASE_OS) not in (None, spec.base_os):
+            continue
+        if gpus and tag(image, TAG_TF_VARIANT) == "cpu":
+            skipped.append(image["ImageId"])
+            continue
+        return Chosen(image, "baked", f"your baked image with TensorFlow {tag(image, TAG_TF_INSTALLED) or tag(image, TAG_TF)} "
+                                      f"(`gpuctl image bake`): no setup step needed")
+    note = (f" (skipped your CPU-only bake {', '.join(skipped)}: {spec.instance_type} has a GPU, its TensorFlow "
+            "would not use it)" if skipped else "")
+    os_name = BASE_OS_NAMES[spec.base_os]
+    dlamis = [i for i in described(aws, ["amazon"], [{"Name": "name", "Values": [pattern]}], architecture)
+              if f"({os_name})" in str(i.get("Name"))]  # AWS published them for Amazon Linux too
     if dlamis:
-        return Chosen(dlamis[0], "dlami", f"AWS's TensorFlow {tf} Deep Learning AMI (named like {pattern!r})")
-    return base(aws, spec, architecture, also=f"no baked image of yours, no DLAMI named like {pattern!r}")
+        return Chosen(dlamis[0], "dlami", f"AWS's TensorFlow {tf} Deep Learning AMI for {os_name} (named like "
+                                          f"{pattern!r}){note}")
+    chosen = base(aws, spec, architecture, also=f"no baked image of yours, no DLAMI named like {pattern!r} "
+                                                f"for {os_name}")
+    return Chosen(chosen.image, chosen.kind, chosen.why + note)
+
+
+def dlami_pattern(spec: Any) -> str:
+    """aws.image_pattern with the version (and OS, where it says {os}) put in; a pattern without
+    {tf} (an old config) would match a TensorFlow DLAMI of any version, so it is refused."""
+    if "{tf}" not in spec.image_pattern:
+        raise ConfigError(f"aws.image_pattern {spec.image_pattern!r} has no {{tf}}: it would match a TensorFlow "
+                          "DLAMI of any version",
+                          "Put {tf} where the version goes (the default: 'Deep Learning*AMI GPU TensorFlow {tf} (*'), "
+                          "or remove the setting.")
+    return spec.image_pattern.replace("{tf}", spec.tensorflow).replace("{os}", BASE_OS_NAMES[spec.base_os])
 
 
 def base(aws: Aws, spec: Any, architecture: str, also: str = "") -> Chosen:

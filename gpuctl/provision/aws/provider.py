@@ -97,10 +97,11 @@ class AwsProvider:
         # Check everything that can be checked before creating anything.
         info = catalog.instance_type_info(aws, spec.instance_type)
         arch = catalog.architecture(info)
-        if not info.get("GpuInfo", {}).get("Gpus"):
+        gpus = bool(info.get("GpuInfo", {}).get("Gpus"))
+        if not gpus:
             progress(f"warning: {spec.instance_type} has no GPU: training runs on its CPU, slowly, and `gpuctl train` "
                      "refuses it without --allow-cpu (GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, ...)")
-        chosen = images.resolve(aws, spec, arch, self.owner)
+        chosen = images.resolve(aws, spec, arch, self.owner, gpus)
         progress(f"image {chosen.name} ({chosen.id}, {chosen.image.get('CreationDate', '?')[:10]}): {chosen.why}")
         zones = catalog.zones_offering(aws, spec.instance_type)
         if not zones:
