@@ -195,6 +195,8 @@ def test_image_commands_on_a_provider_without_images(gpuctl, aws, monkeypatch, a
     assert "`gpuctl image` is for the aws provider; the local provider has no machine images" in res.stderr
     assert "Hint: Run it with --provider aws" in res.stderr
     nothing_created(aws)
+    if args[1] == "ls":  # the hint works (test_provider_aws_on_the_command_line_... tries rm too)
+        gpuctl(*args, "--provider", "aws")
 
 
 @pytest.mark.parametrize("args", [UP[:-1] + ["--tf", "2.x", "-y"],
@@ -371,3 +373,12 @@ def test_an_image_pattern_without_the_version_is_refused(gpuctl, aws, monkeypatc
     assert "has no {tf}" in res.stderr and "Hint: Put {tf} where the version goes" in res.stderr
     nothing_created(aws)
 
+
+@pytest.mark.parametrize("args", [["image", "ls"], ["image", "rm", "ami-0123456789abcdef0", "-y"]])
+def test_provider_aws_on_the_command_line_overrides_the_setting(gpuctl, aws, isolated, monkeypatch, args):
+    monkeypatch.setenv("GPUCTL_PROVIDER", "local")
+    mine = add_baked(access.owner_id(isolated))
+    if args[1] == "ls":
+        assert mine in gpuctl(*args, "--provider", "aws").stdout
+    else:
+        assert "no image ami-0123456789abcdef0 in us-east-1" in gpuctl(*args, "--provider", "aws", code=4).stderr
