@@ -161,7 +161,8 @@ class AwsSettings(_Section):
                        "image, in that order (see `gpuctl image`).")
     image_pattern: str = Field(
         "Deep Learning*AMI GPU TensorFlow {tf} (*", min_length=1,
-        description="Name pattern of a TensorFlow DLAMI (owner amazon); {tf} stands for train.tensorflow.",
+        description="Name pattern of a TensorFlow DLAMI (owner amazon); {tf} (required) stands for "
+        "train.tensorflow, {os} for the base OS's name (e.g. Ubuntu 22.04).",
     )
     base_os: Literal["ubuntu-22.04", "ubuntu-24.04"] = Field(
         "ubuntu-22.04", description="OS of the Base OSS Nvidia Driver GPU AMI that gpuctl sets TensorFlow up on."

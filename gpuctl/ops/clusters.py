@@ -248,7 +248,7 @@ def _close_in_ledger(s: Session, cluster: ClusterRecord, message: str) -> None:
     s.ledger.event("down", message, cluster=cluster)
 
 
-def _searcher(s: Session, name: str) -> Provider:
+def searcher(s: Session, name: str) -> Provider:
     """A provider to search everything of `name` with: the current settings say where (region,
     profile); settings that could not launch a cluster (no ssh hosts, say) still can search."""
     settings = s.settings().settings.model_copy(update={"provider": name})
@@ -277,7 +277,7 @@ def inventory(s: Session) -> Inventory:
     live = [c.name for c in known]
     for name in PROVIDERS:
         try:
-            resources += _searcher(s, name).discover()
+            resources += searcher(s, name).discover()
         except GpuctlError as exc:
             if any(c.provider == name for c in known):
                 raise
@@ -310,7 +310,7 @@ def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) ->
         stopped += result.stopped_runs
     for name in PROVIDERS:
         try:
-            provider = _searcher(s, name)
+            provider = searcher(s, name)
             found = provider.discover()
         except GpuctlError as exc:
             progress(f"{name}: not searched: {exc.message}")

@@ -75,9 +75,9 @@ def info(image: BakedImage, removed_at: float | None = None, now: float | None =
 
 def _store(s: Session) -> ImageStore:
     """The image store of the provider the settings name (ConfigError where it has none)."""
-    # clusters._searcher builds that provider from the settings, also where they could not
+    # clusters.searcher builds that provider from the settings, also where they could not
     # launch a cluster (an ssh provider without hosts), so its refusal is about images.
-    return clusters._searcher(s, s.settings().settings.provider).image_store()
+    return clusters.searcher(s, s.settings().settings.provider).image_store()
 
 
 def ls(s: Session) -> ImageList:
