@@ -85,6 +85,8 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
             out.print()
             say(out, (r.run_id, "bold"), f" {r.state}; last lines of its log:")
             out.out(r.log_tail, highlight=False)  # out(): the user's log as is, no markup, no wrapping
+        if r.resumable:
+            say(out, f"  {r.run_id}: continue it from its last checkpoint: gpuctl train --resume {r.run_id}")
 
 
 def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None:

@@ -289,6 +289,7 @@ class RunStatus(_Frozen):
     log_tail: Optional[str] = None  # last lines of the log, for failed and lost runs
     tensorflow: Optional[str] = None
     image: Optional[str] = None
+    resumable: bool = False  # failed, stopped or lost, on a cluster still up: `train --resume` may continue it
 
 
 class StatusReport(_Frozen):

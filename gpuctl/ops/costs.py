@@ -10,6 +10,7 @@ from gpuctl import billing
 from gpuctl.errors import ConfigError
 from gpuctl.ops import clusters, guards, run_state
 from gpuctl.ops.images import ImageStorage, storage
+from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.types import (
     ClusterCost,
@@ -82,6 +83,7 @@ def status(s: Session) -> StatusReport:
             metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=elapsed * r.usd_per_hour / 3600.0,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image,
+            resumable=r.state in RESUMABLE and s.live_cluster_of(r) is not None,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs))
 

@@ -20,12 +20,13 @@ from tests.integration.test_ssh import up_ssh
 
 pytestmark = pytest.mark.tf
 
-# Each epoch takes ~1.5 s (a pause per batch), so a kill lands inside one.
+# Each epoch takes ~3.5 s (a pause per batch), so a kill lands inside one even when looking at
+# the run over SSH takes a second.
 SLOW = textwrap.dedent(MODEL) + textwrap.dedent("""
     import sys, time
     class Slow(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            time.sleep(0.2)
+            time.sleep(0.5)
     model.fit(x, y, batch_size=16, epochs=int(sys.argv[sys.argv.index("--epochs") + 1]), verbose=2,
               callbacks=[Slow()])
     print("final accuracy", model.evaluate(x, y, verbose=0)[1])
@@ -48,6 +49,8 @@ def _kill_mid_epoch_3(gpuctl, kill, run_id):
         time.sleep(0.3)
     run = _status(gpuctl, run_id)
     assert run["state"] == "failed" and run["exit_code"] == 137 and run["epoch"] == 2
+    # status offers the way back.
+    assert run["resumable"] and f"gpuctl train --resume {run_id}" in gpuctl("status").stdout
     return run
 
 
@@ -57,6 +60,7 @@ def _resume_and_check(gpuctl, run_id):
     assert "final accuracy" in res.stdout
     run = _status(gpuctl, run_id)
     assert run["state"] == "succeeded" and run["epoch"] == 6 and run["epochs_planned"] == 6
+    assert not run["resumable"] and "--resume" not in gpuctl("status").stdout
     cost = json.loads(gpuctl("cost", "--json", run_id).stdout)["runs"][0]
     assert [e["epoch"] for e in cost["epochs"]] == [1, 2, 3, 4, 5, 6]  # each once, numbered on
     dollars = [e["cumulative_usd"] for e in cost["epochs"]]
@@ -93,6 +97,7 @@ def test_a_run_without_a_checkpoint_is_not_resumed(gpuctl, make_project, monkeyp
     assert "has no checkpoint" in res.stderr and "Hint:" in res.stderr
     assert _status(gpuctl, run_id)["state"] == "failed"  # nothing started
     gpuctl("down", "-y")
+    assert not _status(gpuctl, run_id)["resumable"]  # its cluster is gone
     res = gpuctl("train", "--resume", run_id, code=4)
     assert "was released, and its checkpoint with it" in res.stderr
 
