@@ -10,7 +10,6 @@ tensorflow[and-cuda] (tensorflow-cpu on a host without a GPU) and tf-keras of th
 from __future__ import annotations
 
 import posixpath
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +17,7 @@ from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.payloads.gpuctl_setup import matches
+from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
 from gpuctl.remote.host import Host
 from gpuctl.settings import TESTED_TENSORFLOW
@@ -27,7 +27,7 @@ from gpuctl.types import ClusterRecord, TfEnv
 def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
     """The version a command works with: asked (train's settings), else the cluster's, else the tested one."""
     version = asked or cluster.spec.tensorflow or TESTED_TENSORFLOW
-    if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version):  # it names a directory on the host
+    if not TF_VERSION.fullmatch(version):  # it names a directory on the host
         raise ConfigError(f"--tf {version!r} is not a TensorFlow version", "Give one like 2.21 or 2.21.0.")
     return version
 

@@ -138,10 +138,10 @@ class ImageStore(Protocol):
 
 def tf_matches(asked: str, have: str | None) -> bool:
     """Whether TensorFlow `have` serves a request for `asked`: '2.21' is any 2.21.x (and 2.21
-    itself); '2.21.0' is exactly that."""
-    if not have:
-        return False
-    return have == asked or (asked.count(".") == 1 and have.startswith(asked + "."))
+    itself); '2.21.0' is exactly that. The setup payload's rule, the one the instance applies."""
+    from gpuctl.payloads.gpuctl_setup import matches
+
+    return matches(have, asked)
 
 
 def no_image_store(provider: str) -> ConfigError:
