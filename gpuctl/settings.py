@@ -171,6 +171,13 @@ class AwsSettings(_Section):
     ssh_cidr: str = Field("", description="Who may SSH in; empty = the caller's public address /32 (detected).")
     ssh_user: str = Field("ubuntu", min_length=1, description="Login user of the image.")
     wait_timeout_s: float = Field(900.0, gt=0, le=86400, description="How long `up` waits for running and for SSH.")
+    checkpoints: Literal["s3", "instance"] = Field(
+        "s3", description="Where runs keep checkpoints: s3 (a bucket of yours; they outlive the instance) or "
+        "instance (its disk; gone with it).")
+    checkpoint_expiry_days: int = Field(30, ge=0, le=3650, description="Days before the bucket deletes a checkpoint "
+                                        "by itself (S3 lifecycle); 0 = kept until `gpuctl runs rm`.")
+    imds_endpoint: str = Field("http://169.254.169.254", min_length=1, description="The instance metadata service "
+                               "the watchdog asks for spot interruption notices.")
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -197,6 +204,13 @@ class SshSettings(_Section):
         return v
 
 
+class RecoverSettings(_Section):
+    enabled: Literal["auto", "on", "off"] = Field("auto", description="Relaunch an interrupted run's instance and "
+                                                  "resume the run where gpuctl watches it; auto = for spot clusters.")
+    max_attempts: int = Field(3, ge=1, le=100, description="Replacements tried for one run before giving up.")
+    fallback_on_demand: bool = Field(False, description="Replace a spot instance on-demand when spot fails.")
+
+
 class RemoteSettings(_Section):
     python: str = Field("", description="Python on the instance that runs the payload; empty = find it.")
     workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts (an ssh "
@@ -220,6 +234,7 @@ class Settings(_Section):
     guards: GuardSettings = GuardSettings()
     aws: AwsSettings = AwsSettings()
     ssh: SshSettings = SshSettings()
+    recover: RecoverSettings = RecoverSettings()
     remote: RemoteSettings = RemoteSettings()
 
     @field_validator("provider")

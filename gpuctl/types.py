@@ -10,8 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 # and keep `gpuctl.payloads.gpuctl_report.SCHEMA_VERSION` equal (a test checks).
 EPOCH_SCHEMA_VERSION = 1
 
-RunState = Literal["starting", "running", "succeeded", "failed", "stopped", "lost"]
-FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost"})
+# preempted: its spot instance was interrupted (the job stopped on the notice, or the instance is
+# gone by EC2's word); recovery or `train --resume` continues it from its checkpoint.
+RunState = Literal["starting", "running", "succeeded", "failed", "stopped", "lost", "preempted"]
+FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempted"})
 
 
 class _Frozen(BaseModel):
@@ -61,6 +63,11 @@ class ClusterSpec(_Frozen):
     ssh_user: str = "ubuntu"  # aws: the image's login user
     wait_timeout_s: float = 900.0
     max_hours: float = 8.0  # boot-time hard cap armed by the provider
+    # aws: where runs keep checkpoints ("s3": a bucket that outlives the instance; "instance"),
+    # the bucket's expiry, and the metadata service the watchdog asks for spot notices.
+    checkpoints: str = ""
+    checkpoint_expiry_days: int = 30
+    imds_endpoint: str = ""
     remote: RemoteSpec = RemoteSpec()
     # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
     # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).

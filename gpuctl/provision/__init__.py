@@ -75,6 +75,14 @@ class Provider(Protocol):
     def set_hard_cap(self, host: "Host", hours: float) -> bool:
         """Move the boot-time hard cap; False where the instance has none to move."""
 
+    def checkpoint_store(self) -> "CheckpointStore | None":
+        """Where this cluster's runs keep checkpoints and reports so that they outlive its
+        instances (aws: an S3 bucket); None where they stay on the host."""
+
+    def interruption_notice(self) -> "dict[str, Any] | None":
+        """What the watchdog polls for a notice that the instance is about to be taken away
+        ({"endpoint": URL, "interval_s": 5} for a spot instance's IMDSv2); None where none comes."""
+
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
         (`no_image_store`) for a provider that has none."""
@@ -110,6 +118,39 @@ class BakeContents(BaseModel):
     installed: str  # as the preflight saw it (2.21.0), checked against TF_VERSION
     variant: str  # "cuda" or "cpu"
     base_image: str
+
+
+class StoreTarget(BaseModel):
+    """Where an instance keeps its runs' checkpoints and reports, as the payload sees it (written
+    into each run's config; gpuctl_store.py). Nothing secret: the instance's own role grants access."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = "s3"
+    bucket: str
+    prefix: str  # the cluster's, ending in "/": a run's files are under PREFIX + "runs/RUN_ID/"
+    region: str
+    endpoint: Optional[str] = None  # an S3 endpoint other than AWS's own (the tests' moto server)
+
+    def run_prefix(self, run_id: str) -> str:
+        return f"{self.prefix}runs/{run_id}/"
+
+
+class CheckpointStore(Protocol):
+    def target(self, cluster: str) -> StoreTarget:
+        """The cluster's place in the store (made on first use)."""
+
+    def files(self, cluster: str, run_id: str) -> "list[tuple[str, int]]":
+        """(path under the run's prefix, bytes) of each file the run keeps there."""
+
+    def copy(self, from_cluster: str, to_cluster: str, run_id: str) -> int:
+        """Copy a run's files to another cluster's prefix (a resume elsewhere); how many."""
+
+    def remove(self, cluster: str, run_id: str) -> int:
+        """Delete a run's files; how many."""
+
+    def usage(self) -> "dict[tuple[str, str], int]":
+        """Bytes kept per (cluster, run id), for `cost`."""
 
 
 # A TensorFlow version as gpuctl takes it (settings' train.tensorflow): also what an instance's

@@ -53,7 +53,8 @@ class AwsProvider:
             max_price=a.max_price or None, image=a.image or None, region=a.region or None, disk_gb=a.disk_gb,
             launch_token=secrets.token_hex(8), profile=a.profile or None, fallback_on_demand=a.fallback_on_demand,
             image_pattern=a.image_pattern, base_os=a.base_os, tensorflow=s.train.tensorflow, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
-            max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second",
+            max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second", checkpoints=a.checkpoints,
+            checkpoint_expiry_days=a.checkpoint_expiry_days, imds_endpoint=a.imds_endpoint,
         )
 
     def check(self) -> None:
@@ -250,6 +251,16 @@ class AwsProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return guard.set_hard_cap(host, hours)
+
+    def interruption_notice(self) -> dict[str, Any] | None:
+        """Spot instances hear of their interruption two minutes ahead through IMDSv2
+        (spot/instance-action); EC2 recommends polling it every 5 seconds."""
+        if self.spec.market != "spot" or not self.spec.imds_endpoint:
+            return None
+        return {"endpoint": self.spec.imds_endpoint, "interval_s": 5.0}
+
+    def checkpoint_store(self) -> Any:
+        return None  # the S3 store: being built (issue 13)
 
     def image_store(self) -> Any:
         from gpuctl.provision.aws.baked import AwsImages

@@ -81,6 +81,12 @@ class LocalProvider:
     def image_store(self) -> None:
         raise no_image_store(self.name)
 
+    def checkpoint_store(self) -> None:
+        return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
+
+    def interruption_notice(self) -> None:
+        return None  # nobody takes these machines away with a warning
+
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()
         dirs = [root / cluster] if cluster else (sorted(root.iterdir()) if root.is_dir() else [])

@@ -94,6 +94,12 @@ class SshProvider:
     def image_store(self) -> None:
         raise no_image_store(self.name)
 
+    def checkpoint_store(self) -> None:
+        return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
+
+    def interruption_notice(self) -> None:
+        return None  # nobody takes these machines away with a warning
+
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
 
