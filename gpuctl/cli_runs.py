@@ -33,11 +33,13 @@ from gpuctl.errors import RunFailedError
               help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status (with --json: the log on "
               "stderr, the ended run as JSON).")
+@click.option("--recover/--no-recover", default=None, help="With --wait: when the spot instance is interrupted, "
+              "launch a replacement and resume the run there (setting `recover.enabled`; default: on for spot).")
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_run: str | None, cluster: str | None,
           data: Path | None, entry: str | None, budget: float | None, allow_cpu: bool, env_names: tuple[str, ...],
-          down_after: bool | None, wait: bool, as_json: bool) -> None:
+          down_after: bool | None, wait: bool, recover: bool | None, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`.
     `train --resume RUN` continues a run from its checkpoint instead."""
     from gpuctl import render, render_commands
@@ -68,9 +70,14 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     if result is not None:
         render_commands.train_started(result, to_stderr=wait)
     if not wait:
+        if recover is not None:
+            raise click.UsageError("--recover/--no-recover is for --wait (or `gpuctl watch RUN`)")
         return
-    for chunk in runs.logs(s, run.run_id, follow=True):
-        click.echo(chunk, nl=False, err=as_json)  # with --json, stdout holds the JSON alone
+    from gpuctl.ops import recovery
+
+    with progress_sink() as progress:
+        for chunk in recovery.follow(s, run.run_id, progress, recover=recover):
+            click.echo(chunk, nl=False, err=as_json)  # with --json, stdout holds the JSON alone
     final = runs.wait(s, run.run_id)
     if as_json:
         render.emit_json(result.model_copy(update={"run": final}) if result is not None else final)
@@ -234,7 +241,13 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
 
         click.echo(guards.decisions(session(ctx), cluster), nl=False)
         return
-    from gpuctl.ops import runs
+    from gpuctl.ops import recovery, runs
 
-    for chunk in runs.logs(session(ctx), run, follow=follow, raw=raw):
-        click.echo(chunk, nl=False)
+    if not follow:
+        for chunk in runs.logs(session(ctx), run, raw=raw):
+            click.echo(chunk, nl=False)
+        return
+    s = session(ctx)
+    with progress_sink() as progress:  # following drives recovery too (recover.enabled)
+        for chunk in recovery.follow(s, s.find_run(run).run_id, progress, raw=raw):
+            click.echo(chunk, nl=False)

@@ -83,3 +83,9 @@ class CloudError(GpuctlError):
 
 class NoCapacityError(GpuctlError):
     exit_code = ExitCode.NO_CAPACITY
+
+
+class RecoveryError(RunFailedError):
+    """A preempted run that recovery could not bring back: every try is named."""
+
+    default_hint = "Resume it when capacity returns: gpuctl train --resume RUN (gpuctl status offers it)."

@@ -252,6 +252,14 @@ class Ledger:
             db.execute("UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
                        " WHERE id = ? AND state = 'up'", (at or time.time(), cluster_id))
 
+    def reopen_cluster(self, cluster_id: int) -> None:
+        """A cluster whose instances all ended (a spot interruption) that recovery gives a new one;
+        sqlite3.IntegrityError if another cluster of its name is up by now."""
+        with self.write() as db:
+            default = db.execute("SELECT 1 FROM clusters WHERE state = 'up' AND is_default = 1").fetchone() is None
+            db.execute("UPDATE clusters SET state = 'up', terminated_at = NULL, is_default = ? WHERE id = ?",
+                       (int(default), cluster_id))
+
     def forget_cluster(self, cluster_id: int) -> None:
         """Remove a cluster that never got anything (an `up` that failed before creating a thing)."""
         with self.write() as db:

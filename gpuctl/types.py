@@ -16,6 +16,10 @@ RunState = Literal["starting", "running", "succeeded", "failed", "stopped", "los
 FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempted"})
 
 
+# An instance in these states is gone (its billing ended), whatever its provider.
+ENDED_STATES = frozenset({"terminated", "shutting-down"})
+
+
 class _Frozen(BaseModel):
     # No inf or nan crosses a layer: JSON has no spelling for them, and the ledger must read back what it wrote.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -143,6 +147,18 @@ class ClusterRecord(_Frozen):
     spec: ClusterSpec
 
 
+class Segment(_Frozen):
+    """One stretch of a run on one instance; a resume or a recovery starts the next one."""
+
+    instance_id: str
+    zone: Optional[str] = None
+    market: str = "on-demand"
+    usd_per_hour: float = 0.0
+    started_at: float
+    ended_at: Optional[float] = None
+    end: Optional[str] = None  # why it ended: a final run state (preempted, lost, failed, ...)
+
+
 class RunRecord(_Frozen):
     run_id: str
     cluster: str  # the cluster's name, for display
@@ -164,6 +180,8 @@ class RunRecord(_Frozen):
     image: Optional[str] = None  # the image its instance booted ("name (ami-...)"), None on hosts gpuctl did not launch
     resumed_at: Optional[float] = None  # the last `train --resume` (its job's times count from here)
     resumes: int = 0
+    data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance
+    segments: tuple[Segment, ...] = ()  # where it ran, oldest first (empty for runs recorded before segments)
 
 
 class EpochReport(_Frozen):

@@ -30,6 +30,7 @@ class FakeImds:
     def __init__(self) -> None:
         self.tokens: set[str] = set()
         self.paths: dict[str, str] = {}
+        self.only: dict[str, str] = {}  # path -> the one client address that sees it (a notice for one instance)
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, with a valid token)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("0.0.0.0", 0), self._handler())
@@ -46,28 +47,34 @@ class FakeImds:
         self.server.server_close()
 
     def url(self, host=None) -> str:
-        """The endpoint as a test host (through its gateway) or this machine (loopback) reaches it."""
-        return f"http://{host.gateway if host is not None else '127.0.0.1'}:{self.port}"
+        """The endpoint as every test host (tests/sshd.py services_ip) or this machine reaches it."""
+        return f"http://{host.services_ip if host is not None else '127.0.0.1'}:{self.port}"
 
     # --- what the test makes happen -----------------------------------------------------------
 
     def reset(self) -> None:
         with self.lock:
             self.paths.clear()
+            self.only.clear()
             self.requests.clear()
             self.tokens.clear()
 
-    def interrupt(self, action: str = "terminate", in_s: float = 120) -> None:
-        """The two-minute warning: spot/instance-action appears (EC2 also posts it as an event)."""
+    def interrupt(self, host=None, action: str = "terminate", in_s: float = 120) -> None:
+        """The two-minute warning: spot/instance-action appears, to `host` alone if given (each
+        instance has its own IMDS; here the hosts share one, told apart by their address)."""
         at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=in_s)
-        with self.lock:
-            self.paths["/latest/meta-data/spot/instance-action"] = json.dumps({"action": action, "time": _iso(at)})
+        self._put("/latest/meta-data/spot/instance-action", json.dumps({"action": action, "time": _iso(at)}), host)
 
-    def rebalance(self) -> None:
+    def rebalance(self, host=None) -> None:
         """A rebalance recommendation: an elevated risk of interruption, no deadline."""
+        self._put("/latest/meta-data/events/recommendations/rebalance",
+                  json.dumps({"noticeTime": _iso(dt.datetime.now(dt.timezone.utc))}), host)
+
+    def _put(self, path: str, body: str, host=None) -> None:
         with self.lock:
-            self.paths["/latest/meta-data/events/recommendations/rebalance"] = json.dumps(
-                {"noticeTime": _iso(dt.datetime.now(dt.timezone.utc))})
+            self.paths[path] = body
+            if host is not None:
+                self.only[path] = host.ip
 
     def role(self, name: str, access_key: str = "testing", secret_key: str = "testing") -> None:
         """An instance profile: its role's temporary credentials, as EC2 serves them."""
@@ -115,6 +122,8 @@ class FakeImds:
                     ok = self.headers.get(TOKEN_HEADER) in imds.tokens
                     imds.requests.append(("GET", self.path, ok))
                     body = imds.paths.get(self.path)
+                    if imds.only.get(self.path, self.client_address[0]) != self.client_address[0]:
+                        body = None
                 if not ok:
                     self._send(401)
                 elif body is None:

@@ -74,6 +74,12 @@ class TestHost:
         return f"{self._subnet}{self._octet}.{4 * self.index + 2}"
 
     @property
+    def services_ip(self) -> str:
+        """One address on this machine that every host of the lab reaches (through its gateway), as
+        every instance reaches 169.254.169.254: the fake IMDS and the moto server listen there."""
+        return f"{SUBNET}{self._octet}.253"
+
+    @property
     def gateway(self) -> str:
         """The other end of its veth pair: on this machine, or in the bastion's namespace."""
         return f"{self._subnet}{self._octet}.{4 * self.index + 1}"
@@ -105,6 +111,10 @@ class TestHost:
         for cmd in (["ip", "addr", "add", f"{self.ip}/30", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"]):
             _run("ip", "netns", "exec", self.ns, *cmd)
+        if not self.behind:
+            _run("ip", "netns", "exec", self.ns, "ip", "route", "add", f"{self.services_ip}/32", "via", self.gateway)
+            # Here, on the loopback device: shared by the lab's hosts, removed with the last of them.
+            _run("ip", "addr", "replace", f"{self.services_ip}/32", "dev", "lo")
         (self.base / "authorized_keys").write_text(client_pub)
         self.new_host_key()
 
@@ -217,6 +227,8 @@ class TestHost:
 
     def destroy(self) -> None:
         self.stop()
+        if not self.behind:
+            _run("ip", "addr", "del", f"{self.services_ip}/32", "dev", "lo", check=False)
         _run("ip", "link", "del", self.veth, check=False)
         _run("ip", "netns", "del", self.ns, check=False)  # takes a behind-host's veth pair with it
         if self.behind:
@@ -318,6 +330,7 @@ def cleanup_stale() -> None:
         _run("ip", "link", "del", veth, check=False)
         octet = int(digits or "0") % 250
         _run("ip", "route", "del", "unreachable", f"{BEHIND_SUBNET}{octet}.0/24", check=False)
+        _run("ip", "addr", "del", f"{SUBNET}{octet}.253/32", "dev", "lo", check=False)
 
 
 def prepare(kind: str) -> tuple[Path, Path, str]:

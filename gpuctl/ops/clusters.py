@@ -16,6 +16,7 @@ from gpuctl.ops import guards, run_state, setup
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class, spec_from_settings
 from gpuctl.types import (
+    ENDED_STATES,
     ClusterRecord,
     ClusterSpec,
     DownResult,
@@ -149,7 +150,7 @@ def reconcile(s: Session, cluster: ClusterRecord) -> ClusterRecord:
             s.ledger.put_instance(cluster.id, new)
         if new.state != old.state:
             s.ledger.event("instance-" + new.state, new.state_reason or "", cluster=cluster)
-    ended = [i.terminated_at for i in fresh if i.state in ("terminated", "shutting-down")]
+    ended = [i.terminated_at for i in fresh if i.state in ENDED_STATES]
     if len(ended) == len(fresh):
         s.ledger.mark_cluster_down(cluster.id, max(t or time.time() for t in ended))
         return cluster.model_copy(update={"state": "down"})

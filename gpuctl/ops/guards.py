@@ -60,7 +60,8 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         cfg["down_after_run_since"] = armed_at if armed_at is not None else instance_now(host)
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
                usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name,
-               cluster_key=cluster_key(cluster), heartbeat_stale_s=heartbeat.STALE_S)
+               cluster_key=cluster_key(cluster), heartbeat_stale_s=heartbeat.STALE_S,
+               notice=provider.interruption_notice())
     return cfg
 
 
@@ -152,7 +153,7 @@ def _alive(host: Host, pid: Any) -> bool:
 
 
 def code_version() -> str:
-    """What the watchdog reports as its code (`code` in state.json): the hash of its two files."""
+    """What the watchdog reports as its code (`code` in state.json): the hash of its three files."""
     digest = hashlib.sha1()
     for name in guard.WATCHDOG_FILES:
         digest.update((PAYLOAD_DIR / name).read_bytes())

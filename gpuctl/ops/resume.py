@@ -5,7 +5,8 @@ The launcher checkpoints every Keras `fit` after each epoch (BackupAndRestore, s
 payloads/gpuctl_run.py), so a run killed mid-epoch loses at most that epoch. Resuming re-runs the
 run's own job script (its command and environment as `train` wrote them), after pushing the
 project's code again (a fix made since counts), with `train --env` values asked afresh.
-Checkpoints live in the run's outputs on the host: they go with a released cluster.
+Checkpoints live in the run's outputs on the host; on aws they are also in the cluster's store
+(S3), so a run whose instance is gone resumes on a new one (ops/recovery.py).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import posixpath
 import time
 from pathlib import Path
 
-from gpuctl.errors import ConflictError, NotFoundError, RemoteError
+from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.ops import guards, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.types import RunRecord
 
-RESUMABLE = ("failed", "stopped", "lost")
+RESUMABLE = ("failed", "stopped", "lost", "preempted")
 
 
 def checkpoint_dir(paths: jobs.JobPaths) -> str:
@@ -36,9 +37,18 @@ def resume(s: Session, run_id: str, progress: Progress = quiet) -> RunRecord:
         raise ConflictError(f"cannot resume run {run.run_id}: {what}",
                             "Resume a failed, stopped or lost run; `gpuctl status` lists them.")
     cluster = s.live_cluster_of(run)
+    if _in_store(s, run) and (cluster is None or not _host_answers(s, cluster)):
+        # Its instance is gone (a spot interruption), its checkpoint is not: a new instance, the same run.
+        from gpuctl.ops import recovery
+
+        recovery.replace(s, s.ledger.cluster(run.cluster_id), progress, s.settings().settings.recover.fallback_on_demand)
+        return recovery.resume_on_new(s, run, progress)
     if cluster is None:
-        raise NotFoundError(f"cannot resume run {run.run_id}: its cluster {run.cluster!r} was released, and its "
-                            "checkpoint with it", f"Start it anew: gpuctl train {run.project}")
+        spec = s.ledger.cluster(run.cluster_id).spec
+        keep = (" (keep the next run's checkpoints off the instance: aws.checkpoints = \"s3\")"
+                if spec.checkpoints == "instance" else "")
+        raise NotFoundError(f"cannot resume run {run.run_id}: its cluster {run.cluster!r} is gone, and its "
+                            "checkpoint with it", f"Start it anew: gpuctl train {run.project}{keep}")
     secret_env = runs.env_values(s, run.env_names)  # asked before anything moves
     with s.cluster_lock(cluster, progress) as record:
         if record.state != "up":
@@ -60,13 +70,32 @@ def resume(s: Session, run_id: str, progress: Progress = quiet) -> RunRecord:
                 progress(f"{project} is not here: resuming with the code already on {host.label}")
             _mark_resumed(host, paths)
             now = time.time()
+            inst = s.host(record)[0]
             run = run.model_copy(update={"state": "running", "exit_code": None, "ended_at": None, "resumed_at": now,
-                                         "resumes": run.resumes + 1})
+                                         "resumes": run.resumes + 1,
+                                         "segments": run.segments + (runs.segment_on(inst, now),)})
             jobs.restart_job(host, run.run_id, paths, secret_env)
             s.ledger.put_run(run)
             progress(f"watchdog: {guards.install(s, s.settings(), record)}")
     s.ledger.event("resume", f"resumed from {ckpt}", cluster=record, run_id=run.run_id)
     return run
+
+
+def _in_store(s: Session, run: RunRecord) -> bool:
+    """Whether the run's checkpoint is in its cluster's store (one that outlives instances)."""
+    store = s.provider(s.ledger.cluster(run.cluster_id).spec).checkpoint_store()
+    if store is None:
+        return False
+    files = store.files(run.cluster, run.run_id)
+    return any(path.startswith("outputs/checkpoint/") for path, _ in files)
+
+
+def _host_answers(s: Session, cluster) -> bool:
+    try:
+        s.host(cluster)
+        return True
+    except GpuctlError:
+        return False
 
 
 def _mark_resumed(host, paths: jobs.JobPaths) -> None:

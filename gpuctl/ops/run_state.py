@@ -7,7 +7,7 @@ import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
@@ -19,6 +19,15 @@ from gpuctl.remote.host import Host
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 
 SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
+PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT)
+
+
+def ending(run: RunRecord, state: str, at: float, code: int | None = None) -> RunRecord:
+    """The run in a final state at `at`, its current segment closed with that reason."""
+    segments = run.segments
+    if segments and segments[-1].ended_at is None:
+        segments = segments[:-1] + (segments[-1].model_copy(update={"ended_at": at, "end": state}),)
+    return run.model_copy(update={"state": state, "ended_at": at, "exit_code": code, "segments": segments})
 
 
 def archived_log(s: Session, run_id: str) -> Path:
@@ -50,7 +59,7 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         # Its machines ended (a guard's poweroff, an interruption) while nobody looked: the run
         # cost nothing after that.
         ended = s.ledger.cluster(run.cluster_id).terminated_at or time.time()
-        updated = run.model_copy(update={"state": "lost", "ended_at": run.ended_at or min(ended, time.time())})
+        updated = ending(run, "lost", run.ended_at or min(ended, time.time()), run.exit_code)
         s.ledger.put_run(updated)
         return updated
     _, host = s.host(cluster)
@@ -61,15 +70,15 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
         update["epochs_planned"] = planned
-    if state == "failed" and code == SIGTERM_EXIT:
-        state = "stopped"
+    if state == "failed" and code in (SIGTERM_EXIT, PREEMPTED_EXIT):
+        state = "stopped" if code == SIGTERM_EXIT else "preempted"
     if state != run.state:
         update["state"] = state
         update["exit_code"] = code
-        if state in FINAL_RUN_STATES:
-            update["ended_at"] = _ended_at(host, paths, run)
     if update:
         run = run.model_copy(update=update)
+        if state in FINAL_RUN_STATES and "state" in update:
+            run = ending(run, state, _ended_at(host, paths, run), code)
         s.ledger.put_run(run)
         if "state" in update and state in FINAL_RUN_STATES:
             s.ledger.event("run-" + state, f"exit code {code}", cluster=cluster, run_id=run.run_id)
@@ -129,9 +138,10 @@ def _read_log(s: Session, run: RunRecord, offset: int) -> bytes:
 
 
 def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: float = 0.5,
-         raw: bool = False) -> Iterator[str]:
+         raw: bool = False, check: Callable[[RunRecord], None] | None = None) -> Iterator[str]:
     """The run's output (less TensorFlow's start-up chatter unless `raw`); with follow, keeps
-    yielding until the run has ended and all is read."""
+    yielding until the run has ended and all is read. `check` sees the run at every look (and may
+    raise to end the following: recovery asks whether the instance still exists)."""
     run = s.find_run(run_id)
     if not follow:  # the archived log, or a clear error, rather than a long wait on a dead host
         s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
@@ -154,6 +164,8 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
             if not chunk:
                 time.sleep(poll_s)
             run = refresh(s, run)
+            if check is not None:
+                check(run)
 
 
 def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
@@ -175,7 +187,7 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
         if run.state not in FINAL_RUN_STATES:
             code = jobs.stop_job(host, run.run_id, paths)
             ingest_epochs(s, host, run)
-            run = run.model_copy(update={"state": "stopped", "exit_code": code, "ended_at": _ended_at(host, paths, run)})
+            run = ending(run, "stopped", _ended_at(host, paths, run), code)
             s.ledger.put_run(run)
             stopped.append(run.run_id)
         if host.fetch(paths.log, archived_log(s, run.run_id)):

@@ -15,7 +15,7 @@ from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
 from gpuctl.ops import guards, setup
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.remote import jobs, preflight
+from gpuctl.remote import guard, jobs, preflight
 from gpuctl.remote.host import Host
 from gpuctl.settings import PROJECT_FILE, LoadedSettings
 from gpuctl.types import (
@@ -24,8 +24,10 @@ from gpuctl.types import (
     InstanceRecord,
     PullResult,
     RunRecord,
+    Segment,
     SyncResult,
     SyncStats,
+    TfEnv,
     TrainResult,
 )
 
@@ -63,14 +65,20 @@ def push_code(host: Host, project: Path, progress: Progress) -> tuple[SyncStats,
     return host.push(project, code_dir, progress=lambda line: progress(f"code: {line}")), code_dir
 
 
+def push_data(host: Host, data: Path, progress: Progress) -> tuple[SyncStats, str]:
+    """Push a data directory to its dir on the host (one per directory name); (stats, that dir)."""
+    data_dir = posixpath.join(host.root, "data", _slug(data.name))
+    return host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), data_dir
+
+
 def _push(host: Host, project: Path, data: Path | None, progress: Progress
           ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
     """Push code and (separately, so a code push never touches it) data; their remote dirs."""
     code, code_dir = push_code(host, project, progress)
     if data is None:
         return code, None, code_dir, None
-    data_dir = posixpath.join(host.root, "data", _slug(data.name))
-    return code, host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), code_dir, data_dir
+    stats, data_dir = push_data(host, data, progress)
+    return code, stats, code_dir, data_dir
 
 
 def sync(s: Session, project: Path, cluster: str | None = None, data: Path | None = None,
@@ -138,15 +146,13 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     inst, host = s.host(record)
 
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    payload_dir = guards.payload_dir(host)
     paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
     sync_stats, data_sync, code_dir, data_dir = _push(host, project, data, progress)
-    host.push(guards.PAYLOAD_DIR, payload_dir)
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     project_file = str(project / PROJECT_FILE)
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == project_file else None
-    env, = [e for e in setup.ensure(s, record, progress, asked, check=not host.local) if e.host == host.label]
+    env, python = python_for(s, record, host, progress, asked, check=not host.local)
     report = env.report
     if report is not None:
         refusal = preflight.verdict(report, allow_cpu)
@@ -154,42 +160,78 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
             raise RemoteError(f"not starting on {host.label}: {refusal}",
                               "Pass --allow-cpu to train on the CPU anyway, or `gpuctl down` and `gpuctl up` "
                               "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
+    now = time.time()
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
-                    args=tuple(args), state="starting", started_at=time.time(), usd_per_hour=inst.usd_per_hour,
+                    args=tuple(args), state="starting", started_at=now, usd_per_hour=inst.usd_per_hour,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
-                    tensorflow=env.tensorflow, image=_image(inst))
-    config = {
-        "run_id": run_id, "entry": entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": settings.train.budget_usd,
-        "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
-        "report_path": paths.epochs,
-        # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
-        "checkpoint_dir": posixpath.join(paths.outputs, "checkpoint") if settings.train.checkpoint == "auto" else None,
-    }
-    config_path = posixpath.join(paths.run_dir, "run.json")
-    host.write_text(config_path, json.dumps(config, indent=2))
-    s.ledger.put_run(run)
-    python = (report or {}).get("executable") or env.python
-    env = {"GPUCTL_RUN_ID": run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
-           # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
-           "TF_CPP_MIN_LOG_LEVEL": str(settings.train.tf_log_level)}
-    if data_dir:
-        env["GPUCTL_DATA_DIR"] = data_dir
+                    tensorflow=env.tensorflow, image=_image(inst), data=str(data) if data else None,
+                    segments=(segment_on(inst, now),))
     # train --down counts runs that end after this moment (the instance's clock): taken before the
     # job starts, so a script that fails at once still ends the spend after the grace.
     down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
     armed_at = guards.instance_now(host) if down_after else None
+    run = launch_job(s, loaded, record, run, python, code_dir, data_dir, secret_env)
+    progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
+    s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
+    return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
+
+
+def python_for(s: Session, record: ClusterRecord, host: Host, progress: Progress, asked: str | None = None,
+               check: bool = False) -> tuple[TfEnv, str]:
+    """The host's TensorFlow environment (set up if need be) and the Python that runs the job."""
+    env, = [e for e in setup.ensure(s, record, progress, asked, check=check) if e.host == host.label]
+    return env, (env.report or {}).get("executable") or env.python
+
+
+def segment_on(inst: InstanceRecord, at: float) -> Segment:
+    """A run's stretch on this instance, from `at`."""
+    return Segment(instance_id=inst.id, zone=inst.zone, market=inst.market, usd_per_hour=inst.usd_per_hour,
+                   started_at=at)
+
+
+def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: RunRecord, python: str, code_dir: str,
+               data_dir: str | None, secret_env: dict[str, str], resumed: bool = False) -> RunRecord:
+    """Write the run's config on the cluster's first host and start its job there; the run, running.
+    `resumed`: the run goes on from its checkpoint (restored from the store on a new instance)."""
+    settings = loaded.settings
+    inst, host = s.host(record)
+    paths = jobs.JobPaths(run.run_dir)
+    payload_dir = guards.payload_dir(host)
+    host.push(guards.PAYLOAD_DIR, payload_dir)
+    store = s.provider(record.spec).checkpoint_store()
+    target = store.target(record.name) if store is not None else None
+    config = {
+        "run_id": run.run_id, "entry": run.entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": run.budget_usd,
+        "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
+        "report_path": paths.epochs,
+        # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
+        "checkpoint_dir": posixpath.join(paths.outputs, "checkpoint") if settings.train.checkpoint == "auto" else None,
+        # Where the watchdog records a spot interruption notice (the job then stops as preempted).
+        "notice_file": posixpath.join(guard.guard_dir(host), "notice.json"),
+        # The run's files also go to the store after each epoch, where the store outlives the instance.
+        "store": {"target": target.model_dump(), "key_prefix": target.run_prefix(run.run_id),
+                  # The instance's credentials (its role) come from this metadata service.
+                  "imds_endpoint": record.spec.imds_endpoint or None} if target else None,
+        "resumed": resumed,
+    }
+    host.write_text(posixpath.join(paths.run_dir, "run.json"), json.dumps(config, indent=2))
+    s.ledger.put_run(run)
+    env = {"GPUCTL_RUN_ID": run.run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
+           # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
+           "TF_CPP_MIN_LOG_LEVEL": str(run.tf_log_level)}
+    if data_dir:
+        env["GPUCTL_DATA_DIR"] = data_dir
     try:
-        jobs.start_job(host, run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER), config_path, *args],
+        jobs.start_job(host, run.run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER),
+                                                   posixpath.join(paths.run_dir, "run.json"), *run.args],
                        env, paths, secret_env)
     except BaseException:
         s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
         raise
     run = run.model_copy(update={"state": "running"})
     s.ledger.put_run(run)
-    progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
-    s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
-    return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
+    return run
 
 
 def _image(inst: InstanceRecord) -> str | None:

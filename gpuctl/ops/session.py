@@ -26,7 +26,7 @@ from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import Host
 from gpuctl.settings import LoadedSettings, load_settings
 from gpuctl.state import Ledger, gpuctl_home
-from gpuctl.types import ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
+from gpuctl.types import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 
 Progress = Callable[[str], None]
 REPORT_CONNECT_TIMEOUT_S = 5.0  # status, cost, logs: answer from the ledger rather than wait on a host
@@ -83,7 +83,9 @@ class Session:
 
     def hosts(self, cluster: ClusterRecord, connect_timeout_s: float | None = None) -> list[tuple[InstanceRecord, Host]]:
         """Every instance of the cluster with a Host for it, connected once and reused."""
-        instances = self.ledger.instances(cluster.id)
+        every = self.ledger.instances(cluster.id)
+        # An instance that ended (one a recovery replaced) is history, not a host.
+        instances = [i for i in every if i.state not in ENDED_STATES] or every
         if not instances:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", f"Release it: `gpuctl down {cluster.name} -y`.")
         if cluster.id in self._unreachable:  # one wait per command for a host that does not answer
@@ -105,6 +107,13 @@ class Session:
     def host(self, cluster: ClusterRecord) -> tuple[InstanceRecord, Host]:
         """The cluster's first instance (the one runs start on) and its Host."""
         return self.hosts(cluster)[0]
+
+    def forget_hosts(self, cluster: ClusterRecord) -> None:
+        """Drop this command's connections to the cluster and what it learnt of unreachable hosts
+        (its instances were replaced)."""
+        for key in [k for k in self._hosts if k[0] == cluster.id]:
+            self._hosts.pop(key).close()
+        self._unreachable.pop(cluster.id, None)
 
     def working(self, cluster: ClusterRecord, what: str) -> Heartbeat:
         """Context manager: tells the cluster's watchdogs that gpuctl is at work there (a push, a

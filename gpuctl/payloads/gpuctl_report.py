@@ -15,8 +15,9 @@ import time
 
 SCHEMA_VERSION = 1
 CONFIG_FILE = "run.json"
-# Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for.
-STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False}
+# Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for; it came with a
+# spot interruption notice (the epoch it cut short is not a finished one: no report for it).
+STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False, "preempted": False}
 
 
 def stop_requested():
@@ -226,6 +227,8 @@ def reporter_class(callback_base):
                 self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
+            if STATE.get("preempted"):
+                return  # cut short: it runs again, whole, on the next instance
             end = time.time()
             examples = None
             if self.batch_size:

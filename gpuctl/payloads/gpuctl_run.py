@@ -19,6 +19,14 @@ if HERE not in sys.path:
 
 import gpuctl_report  # noqa: E402  (needs HERE on sys.path)
 
+# The run's spot instance is being taken away (EX_TEMPFAIL: try again later, elsewhere): it stopped
+# at a batch end with its last whole epoch checkpointed, and recovery or `train --resume` goes on.
+PREEMPTED_EXIT = 75
+
+
+class Preempted(SystemExit):
+    """Raised out of the user's script when a spot interruption notice stopped its training."""
+
 
 def log(msg):
     sys.stderr.write("gpuctl: %s\n" % msg)
@@ -93,7 +101,85 @@ def backup_class(callback_base):
 FITS = {"n": 0}
 
 
-def with_checkpoint(model, callbacks, checkpoint_dir, backup_cls):
+def whole_epochs_only(backup_cls):
+    """BackupAndRestore that keeps the last whole epoch's checkpoint when a spot interruption
+    stops training mid-epoch: Keras still calls on_epoch_end for the partial epoch, and saving
+    there would make the resumed run skip the rest of it."""
+    if backup_cls is None:
+        return None
+    if backup_cls not in _WHOLE:
+        class Backup(backup_cls):
+            def on_epoch_end(self, epoch, logs=None):
+                if gpuctl_report.STATE.get("preempted"):
+                    return
+                super(Backup, self).on_epoch_end(epoch, logs)
+
+        _WHOLE[backup_cls] = Backup
+    return _WHOLE[backup_cls]
+
+
+_WHOLE = {}
+
+
+class RunStore(object):
+    """The run's files (checkpoint, reports, outputs, log) in the cluster's store (S3 on aws), so
+    that they outlive the instance; without a store they stay on the host."""
+
+    def __init__(self):
+        self.target = self.prefix = self.run_dir = None
+
+    def configure(self, cfg, run_dir):
+        store = cfg.get("store") or {}
+        self.target, self.prefix, self.run_dir = store.get("target"), store.get("key_prefix"), run_dir
+        imds = store.get("imds_endpoint")
+        if imds and imds.rstrip("/") != "http://169.254.169.254":
+            # boto3 reads the instance role's credentials from there (a test's fake IMDS).
+            os.environ.setdefault("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
+
+    def save(self, why):
+        if not self.target:
+            return
+        try:
+            import gpuctl_store
+
+            gpuctl_store.push(self.run_dir, self.target, self.prefix)
+        except Exception as exc:  # training goes on: the host still has them
+            log("could not save the run's files to the store (%s): %s" % (why, exc))
+
+    def restore(self, checkpoint_dir):
+        """On a replacement instance: the checkpoint and the reports, before the script starts."""
+        if not self.target or (checkpoint_dir and os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir)):
+            return
+        import shutil
+
+        import gpuctl_store
+
+        tmp = os.path.join(self.run_dir, ".restore")
+        shutil.rmtree(tmp, ignore_errors=True)
+        gpuctl_store.pull(self.target, self.prefix, tmp)
+        for name in ("outputs", "epochs.jsonl"):
+            src, dst = os.path.join(tmp, name), os.path.join(self.run_dir, name)
+            if os.path.exists(src):
+                shutil.rmtree(dst, ignore_errors=True) if os.path.isdir(dst) else None
+                os.replace(src, dst)
+        shutil.rmtree(tmp, ignore_errors=True)
+        log("restored the run's checkpoint and reports from the store")
+
+
+STORE = RunStore()
+
+
+def durable_class(callback_base):
+    """A callback that hands the run's files to the store after each epoch (after the checkpoint)."""
+    class Durable(callback_base):
+        def on_epoch_end(self, epoch, logs=None):
+            if not gpuctl_report.STATE.get("preempted"):
+                STORE.save("epoch %d" % (epoch + 1))
+
+    return Durable
+
+
+def with_checkpoint(model, callbacks, checkpoint_dir, backup_cls, callback_base=None):
     """The callbacks with a per-epoch BackupAndRestore added (train --resume restarts from it),
     unless the script has one or the model cannot use one. Added last: the epoch's report is
     written before its checkpoint, so an interruption between the two repeats that epoch rather
@@ -110,7 +196,10 @@ def with_checkpoint(model, callbacks, checkpoint_dir, backup_cls):
     directory = os.path.join(checkpoint_dir, "fit-%d" % n)
     if n == 0:
         log("checkpoint after each epoch in %s" % checkpoint_dir)
-    return callbacks + [backup_cls(backup_dir=directory, save_freq="epoch", delete_checkpoint=False)]
+    added = [whole_epochs_only(backup_cls)(backup_dir=directory, save_freq="epoch", delete_checkpoint=False)]
+    if STORE.target and callback_base is not None:
+        added.append(durable_class(callback_base)())
+    return callbacks + added
 
 
 def install_fit_hook(tf, checkpoint_dir=None):
@@ -124,7 +213,7 @@ def install_fit_hook(tf, checkpoint_dir=None):
         reporter_cls = gpuctl_report.reporter_class(callback_base)
         backup_cls = backup_class(callback_base) if checkpoint_dir else None
 
-        def make(original, reporter_cls, backup_cls):
+        def make(original, reporter_cls, backup_cls, callback_base):
             @functools.wraps(original)
             def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
                 callbacks = list(kwargs.get("callbacks") or [])
@@ -140,33 +229,43 @@ def install_fit_hook(tf, checkpoint_dir=None):
                     reporter.expect(n, bs)
                 if checkpoint_dir:
                     kwargs["callbacks"] = with_checkpoint(self, list(kwargs.get("callbacks") or []), checkpoint_dir,
-                                                          backup_cls)
+                                                          backup_cls, callback_base)
                 gpuctl_report.STATE["in_fit"] = True
                 try:
-                    return original(self, x, y, batch_size, *args, **kwargs)
+                    history = original(self, x, y, batch_size, *args, **kwargs)
                 finally:
                     gpuctl_report.STATE["in_fit"] = False
+                if gpuctl_report.STATE.get("preempted"):
+                    # Not the script's code after fit: its model is mid-training, and the
+                    # instance has two minutes left.
+                    raise Preempted(PREEMPTED_EXIT)
+                return history
 
             fit._gpuctl_wrapped = True
             return fit
 
-        model_cls.fit = make(original, reporter_cls, backup_cls)
+        model_cls.fit = make(original, reporter_cls, backup_cls, callback_base)
         wrapped += 1
     return wrapped
 
 
-def install_sigterm():
+def install_sigterm(notice_file=None):
     """SIGTERM (gpuctl down, a guard's budget) ends training at the next batch, not mid-step:
     `fit` returns and the script's own code after it (saving, checkpointing) runs. A second
-    SIGTERM, or one outside `fit`, exits at once."""
+    SIGTERM, or one outside `fit`, exits at once. A SIGTERM after the watchdog heard a spot
+    interruption notice (`notice_file`) ends the script right after `fit`, as preempted."""
     import signal
 
     def on_term(signum, frame):
+        preempted = bool(notice_file) and os.path.exists(notice_file)
+        if preempted:
+            gpuctl_report.STATE["preempted"] = True
         if gpuctl_report.STATE["in_fit"] and not gpuctl_report.STATE["stop_requested"]:
             gpuctl_report.STATE["stop_requested"] = True
-            log("SIGTERM: stopping training after this batch")
+            log("spot interruption notice: stopping training after this batch; the run resumes from the "
+                "last whole epoch" if preempted else "SIGTERM: stopping training after this batch")
             return
-        raise SystemExit(143)
+        raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(143)
 
     signal.signal(signal.SIGTERM, on_term)
 
@@ -185,16 +284,23 @@ def main(argv):
     except ImportError:
         tf = None
         log("TensorFlow is not importable by %s: running %s without per-epoch reports" % (sys.executable, entry))
+    STORE.configure(cfg, os.path.dirname(os.path.abspath(argv[0])))
+    if cfg.get("resumed"):
+        STORE.restore(cfg.get("checkpoint_dir"))
     if tf is not None:
         configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
         install_fit_hook(tf, cfg.get("checkpoint_dir"))
     gpuctl_report.STATE["resumed"] = bool(cfg.get("resumed"))
-    install_sigterm()
+    install_sigterm(cfg.get("notice_file"))
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(entry))
     try:
         runpy.run_path(entry, run_name="__main__")
+    except Preempted:
+        log("preempted: the last whole epoch's checkpoint is kept%s" % (" in the store" if STORE.target else ""))
+        STORE.save("preempted")
+        return PREEMPTED_EXIT
     except Exception:
         # Show the script's traceback as `python ENTRY` would: without the launcher's frames.
         etype, value, tb = sys.exc_info()
@@ -202,6 +308,7 @@ def main(argv):
             tb = tb.tb_next
         traceback.print_exception(etype, value, tb)
         return 1
+    STORE.save("the end")
     # Stopped by SIGTERM: the script finished its own way, but the run did not complete.
     return 143 if gpuctl_report.STATE["stop_requested"] else 0
 

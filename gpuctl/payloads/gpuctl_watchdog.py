@@ -21,7 +21,8 @@ import subprocess
 import sys
 import time
 
-import gpuctl_logins  # beside this file on the instance
+import gpuctl_logins  # beside these files on the instance
+import gpuctl_notice
 
 WATCHDOG_SESSION = "gpuctl-watchdog"
 
@@ -53,11 +54,11 @@ def sh(argv, timeout=30):
 
 
 def code_version():
-    """Hash of this file and gpuctl_logins.py, as gpuctl.ops.guards.code_version computes it: the
+    """Hash of this file and the two it imports, as gpuctl.ops.guards.code_version computes it: the
     client restarts a watchdog whose code is older than the one it pushed."""
     digest = hashlib.sha1()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("gpuctl_watchdog.py", "gpuctl_logins.py"):
+    for name in ("gpuctl_watchdog.py", "gpuctl_logins.py", "gpuctl_notice.py"):
         with open(os.path.join(here, name), "rb") as fh:
             digest.update(fh.read())
     return digest.hexdigest()[:12]
@@ -201,12 +202,18 @@ class Watchdog(object):
                     pass
         return out
 
-    def stop_jobs(self, cfg, running, grace_s):
-        for name, run_dir, _, _ in running:
-            res = self.tmux(cfg, "list-panes", "-t", "=%s:" % name, "-F", "#{pane_pid}")
-            pid = res.stdout.strip().split("\n")[0] if res and res.returncode == 0 else ""
+    def pane_pid(self, cfg, name):
+        res = self.tmux(cfg, "list-panes", "-t", "=%s:" % name, "-F", "#{pane_pid}")
+        return res.stdout.strip().split("\n")[0] if res and res.returncode == 0 else ""
+
+    def signal_jobs(self, cfg, running, signal):
+        for name, _, _, _ in running:
+            pid = self.pane_pid(cfg, name)
             if pid:
-                sh(["kill", "-TERM", "--", "-" + pid])  # the pane leads its process group
+                sh(["kill", "-" + signal, "--", "-" + pid])  # the pane leads its process group
+
+    def stop_jobs(self, cfg, running, grace_s):
+        self.signal_jobs(cfg, running, "TERM")
         deadline = time.time() + grace_s
         while time.time() < deadline and any(
             not os.path.exists(os.path.join(run_dir, "exitcode")) for _, run_dir, _, _ in running
@@ -214,10 +221,7 @@ class Watchdog(object):
             time.sleep(0.5)
         for name, run_dir, _, _ in running:
             if not os.path.exists(os.path.join(run_dir, "exitcode")):
-                res = self.tmux(cfg, "list-panes", "-t", "=%s:" % name, "-F", "#{pane_pid}")
-                pid = res.stdout.strip().split("\n")[0] if res and res.returncode == 0 else ""
-                if pid:
-                    sh(["kill", "-KILL", "--", "-" + pid])
+                self.signal_jobs(cfg, [(name, run_dir, True, None)], "KILL")
             self.tmux(cfg, "kill-session", "-t", "=" + name)
 
     def neighbours_at_work(self, now):
@@ -370,6 +374,7 @@ class Watchdog(object):
 
     def run_forever(self):
         self.log("watchdog started (pid %d)" % os.getpid())
+        gpuctl_notice.start(self, read_json, write_json)  # polled every 5 s in a thread, whatever the check interval
         while True:
             since = time.time()
             try:

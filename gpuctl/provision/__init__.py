@@ -79,6 +79,10 @@ class Provider(Protocol):
         """Where this cluster's runs keep checkpoints and reports so that they outlive its
         instances (aws: an S3 bucket); None where they stay on the host."""
 
+    def was_interrupted(self, instance: "InstanceRecord") -> bool:
+        """Whether the provider took this ended instance away (a spot interruption, or it vanished)
+        rather than the user or a guard ending it: what recovery answers by replacing it."""
+
     def interruption_notice(self) -> "dict[str, Any] | None":
         """What the watchdog polls for a notice that the instance is about to be taken away
         ({"endpoint": URL, "interval_s": 5} for a spot instance's IMDSv2); None where none comes."""

@@ -18,7 +18,7 @@ from gpuctl.remote import jobs
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
 CHECK = "gpuctl_guard_check.py"  # one dry look by the watchdog's code (`guard show --check`)
-WATCHDOG_FILES = (WATCHDOG, "gpuctl_logins.py")  # its code: a change means a restart (ops.guards.code_version)
+WATCHDOG_FILES = (WATCHDOG, "gpuctl_logins.py", "gpuctl_notice.py")  # its code: a change means a restart (ops.guards.code_version)
 SESSION = "gpuctl-watchdog"
 CRON_MARK = "# gpuctl-watchdog"
 

@@ -84,6 +84,9 @@ def _describe(ec2: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
     return {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
 
 
+GONE = "no longer known to EC2"  # the state reason of an instance DescribeInstances no longer returns
+
+
 def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceRecord]) -> list[InstanceRecord]:
     """The instances as EC2 sees them now: state, and when and why they ended.
 
@@ -108,7 +111,7 @@ def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceReco
             ended = None
             if state in ("terminated", "shutting-down", "stopped", "stopping"):
                 ended = transition_time(live) if live else None
-            reason = (live or {}).get("StateReason", {}).get("Message") if live else "no longer known to EC2"
+            reason = (live or {}).get("StateReason", {}).get("Message") if live else GONE
             out.append(inst.model_copy(update={
                 "state": state, "state_reason": reason,
                 "terminated_at": (ended or time.time()) if state in ("terminated", "shutting-down") else None,

@@ -20,9 +20,11 @@ from gpuctl.remote import guard
 from gpuctl.remote.host import Host
 from gpuctl.remote.ssh import Endpoint, SshHost
 from gpuctl.settings import Settings
-from gpuctl.types import ClusterSpec, InstanceRecord
+from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord
 
 Progress = Callable[[str], None]
+# The state reason code of a spot instance EC2 took back (its Message starts with it).
+SPOT_TERMINATION = "Server.SpotInstanceTermination"
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
@@ -251,6 +253,12 @@ class AwsProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return guard.set_hard_cap(host, hours)
+
+    def was_interrupted(self, instance: InstanceRecord) -> bool:
+        """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination), or it is
+        gone without a word (lifecycle.GONE); not a user's or a guard's shutdown (Client.*)."""
+        reason = instance.state_reason or ""
+        return instance.state in ENDED_STATES and (reason.startswith(SPOT_TERMINATION) or reason == lifecycle.GONE)
 
     def interruption_notice(self) -> dict[str, Any] | None:
         """Spot instances hear of their interruption two minutes ahead through IMDSv2

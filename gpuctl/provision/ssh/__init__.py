@@ -97,6 +97,9 @@ class SshProvider:
     def checkpoint_store(self) -> None:
         return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
 
+    def was_interrupted(self, instance: InstanceRecord) -> bool:
+        return False
+
     def interruption_notice(self) -> None:
         return None  # nobody takes these machines away with a warning
 

@@ -1,0 +1,195 @@
+"""Managed recovery: a run whose spot instance is taken away goes on, on a replacement.
+
+A run is preempted when the watchdog heard the interruption notice (the job stopped at a batch end
+with exit code 75, its last whole epoch checkpointed and in the store), or when its provider says
+it took the instance away (EC2's state reason Server.SpotInstanceTermination, or the instance is
+gone). Wherever gpuctl follows the run (`train --wait`, `logs -f`, `gpuctl watch`), recovery then
+ends what is left of the old instance, launches one with the cluster's spec (the provider tries
+every zone; on-demand too with recover.fallback_on_demand), pushes the code and data again and
+starts the same run from its checkpoint (the launcher restores it from the store). With nothing
+watching, a preempted run waits: the guards end all spend, and `status` offers `train --resume`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Callable, Generator, Iterator
+
+from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
+from gpuctl.ops import guards, run_state, runs
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, Resource, RunRecord
+
+CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
+
+
+class Interrupted(Exception):
+    """The run's instance was taken away while it was being followed."""
+
+
+def enabled(s: Session, cluster: ClusterRecord, asked: bool | None = None) -> bool:
+    """Whether to recover this cluster's runs: the flag, else recover.enabled ("auto": spot clusters)."""
+    if asked is not None:
+        return asked
+    setting = s.settings().settings.recover.enabled
+    return setting == "on" or (setting == "auto" and cluster.spec.market == "spot")
+
+
+def taken_away(s: Session, run: RunRecord) -> InstanceRecord | None:
+    """The run's instance, if its provider took it away (asked afresh, recorded in the ledger)."""
+    cluster = s.ledger.cluster(run.cluster_id)
+    current = run.segments[-1].instance_id if run.segments else None
+    mine = [i for i in s.ledger.instances(cluster.id) if current in (None, i.id)]
+    if not mine:
+        return None
+    provider = s.provider(cluster.spec)
+    try:
+        fresh = provider.reconcile(mine)
+    except GpuctlError:
+        return None  # cannot ask now: not a reason to launch anything
+    for inst in fresh:
+        s.ledger.put_instance(cluster.id, inst)
+        if provider.was_interrupted(inst):
+            return inst
+    return None
+
+
+def mark_preempted(s: Session, run: RunRecord, inst: InstanceRecord) -> RunRecord:
+    """A running run whose instance the provider took: preempted when the instance ended."""
+    if run.state in FINAL_RUN_STATES and run.state != "lost":
+        return run
+    ended = run_state.ending(run, "preempted", inst.terminated_at or time.time(), run.exit_code)
+    s.ledger.put_run(ended)
+    s.ledger.event("run-preempted", inst.state_reason or "instance taken away", run_id=run.run_id,
+                   cluster=s.ledger.cluster(run.cluster_id))
+    return ended
+
+
+def follow(s: Session, run_id: str, progress: Progress = quiet, recover: bool | None = None,
+           poll_s: float = 0.5, raw: bool = False) -> Iterator[str]:
+    """The run's log as it comes, across replacements: yields log text until the run has ended
+    (recovered as many times as recover.max_attempts allows per interruption)."""
+    run = s.find_run(run_id)
+    while True:
+        run = yield from _follow_one(s, run, poll_s, raw)
+        if run.state != "preempted":
+            return
+        cluster = s.ledger.cluster(run.cluster_id)
+        if not enabled(s, cluster, recover):
+            progress(f"run {run.run_id} was preempted; recovery is off: `gpuctl train --resume {run.run_id}` "
+                     "continues it")
+            return
+        run = replace_and_resume(s, run, progress)
+
+
+def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generator[str, None, RunRecord]:
+    """Follow the run on its current instance until it ends or the instance is taken away."""
+    last_check = [time.monotonic()]
+
+    def check(current: RunRecord) -> None:
+        if time.monotonic() - last_check[0] >= CHECK_INSTANCES_S:
+            last_check[0] = time.monotonic()
+            if taken_away(s, current) is not None:
+                raise Interrupted()
+
+    try:
+        yield from run_state.logs(s, run.run_id, follow=True, poll_s=poll_s, raw=raw, check=check)
+    except (Interrupted, GpuctlError) as exc:
+        inst = taken_away(s, run)
+        if inst is None:
+            if isinstance(exc, GpuctlError):
+                raise
+            return s.find_run(run.run_id)
+        return mark_preempted(s, s.find_run(run.run_id), inst)
+    return s.find_run(run.run_id)
+
+
+def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet,
+                       sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+    """Launch a replacement for the preempted run's cluster and resume the run there, trying up to
+    recover.max_attempts times; RecoveryError names every try."""
+    settings = s.settings().settings.recover
+    tries: list[str] = []
+    for attempt in range(1, settings.max_attempts + 1):
+        cluster = s.ledger.cluster(run.cluster_id)
+        progress(f"run {run.run_id} preempted: launching a replacement (try {attempt} of {settings.max_attempts})")
+        try:
+            replace(s, cluster, progress, settings.fallback_on_demand)
+            return resume_on_new(s, run, progress)
+        except (ProjectError, ConflictError):
+            raise  # no replacement can fix these
+        except GpuctlError as exc:
+            tries.append(f"try {attempt}: {exc.message}")
+            s.ledger.event("recover-failed", exc.message, cluster=cluster, run_id=run.run_id)
+            progress(f"try {attempt} failed: {exc.message}")
+            if attempt < settings.max_attempts:
+                sleep(min(60.0, 10.0 * attempt))
+    raise RecoveryError(f"run {run.run_id} was preempted and recovery gave up after {len(tries)} tries: "
+                        + "; ".join(tries), f"Resume it when capacity returns: gpuctl train --resume {run.run_id}")
+
+
+def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_demand: bool) -> list[InstanceRecord]:
+    """End what is left of the cluster's instances (an interrupted one has two minutes at most),
+    then launch new ones with its spec; the cluster is up again with them, guarded."""
+    spec = cluster.spec
+    if fallback_on_demand and not spec.fallback_on_demand:
+        spec = spec.model_copy(update={"fallback_on_demand": True})
+    provider = s.provider(spec)
+    left = [i for i in s.ledger.instances(cluster.id) if i.state not in ENDED_STATES]
+    if left:
+        provider.release([Resource(provider=spec.provider, kind="instance", id=i.id, region=i.region,
+                                   cluster=cluster.name) for i in left], progress)
+        for inst in provider.reconcile(left):
+            s.ledger.put_instance(cluster.id, inst)
+    if cluster.state != "up":
+        try:
+            s.ledger.reopen_cluster(cluster.id)
+        except sqlite3.IntegrityError:
+            raise ConflictError(f"cannot recover on cluster {cluster.name!r}: another cluster of that name is up",
+                                f"Resume the run there yourself: gpuctl train --resume RUN --cluster {cluster.name}"
+                                ) from None
+    instances = provider.launch(progress, wait_ssh=True)
+    for inst in instances:
+        s.ledger.put_instance(cluster.id, inst)
+    cluster = s.ledger.cluster(cluster.id)
+    s.forget_hosts(cluster)
+    s.ledger.event("recover", f"{len(instances)} replacement instance(s): {', '.join(i.id for i in instances)}",
+                   cluster=cluster)
+    progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
+    return instances
+
+
+def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluster: ClusterRecord | None = None
+                  ) -> RunRecord:
+    """Start the run again, as the same run, on a cluster whose host does not hold its files (a
+    replacement instance, another cluster): code and data pushed again, checkpoint and reports
+    restored from the store by the launcher; a new segment."""
+    cluster = cluster or s.ledger.cluster(run.cluster_id)
+    project = Path(run.project)
+    if not project.is_dir():
+        raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its project {project} is not here",
+                           "Run gpuctl from the machine (and checkout) that started it.")
+    data = Path(run.data) if run.data else None
+    if data is not None and not data.is_dir():
+        raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its data {data} is not here",
+                           "Run gpuctl from the machine that started it, with its --data directory in place.")
+    secret_env = runs.env_values(s, run.env_names)
+    loaded = s.settings(project_dir=project)
+    with s.cluster_lock(cluster, progress) as record, s.working(record, "train"):
+        inst, host = s.host(record)
+        _, code_dir = runs.push_code(host, project, progress)
+        data_dir = runs.push_data(host, data, progress)[1] if data is not None else None
+        _, python = runs.python_for(s, record, host, progress)
+        now = time.time()
+        run = run.model_copy(update={
+            "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
+            "cluster": record.name, "cluster_id": record.id, "usd_per_hour": inst.usd_per_hour,
+            "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/") else f"{host.root}/runs/{run.run_id}",
+            "segments": run.segments + (runs.segment_on(inst, now),)})
+        run = runs.launch_job(s, loaded, record, run, python, code_dir, data_dir, secret_env, resumed=True)
+    s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)
+    progress(f"run {run.run_id} resumed on {inst.id}{f' in {inst.zone}' if inst.zone else ''}")
+    return run
+
