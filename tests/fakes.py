@@ -136,3 +136,12 @@ class FakeProvider:
 
     def set_hard_cap(self, host, hours) -> bool:
         return False
+
+    def checkpoint_store(self) -> None:
+        return None
+
+    def interruption_notice(self) -> None:
+        return None
+
+    def was_interrupted(self, instance) -> bool:
+        return False
