@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from rich.console import Console
 
@@ -24,7 +24,7 @@ from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metri
 
 if TYPE_CHECKING:
     from gpuctl.ops.images import ImageStorage
-    from gpuctl.types import CostReport, RunCost, StatusReport
+    from gpuctl.types import CostReport, RunCost, SegmentCost, StatusReport
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 
@@ -85,8 +85,46 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
             out.print()
             say(out, (r.run_id, "bold"), f" {r.state}; last lines of its log:")
             out.out(r.log_tail, highlight=False)  # out(): the user's log as is, no markup, no wrapping
+        story = history(r.segments, r.state)
+        if story:
+            say(out, f"  {r.run_id}: {story}")
         if r.resumable:
             say(out, f"  {r.run_id}: continue it from its last checkpoint: gpuctl train --resume {r.run_id}")
+
+
+def _where(seg: SegmentCost) -> str:
+    return f"{seg.instance_id}{f' in {seg.zone}' if seg.zone else ''}"
+
+
+def history(segments: Sequence[SegmentCost], state: str) -> str:
+    """Where a run went: "preempted at 14:02 in us-east-1a, resumed on i-... in us-east-1c after
+    3m12s"; empty for a run that stayed on one instance and was not cut short there."""
+    if not segments or (len(segments) == 1 and segments[0].end not in ("preempted", "lost")):
+        return ""
+    parts = []
+    for prev, seg in zip(segments, segments[1:]):
+        parts.append(f"{prev.end or 'ended'} at {clock(prev.ended_at or seg.started_at)}"
+                     f"{f' in {prev.zone}' if prev.zone else ''}, resumed on {_where(seg)} after {duration(seg.waited_s)}")
+    last = segments[-1]
+    if last.end in ("preempted", "lost") and state in ("preempted", "lost"):
+        parts.append(f"{last.end} at {clock(last.ended_at or 0)}{f' in {last.zone}' if last.zone else ''}; "
+                     "waiting for recovery (gpuctl watch) or `train --resume`")
+    return "; ".join(parts)
+
+
+def segments(r: RunCost, out: Console) -> None:
+    """The instances a run used, and what interruptions cost it."""
+    if len(r.segments) < 2 and not r.lost_s:
+        return
+    cols = [Col("instance"), Col("zone", drop=3), Col("market", drop=2), Col("ran", True), Col("$", True),
+            Col("ended", drop=4), Col("lost work", True, drop=1), Col("waited", True, drop=5)]
+    table(out, cols, [(g.instance_id, g.zone or "-", g.market, duration(g.seconds),
+                       usd(g.usd) + (" (free)" if g.free else ""), g.end or "running",
+                       duration(g.lost_s) if g.lost_s else "-", duration(g.waited_s) if g.waited_s else "-")
+                      for g in r.segments], note=False)
+    free = " (not billed: EC2 interrupted a spot instance in its first hour)" if any(g.free for g in r.segments) else ""
+    say(out, f"  {len(r.segments)} instances, {usd(r.instances_usd)} while on them; lost work {duration(r.lost_s)} "
+             f"({usd(r.lost_usd)}{free}), {duration(r.waited_s)} waiting for a replacement")
 
 
 def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None:
@@ -153,6 +191,7 @@ def epochs(r: RunCost, out: Console) -> list[str]:
                    note=False)
     say(out, f"  mean epoch {duration(r.mean_epoch_s)} / {usd(r.mean_epoch_usd)}; spent {usd(r.spent_usd)}; "
              f"projected total {usd(r.projected_total_usd)} ({usd(r.projected_remaining_usd)} still to run)")
+    segments(r, out)
     return hidden
 
 

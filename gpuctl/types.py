@@ -301,6 +301,17 @@ class ClusterStatus(ClusterCost):
     note: Optional[str] = None  # e.g. why its instances ended
 
 
+class SegmentCost(Segment):
+    """A run's stretch on one instance, as the reports show it."""
+
+    seconds: float = 0.0
+    usd: float = 0.0  # what the instance cost while the run was on it (0 where EC2 does not bill it)
+    free: bool = False  # a spot instance EC2 interrupted in its first hour: not billed (billing.py)
+    lost_s: float = 0.0  # work after the last checkpointed epoch, done again on the next instance
+    lost_usd: float = 0.0
+    waited_s: float = 0.0  # from the end of the stretch before it to its start (a recovery's wait)
+
+
 class RunStatus(_Frozen):
     run_id: str
     cluster: str
@@ -315,6 +326,7 @@ class RunStatus(_Frozen):
     tensorflow: Optional[str] = None
     image: Optional[str] = None
     resumable: bool = False  # failed, stopped or lost, on a cluster still up: `train --resume` may continue it
+    segments: tuple[SegmentCost, ...] = ()  # where it ran (more than one after a resume or a recovery)
 
 
 class StatusReport(_Frozen):
@@ -352,6 +364,11 @@ class RunCost(_Frozen):
     projected_finish_at: Optional[float] = None  # when the planned epochs would be done
     tensorflow: Optional[str] = None
     image: Optional[str] = None
+    segments: tuple[SegmentCost, ...] = ()
+    instances_usd: Optional[float] = None  # every instance it used, while it was on them
+    lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars
+    lost_usd: float = 0.0
+    waited_s: float = 0.0  # between instances (recovery)
 
 
 class CostReport(_Frozen):

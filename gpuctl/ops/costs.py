@@ -11,8 +11,10 @@ from gpuctl.errors import ConfigError
 from gpuctl.ops import clusters, guards, run_state
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
+from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.types import (
+    ENDED_STATES,
     ClusterCost,
     ClusterRecord,
     ClusterStatus,
@@ -22,6 +24,7 @@ from gpuctl.types import (
     RunCost,
     RunRecord,
     RunStatus,
+    SegmentCost,
     StatusReport,
 )
 
@@ -37,16 +40,20 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
     """Uptime and dollars by the cluster's billing rule: EC2's (per second, 60 s minimum, spot
     piecewise, EBS storage) or seconds x the set rate for machines nobody rents by the second."""
     instances = s.ledger.instances(c.id)
-    uptime = compute = storage = rate = savings = 0.0
-    for inst in instances:
-        end = inst.terminated_at or c.terminated_at or now
+    compute = storage = savings = 0.0
+    # A recovered cluster had several generations of instances: its uptime spans them all, its
+    # rate is what runs now (or ran last).
+    live = [i for i in instances if i.state not in ENDED_STATES] or instances[-1:]
+    rate = sum(i.usd_per_hour for i in live)
+    ends = [i.terminated_at or c.terminated_at or now for i in instances]
+    uptime = max(ends) - min(i.launched_at for i in instances) if instances else 0.0
+    for inst, end in zip(instances, ends):
         seconds = max(0.0, end - inst.launched_at)
-        uptime = max(uptime, seconds)
-        rate += inst.usd_per_hour
         if c.spec.billing == "per-second":
             steps = list(inst.price_steps) or [(inst.launched_at, inst.usd_per_hour)]
             periods = [(a, b if b is not None else end) for a, b in inst.periods] or [(inst.launched_at, end)]
-            usd = billing.compute_cost(periods, steps)
+            free = billing.interruption_is_free(inst.market, inst.state_reason, inst.launched_at, inst.terminated_at)
+            usd = 0.0 if free else billing.compute_cost(periods, steps)
             compute += usd
             # The volume is billed while the instance is stopped too: storage covers the whole life.
             storage += billing.storage_cost(c.spec.disk_gb, inst.launched_at, end)
@@ -77,15 +84,36 @@ def status(s: Session) -> StatusReport:
     for r in run_state.refreshed_runs(s):
         epochs = s.ledger.epochs(r.run_id)
         elapsed = max(0.0, (r.ended_at or now) - r.started_at)
+        segs = _segments(s, r, epochs, now)
         runs.append(RunStatus(
             run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
             epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
-            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=elapsed * r.usd_per_hour / 3600.0,
+            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed,
+            usd=sum(g.usd for g in segs) if segs else elapsed * r.usd_per_hour / 3600.0,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image,
-            resumable=r.state in RESUMABLE and s.live_cluster_of(r) is not None,
+            resumable=r.state in RESUMABLE and (s.live_cluster_of(r) is not None or r.state == "preempted"),
+            segments=segs,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs))
+
+
+def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float) -> tuple[SegmentCost, ...]:
+    try:
+        instances = {i.id: i for i in s.ledger.instances(run.cluster_id)}
+    except KeyError:
+        instances = {}
+    return segment_costs(run, epochs, instances, now)
+
+
+def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
+    """Every instance the run used, what an interruption threw away, the waits between them."""
+    segs = _segments(s, run, s.ledger.epochs(run.run_id), now)
+    if not segs:
+        return rc
+    return rc.model_copy(update={"segments": segs, "instances_usd": sum(g.usd for g in segs),
+                                 "lost_s": sum(g.lost_s for g in segs), "lost_usd": sum(g.lost_usd for g in segs),
+                                 "waited_s": sum(g.waited_s for g in segs)})
 
 
 def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
@@ -107,7 +135,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
     clusters.reconcile_live(s)
     runs = [run_state.refresh_or_keep(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
     now = time.time()
-    costs = tuple(_with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id) for r in runs)
+    costs = tuple(_with_segments(s, _with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id), r, now)
+                  for r in runs)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd

@@ -61,14 +61,14 @@ class Imds(object):
 
 
 def _parsed(body, keys):
-    """The notice as a dict with only the expected string keys (IMDS is trusted, but a half-read
-    or odd body must not crash the watchdog)."""
+    """The notice as a dict with only the expected string keys, short. Any answer there is a
+    notice (IMDS answers 404 until there is one), but an odd body must not crash the watchdog."""
     try:
         data = json.loads(body)
     except ValueError:
-        return None
+        data = {}
     if not isinstance(data, dict):
-        return None
+        data = {}
     return dict((k, str(data[k])[:64]) for k in keys if k in data)
 
 
