@@ -59,3 +59,18 @@ def storage_cost(gb: float, start: float, end: float, usd_per_gb_month: float = 
     if end <= start:
         return 0.0
     return gb * usd_per_gb_month * (end - start) / (HOURS_PER_MONTH * 3600.0)
+
+
+# Billing for interrupted Spot Instances (Linux), as AWS documents it:
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/billing-for-interrupted-spot-instances.html
+#   If Amazon EC2 interrupts the Spot Instance: in the first hour, no charge; after the first hour,
+#   charged for the seconds used. If you stop or terminate it: charged for the seconds used.
+# So recovery lets EC2 end an instance interrupted in its first hour rather than ending it itself.
+SPOT_FREE_INTERRUPTION_S = 3600.0
+SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"  # the state reason code EC2 gives it
+
+
+def interruption_is_free(market: str, state_reason: str | None, launched_at: float, ended_at: float | None) -> bool:
+    """True for a spot instance that Amazon EC2 interrupted within its first hour: not billed."""
+    return (market == "spot" and (state_reason or "").startswith(SPOT_INTERRUPTION_REASON)
+            and ended_at is not None and ended_at - launched_at < SPOT_FREE_INTERRUPTION_S)
