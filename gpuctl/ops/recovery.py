@@ -15,14 +15,18 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Generator, Iterator
+from typing import Generator, Iterator
 
+from gpuctl import billing
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.ops import guards, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, Resource, RunRecord
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
+EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
+EC2_POLL_S = 5.0
+RETRY_S = 20.0  # the wait before the next try grows by this much per failed one
 
 
 class Interrupted(Exception):
@@ -106,8 +110,7 @@ def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generat
     return s.find_run(run.run_id)
 
 
-def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet,
-                       sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:
     """Launch a replacement for the preempted run's cluster and resume the run there, trying up to
     recover.max_attempts times; RecoveryError names every try."""
     settings = s.settings().settings.recover
@@ -125,7 +128,7 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet,
             s.ledger.event("recover-failed", exc.message, cluster=cluster, run_id=run.run_id)
             progress(f"try {attempt} failed: {exc.message}")
             if attempt < settings.max_attempts:
-                sleep(min(60.0, 10.0 * attempt))
+                time.sleep(RETRY_S * attempt)  # capacity comes back in minutes, not seconds
     raise RecoveryError(f"run {run.run_id} was preempted and recovery gave up after {len(tries)} tries: "
                         + "; ".join(tries), f"Resume it when capacity returns: gpuctl train --resume {run.run_id}")
 
@@ -138,6 +141,8 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
         spec = spec.model_copy(update={"fallback_on_demand": True})
     provider = s.provider(spec)
     left = [i for i in s.ledger.instances(cluster.id) if i.state not in ENDED_STATES]
+    if left and spec.market == "spot":
+        left = _let_ec2_end(s, cluster, provider, left, progress)
     if left:
         provider.release([Resource(provider=spec.provider, kind="instance", id=i.id, region=i.region,
                                    cluster=cluster.name) for i in left], progress)
@@ -159,6 +164,28 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
                    cluster=cluster)
     progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
     return instances
+
+
+def _let_ec2_end(s: Session, cluster: ClusterRecord, provider, left: list[InstanceRecord], progress: Progress
+                 ) -> list[InstanceRecord]:
+    """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed if
+    we do (billing.py): give EC2 its two minutes. What is still alive after them."""
+    young = [i for i in left if time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
+    if not young:
+        return left
+    progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed when EC2 "
+             f"ends it; up to {EC2_GRACE_S:.0f} s)")
+    deadline = time.monotonic() + EC2_GRACE_S
+    while left and time.monotonic() < deadline:
+        time.sleep(EC2_POLL_S)
+        try:
+            fresh = provider.reconcile(left)
+        except GpuctlError:
+            continue
+        for inst in fresh:
+            s.ledger.put_instance(cluster.id, inst)
+        left = [i for i in fresh if i.state not in ENDED_STATES]
+    return left
 
 
 def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluster: ClusterRecord | None = None
