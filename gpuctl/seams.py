@@ -20,3 +20,15 @@ def endpoint_override(ip: str) -> str | None:
         if key in (ip, "*"):
             target = value
     return target
+
+
+S3_ENDPOINT = "GPUCTL_TEST_S3_ENDPOINT"
+
+
+def s3_endpoint() -> str | None:
+    """The S3 endpoint an instance is told to use, from GPUCTL_TEST_S3_ENDPOINT (e.g.
+    http://10.251.1.1:PORT: the tests' moto server as an sshd test host reaches it).
+
+    This side keeps boto3's own endpoint (AWS_ENDPOINT_URL in the tests). Unset (always, outside
+    the tests), an instance uses AWS's own S3 endpoint of the bucket's region."""
+    return os.environ.get(S3_ENDPOINT) or None

@@ -128,11 +128,42 @@ def moto_server(tmp_path_factory):
     os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "true"
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    # On every address, so that the sshd test hosts reach S3 through their gateway as an instance
+    # reaches AWS's endpoint (s3_endpoint below); this side keeps to loopback.
+    server = ThreadedMotoServer(ip_address="0.0.0.0", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    _, port = server.get_host_and_port()
+    yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+def s3_endpoint(moto_server: str, host) -> str:
+    """The moto server as a test host reaches it (through its gateway): GPUCTL_TEST_S3_ENDPOINT."""
+    return f"http://{host.gateway}:{moto_server.rsplit(':', 1)[1]}"
+
+
+def s3_as_aws_does(monkeypatch) -> None:
+    """moto 5.2 evaluates a bucket policy without any request context and ignores the condition
+    operators it does not know (moto/iam/policy_conditions.py: only StringEquals), so the store's
+    Deny on `aws:SecureTransport = false` denies every object call, TLS or not. boto3 speaks HTTPS
+    to AWS, and the tests' plain-HTTP moto server stands for that: the bucket's policy is checked
+    here as if the request came over TLS (that one statement left out); its text is checked in
+    tests/unit/test_store.py."""
+    from moto.iam.access_control import IAMPolicy
+    from moto.s3.models import FakeBucket
+
+    tls_only = {"Bool": {"aws:SecureTransport": "false"}}
+    original = FakeBucket.get_permission
+
+    def get_permission(self, action, resource):
+        if self.policy is None:
+            return original(self, action, resource)
+        doc = json.loads(self.policy)
+        statements = doc["Statement"] if isinstance(doc["Statement"], list) else [doc["Statement"]]
+        doc["Statement"] = [st for st in statements if st.get("Condition") != tls_only]
+        return IAMPolicy(json.dumps(doc)).is_action_permitted(action, resource)
+
+    monkeypatch.setattr(FakeBucket, "get_permission", get_permission)
 
 
 def ec2_as_aws_does(monkeypatch) -> None:
@@ -202,6 +233,7 @@ def aws(moto_server, monkeypatch, tmp_path):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     ec2_as_aws_does(monkeypatch)
+    s3_as_aws_does(monkeypatch)
 
     violations: list[str] = []
     connect = socket.socket.connect
@@ -237,5 +269,15 @@ def gpuctl_keys(ec2):
     return ec2.describe_key_pairs(Filters=[{"Name": "tag:gpuctl:created-by", "Values": ["gpuctl"]}])["KeyPairs"]
 
 
+def gpuctl_profiles():
+    """The roles and instance profiles gpuctl made (under its IAM path), by name."""
+    import boto3
+
+    iam = boto3.client("iam", region_name=REGION)
+    return sorted({r["RoleName"] for r in iam.list_roles(PathPrefix="/gpuctl/")["Roles"]}
+                  | {p["InstanceProfileName"] for p in iam.list_instance_profiles(PathPrefix="/gpuctl/")["InstanceProfiles"]})
+
+
 def nothing_created(ec2):
     assert live_instances(ec2) == [] and gpuctl_groups(ec2) == [] and gpuctl_keys(ec2) == []
+    assert gpuctl_profiles() == []

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from gpuctl.cli import cli as gpuctl_cli
 from tests import sshd
 from tests.aws import aws, moto_server  # noqa: F401  (fixtures)
+from tests.imds import imds, imds_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 

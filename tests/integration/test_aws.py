@@ -81,7 +81,7 @@ def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
 def test_down_releases_everything_and_again_is_a_no_op(gpuctl, aws, isolated):
     gpuctl(*UP)
     out = gpuctl("down", "-y").stdout
-    assert "Cluster 'default' is down: released 3 resource(s)" in out
+    assert "Cluster 'default' is down: released 4 resource(s)" in out  # with the checkpoint instance profile
     nothing_created(aws)
     assert not list((isolated / "keys").glob("*.pem"))
     assert "nothing to do" in gpuctl("down", "-y").stdout
@@ -177,9 +177,9 @@ def test_a_lost_home_still_sees_what_it_made_and_any_owner_releases_it(gpuctl, a
     found = [r for r in inv["resources"] if r["provider"] == "aws"]
     mine = sorted(r["kind"] for r in found if r["cluster"] == "default")
     others = [r for r in found if r["cluster"] is None]
-    assert mine == sorted(r["kind"] for r in others) == ["instance", "key-pair", "security-group"]
+    assert mine == sorted(r["kind"] for r in others) == ["instance", "instance-profile", "key-pair", "security-group"]
     assert all(f"another owner's: {old}, cluster default" in r["state"] for r in others)
-    assert any("3 resource(s) belong to another owner" in n and "--any-owner" in n for n in inv["notes"])
+    assert any("4 resource(s) belong to another owner" in n and "--any-owner" in n for n in inv["notes"])
     assert "another owner's" in gpuctl("status", "--all").stdout
     # Bad inputs destroy nothing: --any-owner alone, or with no terminal to confirm on.
     assert "--any-owner goes with --all" in gpuctl("down", "--any-owner", "-y", code=2).stderr
@@ -187,7 +187,7 @@ def test_a_lost_home_still_sees_what_it_made_and_any_owner_releases_it(gpuctl, a
     assert len(live_instances(aws)) == 2
     # Plain --all releases this install's and says what it left.
     res = gpuctl("down", "--all", "-y")
-    assert "left 3 resource(s) of other owners" in res.stderr
+    assert "left 4 resource(s) of other owners" in res.stderr
     (left,) = live_instances(aws)
     assert {t["Key"]: t["Value"] for t in left["Tags"]}["gpuctl:owner"] == old
     gpuctl("down", "--all", "--any-owner", "-y")
@@ -344,7 +344,8 @@ def test_status_all_finds_what_the_ledger_lost_and_down_all_removes_it(gpuctl, a
         (isolated / f"ledger.sqlite3{suffix}").unlink(missing_ok=True)
     inv = json.loads(gpuctl("status", "--all", "--json").stdout)
     kinds = sorted((r["cluster"], r["kind"]) for r in inv["resources"] if r["provider"] == "aws")
-    assert kinds == sorted([(c, k) for c in ("default", "second") for k in ("instance", "key-pair", "security-group")])
+    assert kinds == sorted([(c, k) for c in ("default", "second") for k in ("instance", "instance-profile", "key-pair",
+                                                                                    "security-group")])
     assert inv["ledger_clusters"] == []
     assert "NO" in gpuctl("status", "--all").stdout
     gpuctl("down", "--all", "-y")
@@ -407,11 +408,11 @@ def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, 
     m = re.search(r"\((.*) (?:GMT|UTC)\)", ended["StateTransitionReason"])
     at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
     assert cluster["uptime_s"] == pytest.approx(at - launched, abs=1.0)  # billing closed at EC2's time
-    # `down` on the closed cluster still removes what is left of it (its group and key pair),
+    # `down` on the closed cluster still removes what is left of it (its group, key pair and profile),
     # and does not move its end to now.
     time.sleep(1.5)
     out = gpuctl("down", "default", "-y").stdout
-    assert "is down: released 2 resource(s)" in out
+    assert "is down: released 3 resource(s)" in out
     nothing_created(aws)
     after = json.loads(gpuctl("cost", "--json").stdout)["clusters"][0]
     assert after["uptime_s"] == pytest.approx(at - launched, abs=1.0)

@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import pytest
 
-from gpuctl.provision.aws import access, images, inventory
+from gpuctl.provision.aws import access, images, inventory, store_iam
+from gpuctl.provision.aws.store import S3Store, bucket_name
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan, launch_one
 from gpuctl.types import Resource
@@ -38,6 +39,8 @@ CLUSTER, OWNER = "default", "alice@laptop-1a2b3c"
 GPUCTL = {t["Key"]: t["Value"] for t in access.tags(CLUSTER, OWNER)}
 FOREIGN = {"Name": "prod-db", "team": "data"}
 KEY = access.resource_name(CLUSTER, OWNER)
+BUCKET = bucket_name(ACCOUNT, REGION, OWNER)
+PROFILE = store_iam.profile_name(OWNER, CLUSTER, REGION)
 # Who carries which tags in the account the checks run in: gpuctl's resources carry the tags
 # gpuctl's own create calls gave them (test_every_call... checks those calls are allowed).
 AMI = "ami-0123456789abcdef0"
@@ -83,7 +86,7 @@ def _condition(op: str, key: str, expected: list[str], ctx: dict[str, Any]) -> b
     if op == "Null":
         (want,) = expected
         return (not present) == (want == "true")
-    match = {"StringEquals": lambda v, e: v == e, "StringLike": _glob,
+    match = {"StringEquals": lambda v, e: v == e, "StringLike": lambda v, e: _glob(e, v),  # (value, pattern)
              "Bool": lambda v, e: v.lower() == e.lower()}
     qualifier, _, base = op.rpartition(":")
     if base not in match or qualifier not in ("", "ForAllValues", "ForAnyValue"):
@@ -157,7 +160,28 @@ def _run_instances(p: dict[str, Any]) -> list[Check]:
     checks += [_existing("RunInstances", "security-group", g) for g in nic["Groups"]]
     checks += [_existing("RunInstances", "key-pair", p["KeyName"]), _existing("RunInstances", "subnet", nic["SubnetId"]),
                _existing("RunInstances", "image", p["ImageId"])]
+    if p.get("IamInstanceProfile"):  # the profile's role (one name for both) is passed to EC2
+        checks.append(("iam:PassRole", iam_arn("role", p["IamInstanceProfile"]["Name"]),
+                       {"iam:PassedToService": "ec2.amazonaws.com"}))
     return checks
+
+
+def iam_arn(kind: str, name: str) -> str:
+    """gpuctl's roles and profiles live under its path /gpuctl/ (store_iam.PATH); others under /."""
+    return f"arn:aws:iam::{ACCOUNT}:{kind}{store_iam.PATH if name.startswith('gpuctl-') else '/'}{name}"
+
+
+def _iam_creating(noun: str, kind: str, name: str, p: dict[str, Any], ctx: dict[str, Any]) -> list[Check]:
+    """CreateRole / CreateInstanceProfile, with Tags: iam:Tag<noun> is authorized too."""
+    tags = {t["Key"]: t["Value"] for t in p.get("Tags", [])}
+    checks = [(f"iam:Create{noun}", iam_arn(kind, name), {**_request_tags(tags), **ctx})]
+    if tags:
+        checks.append((f"iam:Tag{noun}", iam_arn(kind, name), _request_tags(tags)))
+    return checks
+
+
+def _s3(action: str) -> Callable[[dict[str, Any]], list[Check]]:
+    return lambda p: [(f"s3:{action}", f"arn:aws:s3:::{p.get('Bucket', BUCKET)}", {})]
 
 
 def _anywhere(service: str, op: str) -> Callable[[dict[str, Any]], list[Check]]:
@@ -199,6 +223,36 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
         (c[0], c[1], {**c[2], **_request_tags({t["Key"]: t["Value"] for t in p.get("Tags", [])})})
         for c in (_existing("CreateTags", "snapshot" if rid.startswith("snap-") else "instance", rid)
                   for rid in p["Resources"])],
+    **{f"iam:{op}": _anywhere("iam", op) for op in ("ListRoles", "ListInstanceProfiles", "GetPolicy")},
+    "iam:CreateRole": lambda p: _iam_creating("Role", "role", p["RoleName"], p, {
+        **({"iam:PermissionsBoundary": p["PermissionsBoundary"]} if p.get("PermissionsBoundary") else {})}),
+    "iam:CreateInstanceProfile": lambda p: _iam_creating("InstanceProfile", "instance-profile",
+                                                         p["InstanceProfileName"], p, {}),
+    **{f"iam:{op}": (lambda op: lambda p: [(f"iam:{op}", iam_arn("role", p.get("RoleName", PROFILE)), {})])(op)
+       for op in ("PutRolePolicy", "DeleteRolePolicy", "ListRolePolicies", "ListRoleTags", "DeleteRole")},
+    **{f"iam:{op}": (lambda op: lambda p: [(f"iam:{op}", iam_arn("instance-profile", p.get("InstanceProfileName", PROFILE)), {})])(op)
+       for op in ("GetInstanceProfile", "DeleteInstanceProfile")},
+    # The role goes to EC2 with the profile: PassRole on it too (AWS's note on the operation).
+    "iam:AddRoleToInstanceProfile": lambda p: [
+        ("iam:AddRoleToInstanceProfile", iam_arn("instance-profile", p["InstanceProfileName"]), {}),
+        ("iam:PassRole", iam_arn("role", p["RoleName"]), {"iam:PassedToService": "ec2.amazonaws.com"})],
+    "iam:RemoveRoleFromInstanceProfile": lambda p: [
+        ("iam:RemoveRoleFromInstanceProfile", iam_arn("instance-profile", p["InstanceProfileName"]), {})],
+    "sts:GetCallerIdentity": lambda p: [],  # answers every identity: no permission to grant
+    # S3's actions are not its operations' names (the Service Authorization Reference for S3).
+    "s3:HeadBucket": _s3("ListBucket"),
+    "s3:ListObjectsV2": _s3("ListBucket"),
+    "s3:CreateBucket": _s3("CreateBucket"),
+    "s3:PutBucketEncryption": _s3("PutEncryptionConfiguration"),
+    "s3:PutPublicAccessBlock": _s3("PutBucketPublicAccessBlock"),
+    "s3:PutBucketPolicy": _s3("PutBucketPolicy"),
+    "s3:PutBucketLifecycleConfiguration": _s3("PutLifecycleConfiguration"),
+    "s3:PutBucketTagging": _s3("PutBucketTagging"),
+    "s3:GetBucketTagging": _s3("GetBucketTagging"),
+    "s3:CopyObject": lambda p: [("s3:GetObject", f"arn:aws:s3:::{p['CopySource']['Bucket']}/{p['CopySource']['Key']}", {}),
+                                ("s3:PutObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}", {})],
+    "s3:DeleteObjects": lambda p: [("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{o['Key']}", {})
+                                   for o in p["Delete"]["Objects"]],
     # AWS's public parameters live in no account; the one gpuctl reads is named in images.py.
     "ssm:GetParameter": lambda p: [("ssm:GetParameter", f"arn:aws:ssm:{REGION}::parameter"
                                     + p.get("Name", images.BASE_PARAMETER.format(arch="x86_64", os="ubuntu-22.04")),
@@ -212,18 +266,23 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
 def calls_in_code() -> set[str]:
     """Every EC2 and Price List operation named in provision/aws (as a client method, a paginator
     or a waiter), as IAM actions."""
+    import botocore.exceptions
     import botocore.session
     from botocore import xform_name
 
     source = "\n".join(p.read_text() for p in sorted((REPO / "gpuctl" / "provision" / "aws").glob("*.py")))
     services = set(re.findall(r"client\(\s*\"(\w+)\"", source))
-    assert services == {"ec2", "pricing", "ssm"}, f"a new AWS service is called: add its actions to the policy ({services})"
+    assert services == {"ec2", "pricing", "ssm", "iam", "s3", "sts"}, \
+        f"a new AWS service is called: add its actions to the policy ({services})"
     session, found = botocore.session.get_session(), set()
     for service in services:
         for op in session.get_service_model(service).operation_names:
             if re.search(rf"\b{xform_name(op)}\b", source):
                 found.add(f"{service}:{op}")
-        waiters = session.get_waiter_model(service)
+        try:
+            waiters = session.get_waiter_model(service)
+        except botocore.exceptions.UnknownServiceError:  # a service with no waiters (sts)
+            continue
         for name in waiters.waiter_names:
             if re.search(rf"[\"']{xform_name(name)}[\"']", source):
                 found.add(f"{service}:{waiters.get_waiter(name).operation}")
@@ -271,7 +330,82 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
                                      for k, i in (("instance", "i-1"), ("security-group", "sg-1"), ("key-pair", KEY))],
                           lambda _: None)
         _bake_and_remove(ok, aws, tmp_path)
+        ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
+        launch_one(aws, plan("spot", instance_profile=PROFILE), lambda _: None)
         stub.assert_no_pending_responses()
+    return sent + _checkpoint_requests(tmp_path)
+
+
+def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The checkpoint store's calls (the bucket, the cluster's role and profile, a run's files,
+    `cost`'s usage, `down`'s release of the profile), as gpuctl sends them."""
+    import boto3
+    from botocore.stub import Stubber
+
+    clients = {name: boto3.client(name, region_name=REGION, aws_access_key_id="x", aws_secret_access_key="y")
+               for name in ("iam", "s3", "sts")}
+    sent: list[tuple[str, dict[str, Any]]] = []
+    for name, client in clients.items():
+        client.meta.events.register(f"provide-client-params.{name}.*",
+                                    lambda params, model, name=name, **_: sent.append((f"{name}:{model.name}", dict(params))))
+    session = SimpleNamespace(get_partition_for_region=lambda region: "aws", client=lambda name, **_: clients[name])
+    aws = SimpleNamespace(region=REGION, session=session, client=lambda name, region=None: clients[name])
+    provider = SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home,
+                               spec=SimpleNamespace(region=REGION, checkpoint_expiry_days=30, wait_timeout_s=5))
+    stubs = {name: Stubber(client) for name, client in clients.items()}
+    iam, s3, sts = stubs["iam"], stubs["s3"], stubs["sts"]
+    profile = {"InstanceProfile": {"Path": store_iam.PATH, "InstanceProfileName": PROFILE, "InstanceProfileId": "AIPA1234567890ABCDEF",
+                                   "Arn": iam_arn("instance-profile", PROFILE), "CreateDate": "2026-11-30T00:00:00Z",
+                                   "Roles": [], "Tags": access.tags(CLUSTER, OWNER)}}
+    role = {"Path": store_iam.PATH, "RoleName": PROFILE, "RoleId": "AROA1234567890ABCDEF", "Arn": iam_arn("role", PROFILE),
+            "CreateDate": "2026-11-30T00:00:00Z"}
+    objects = {"Contents": [{"Key": f"clusters/{CLUSTER}/runs/r1/ckpt.index", "Size": 10},
+                            {"Key": f"clusters/{CLUSTER}/runs/r1/../escape", "Size": 1}]}
+    for stub in stubs.values():
+        stub.activate()
+    try:
+        sts.add_response("get_caller_identity", {"Account": ACCOUNT})
+        iam.add_response("get_policy", {"Policy": {"Arn": f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}"}})
+        iam.add_response("create_role", {"Role": role})
+        iam.add_response("put_role_policy", {})
+        iam.add_response("create_instance_profile", profile)
+        iam.add_response("get_instance_profile", profile)
+        iam.add_response("add_role_to_instance_profile", {})
+        s3.add_client_error("head_bucket", service_error_code="404", http_status_code=404)
+        for op in ("create_bucket", "put_bucket_encryption", "put_public_access_block", "put_bucket_policy",
+                   "put_bucket_lifecycle_configuration", "put_bucket_tagging"):
+            s3.add_response(op, {})
+        store = S3Store(provider)
+        store.prepare(CLUSTER, lambda _: None)
+        s3.add_response("list_objects_v2", objects)
+        assert store.files(CLUSTER, "r1") == [("ckpt.index", 10)]
+        s3.add_response("list_objects_v2", objects)
+        s3.add_response("copy_object", {})
+        assert store.copy(CLUSTER, "second", "r1") == 1
+        s3.add_response("list_objects_v2", objects)
+        s3.add_response("delete_objects", {})
+        assert store.remove(CLUSTER, "r1") == 2
+        s3.add_response("list_objects_v2", objects)
+        assert store.usage() == {(CLUSTER, "r1"): 10}
+        iam.add_response("list_instance_profiles", {"InstanceProfiles": [profile["InstanceProfile"]]})
+        iam.add_response("get_instance_profile", profile)
+        iam.add_response("list_roles", {"Roles": [role]})
+        assert [p["name"] for p in store_iam.discover(aws, OWNER, CLUSTER, None)] == [PROFILE]
+        iam.add_response("get_instance_profile", {"InstanceProfile": {**profile["InstanceProfile"], "Roles": [role]}})
+        iam.add_response("remove_role_from_instance_profile", {})
+        iam.add_response("delete_instance_profile", {})
+        iam.add_response("list_role_policies", {"PolicyNames": [store_iam.POLICY_NAME]})
+        iam.add_response("delete_role_policy", {})
+        iam.add_response("delete_role", {})
+        release = SimpleNamespace(aws=lambda region=None: SimpleNamespace(**vars(aws), ec2=lambda region=None: None),
+                                  spec=provider.spec, home=home)
+        inventory.release(release, [Resource(provider="aws", kind="instance-profile", id=PROFILE, region=REGION,
+                                             cluster=CLUSTER)], lambda _: None)
+        for stub in stubs.values():
+            stub.assert_no_pending_responses()
+    finally:
+        for stub in stubs.values():
+            stub.deactivate()
     return sent
 
 
@@ -302,10 +436,11 @@ def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
     store.remove(AMI, lambda _: None)
 
 
-def plan(market: str) -> LaunchPlan:
+def plan(market: str, instance_profile: str = "") -> LaunchPlan:
     return LaunchPlan(cluster=CLUSTER, owner=OWNER, instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
                       key_name=KEY, security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market=market,
-                      max_price=0.0, fallback_on_demand=False, disk_gb=100, user_data="#!/bin/bash", token_seed="t")
+                      max_price=0.0, fallback_on_demand=False, disk_gb=100, user_data="#!/bin/bash", token_seed="t",
+                      instance_profile=instance_profile)
 
 
 def _launch(**changes: Any) -> dict[str, Any]:
@@ -327,7 +462,7 @@ def test_every_call_in_the_code_has_a_request_model():
 
 def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     pol, sent, found = policy(), recorded_requests(tmp_path), calls_in_code()
-    looks = {op for op in found if op.split(":")[1].startswith(("Describe", "Get"))}
+    looks = {op for op in found if op.split(":")[1].startswith(("Describe", "Get", "List", "Head"))}
     assert found - looks <= {op for op, _ in sent}, "a call that changes something is not exercised here"
     for op, params in sent + [(op, {}) for op in sorted(looks)]:
         checks = REQUESTS[op](params)
@@ -369,6 +504,20 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     ("make an image whose snapshots are untagged", "ec2:CreateImage", {"InstanceId": "i-1", "TagSpecifications": [
         {"ResourceType": "image", "Tags": [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]}]}),
     ("read a parameter that is not AWS's DLAMI one", "ssm:GetParameter", {"Name": "/prod/db/password"}),
+    ("create a role outside gpuctl's path", "iam:CreateRole", {"RoleName": "admin", "Tags": access.tags(CLUSTER, OWNER),
+                                                                "PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}"}),
+    ("create a role without the boundary", "iam:CreateRole", {"RoleName": PROFILE, "Tags": access.tags(CLUSTER, OWNER)}),
+    ("create a role with another boundary", "iam:CreateRole", {
+        "RoleName": PROFILE, "Tags": access.tags(CLUSTER, OWNER),
+        "PermissionsBoundary": "arn:aws:iam::aws:policy/AdministratorAccess"}),
+    ("put a policy on a foreign role", "iam:PutRolePolicy", {"RoleName": "admin"}),
+    ("put a foreign role into gpuctl's profile", "iam:AddRoleToInstanceProfile",
+     {"InstanceProfileName": PROFILE, "RoleName": "admin"}),
+    ("launch with a foreign instance profile", "ec2:RunInstances", _launch(IamInstanceProfile={"Name": "admin"})),
+    ("make a bucket not named gpuctl-", "s3:CreateBucket", {"Bucket": "prod-data"}),
+    ("delete objects of a foreign bucket", "s3:DeleteObjects", {"Bucket": "prod-data", "Delete": {"Objects": [{"Key": "x"}]}}),
+    ("read a gpuctl bucket outside clusters/", "s3:CopyObject", {
+        "CopySource": {"Bucket": BUCKET, "Key": "other/x"}, "Bucket": BUCKET, "Key": "clusters/c/runs/r/x"}),
     ("import a key pair without an owner tag", "ec2:ImportKeyPair", {"KeyName": "k", "TagSpecifications": [
         {"ResourceType": "key-pair", "Tags": [{"Key": "gpuctl:created-by", "Value": "gpuctl"}]}]}),
 ])
@@ -380,6 +529,9 @@ def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
     ("ec2:StartInstances", arn("instance", "i-1")),
     ("ec2:ModifyInstanceAttribute", arn("instance", "i-1")), ("ec2:DeleteVolume", arn("volume", "vol-1")),
     ("ec2:DeleteVpc", arn("vpc", "vpc-1")), ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin"),
+    ("s3:DeleteBucket", f"arn:aws:s3:::{BUCKET}"), ("iam:AttachRolePolicy", iam_arn("role", PROFILE)),
+    ("iam:DeleteRolePermissionsBoundary", iam_arn("role", PROFILE)), ("iam:CreatePolicyVersion",
+                                                                      f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}"),
 ])
 def test_actions_gpuctl_never_calls_are_not_granted_even_on_its_own_resources(action, resource):
     assert decide(policy(), action, resource, {"aws:ResourceTag/gpuctl:created-by": "gpuctl"}) == "implicit deny"

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl.errors import CloudError
-from gpuctl.provision.aws import access
+from gpuctl.provision.aws import access, store_iam
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.remote.ssh import forget_host_keys
 from gpuctl.retry import TimedOut, poll
@@ -30,13 +30,18 @@ def regions(aws: Aws) -> list[str]:
 
 
 def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
-    """Every live instance, security group and key pair tagged for this owner and cluster; with no
-    cluster, every owner's in the account (see _resource)."""
+    """Every live instance, security group, key pair and instance profile tagged for this owner and
+    cluster; with no cluster, every owner's in the account (see _resource). Never the checkpoint
+    bucket: it outlives every cluster (`gpuctl runs rm` empties it run by run)."""
     aws = p.aws(region)
     names = [aws.region] if (region or cluster) else regions(aws)
     clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
     with ThreadPoolExecutor(max_workers=8) as pool:
         found = list(pool.map(lambda r: _discover_region(p, clients[r], r, cluster), names))
+    # IAM is global: the instance profiles are listed once and carry their region in a tag.
+    for prof in store_iam.discover(aws, p.owner if cluster else None, cluster, aws.region if (region or cluster) else None):
+        found.append([_resource(p, "instance-profile", prof["name"], prof["tags"].get(store_iam.TAG_REGION) or aws.region,
+                                {"Tags": [{"Key": k, "Value": v} for k, v in prof["tags"].items()]})])
     return [res for batch in found for res in batch]
 
 
@@ -128,3 +133,7 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
                 path = access.key_path(p.home, r.cluster, region)
                 path.unlink(missing_ok=True)
                 path.with_suffix(".pub").unlink(missing_ok=True)
+    for r in items:  # after the instances: a running one may still use its profile's credentials
+        if r.kind == "instance-profile":
+            store_iam.delete_profile(aws, r.id)
+            progress(f"deleted instance profile and role {r.id} (the checkpoint bucket stays)")

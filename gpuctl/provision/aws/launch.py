@@ -9,6 +9,7 @@ names the quota to raise.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class LaunchPlan:
     disk_gb: int
     user_data: str  # the script itself: boto3 base64-encodes RunInstances' UserData
     token_seed: str  # the same `up` retried reuses the same client tokens
+    instance_profile: str = ""  # the cluster's (store_iam.py): its checkpoints' credentials; "" = none
 
 
 def run_params(plan: LaunchPlan, zone: str, market: str) -> dict[str, Any]:
@@ -72,12 +74,40 @@ def run_params(plan: LaunchPlan, zone: str, market: str) -> dict[str, Any]:
         # Idempotency: an `up` killed after sending this and rerun gets the same instance back.
         "ClientToken": hashlib.sha256(f"{plan.token_seed}|{zone}|{market}".encode()).hexdigest()[:64],
     }
+    if plan.instance_profile:
+        params["IamInstanceProfile"] = {"Name": plan.instance_profile}
     if market == "spot":
         spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if plan.max_price > 0:
             spot["MaxPrice"] = f"{plan.max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     return params
+
+
+# IAM is eventually consistent: for some seconds after CreateInstanceProfile, RunInstances answers
+# InvalidParameterValue "Invalid IAM Instance Profile name". Retried after these pauses (~30 s).
+PROFILE_RETRY_S = (1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+
+
+def _profile_not_seen_yet(exc: BaseException) -> bool:
+    return error_code(exc) == "InvalidParameterValue" and "iam instance profile" in error_message(exc).lower()
+
+
+def _run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
+    """RunInstances, again while EC2 does not see a new instance profile yet (same request, same
+    client token: a refused request made nothing)."""
+    from botocore.exceptions import ClientError
+
+    for pause in (*PROFILE_RETRY_S, None):
+        try:
+            return aws.ec2().run_instances(**params)
+        except ClientError as exc:
+            if pause is None or not params.get("IamInstanceProfile") or not _profile_not_seen_yet(exc):
+                raise
+            progress(f"EC2 does not see instance profile {params['IamInstanceProfile']['Name']} yet (IAM takes "
+                     f"seconds to spread); again in {pause:g}s")
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def launch_one(aws: Aws, plan: LaunchPlan, progress: Callable[[str], None]) -> tuple[dict[str, Any], str]:
@@ -91,7 +121,7 @@ def launch_one(aws: Aws, plan: LaunchPlan, progress: Callable[[str], None]) -> t
         for zone in plan.subnets:
             progress(f"requesting {plan.instance_type} ({market}) in {zone}")
             try:
-                res = aws.ec2().run_instances(**run_params(plan, zone, market))
+                res = _run_instances(aws, run_params(plan, zone, market), progress)
                 return res["Instances"][0], market
             except ClientError as exc:
                 code = error_code(exc)

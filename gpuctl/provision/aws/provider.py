@@ -130,7 +130,11 @@ class AwsProvider:
         if not ordered:
             raise CloudError(f"the default VPC has no subnet in the zones offering {spec.instance_type}: {', '.join(zones)}")
 
-        # From here on, resources exist; each is tagged as it is created.
+        # From here on, resources exist; each is tagged as it is created. The checkpoint store's
+        # instance profile comes first: a caller without the IAM permissions is refused before
+        # anything else is made.
+        store = self.checkpoint_store()
+        profile = store.prepare(spec.name, progress)[1] if store is not None else ""
         key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
         progress(f"key pair {key_name} (private key {key_path}, 0600)")
         group = self._open_ssh(aws, vpc, cidr, progress)
@@ -140,7 +144,7 @@ class AwsProvider:
             subnets=ordered, market=market, max_price=spec.max_price or 0.0,
             fallback_on_demand=spec.fallback_on_demand, disk_gb=spec.disk_gb,
             user_data=hard_cap_script(spec.max_hours),
-            token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}",
+            token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}", instance_profile=profile,
         )
         inst, used = launch_one(aws, plan, progress)
         iid = inst["InstanceId"]
@@ -268,7 +272,13 @@ class AwsProvider:
         return {"endpoint": self.spec.imds_endpoint, "interval_s": 5.0}
 
     def checkpoint_store(self) -> Any:
-        return None  # the S3 store: being built (issue 13)
+        """The owner's S3 bucket of the region (provision/aws/store.py) when the cluster keeps its
+        checkpoints there (`aws.checkpoints = "s3"`); None: they stay on the instance's disk."""
+        if self.spec.checkpoints != "s3":
+            return None
+        from gpuctl.provision.aws.store import S3Store
+
+        return S3Store(self)
 
     def image_store(self) -> Any:
         from gpuctl.provision.aws.baked import AwsImages

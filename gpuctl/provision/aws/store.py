@@ -1,0 +1,314 @@
+"""The aws provider's checkpoint store: one S3 bucket per gpuctl owner, account and region, where
+each cluster's instance keeps its runs' checkpoints and reports (`clusters/<cluster>/runs/<run>/`)
+so that they outlive a spot interruption.
+
+The bucket is made on first use and set up to be private and cheap to forget: default encryption
+(SSE-S3), all four public-access blocks, a policy refusing plain HTTP, gpuctl's tags, and a
+lifecycle rule that expires checkpoints after `aws.checkpoint_expiry_days` (and drops uploads an
+interruption left half done). `down` never deletes it or its objects; `gpuctl runs rm` does, a
+run at a time. Each cluster's instance reaches only its own prefix (store_iam.py).
+
+Keys read back from the bucket are untrusted (anything with the bucket's write access may have
+put them): only keys under the expected prefix, without `..`, `.`, empty or absolute parts, count
+as a run's files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from gpuctl import seams
+from gpuctl.errors import CloudError, ConfigError, GpuctlError
+from gpuctl.provision import StoreTarget
+from gpuctl.provision.aws import access, store_iam
+from gpuctl.provision.aws.session import Aws, call, error_code, translate
+
+if TYPE_CHECKING:
+    from gpuctl.provision.aws.provider import AwsProvider
+
+Progress = Callable[[str], None]
+CLUSTERS = "clusters/"
+TAG_STORE = "gpuctl:store"  # what the bucket was set up as: written last, so a half-done setup is redone
+STORE_VERSION = 1
+DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
+COPY_LIMIT = 5 * 1024 ** 3  # CopyObject copies up to 5 GB; larger objects need the managed (multipart) copy
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def bucket_name(account: str, region: str, owner: str) -> str:
+    """`gpuctl-<account>-<region>-<owner hash>`: lowercase, at most 63 characters, unique to this
+    install in this account and region (bucket names are global: the account keeps others' apart)."""
+    name = f"gpuctl-{account}-{region}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}".lower()
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9][a-z0-9-]*[a-z0-9]", name), name
+    return name
+
+
+def cluster_prefix(cluster: str) -> str:
+    from gpuctl.settings import validate_name
+
+    try:
+        validate_name(cluster)
+    except ValueError as exc:
+        raise ConfigError(f"cluster name {cluster!r} cannot name a place in the store: {exc}") from None
+    return f"{CLUSTERS}{cluster}/"
+
+
+def run_prefix(cluster: str, run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"{run_id!r} is no run id", "Run ids look like proj-20261130-101500-ab12 (`gpuctl status`).")
+    return f"{cluster_prefix(cluster)}runs/{run_id}/"
+
+
+def safe_relative(key: str, prefix: str) -> str | None:
+    """The part of `key` under `prefix`, if it is a plain relative path; None for anything else
+    (outside the prefix, empty, absolute, `.` or `..` parts, backslashes, control characters)."""
+    if not key.startswith(prefix):
+        return None
+    rel = key[len(prefix):]
+    if not rel or rel.startswith("/") or "\\" in rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return rel
+
+
+def lifecycle_rules(expiry_days: int) -> list[dict[str, Any]]:
+    """Uploads a spot interruption cut short are dropped after a day (their parts cost storage and
+    no listing shows them); checkpoints expire after `expiry_days` (0: kept until `runs rm`)."""
+    if expiry_days < 0:
+        raise ConfigError(f"aws.checkpoint_expiry_days is {expiry_days}", "Use 0 (keep until `gpuctl runs rm`) or more.")
+    rules: list[dict[str, Any]] = [{"ID": "gpuctl-abort-incomplete-uploads", "Status": "Enabled",
+                                    "Filter": {"Prefix": ""},
+                                    "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}]
+    if expiry_days:
+        rules.append({"ID": "gpuctl-checkpoint-expiry", "Status": "Enabled", "Filter": {"Prefix": CLUSTERS},
+                      "Expiration": {"Days": expiry_days}})
+    return rules
+
+
+def tls_only_policy(bucket: str, partition: str = "aws") -> dict[str, Any]:
+    arn = f"arn:{partition}:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [{
+        "Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": [arn, f"{arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+
+
+def bucket_tags(owner: str, marker: str) -> list[dict[str, str]]:
+    return [{"Key": access.TAG_CREATED_BY, "Value": "gpuctl"}, {"Key": access.TAG_OWNER, "Value": owner},
+            {"Key": "Name", "Value": "gpuctl checkpoints"}, {"Key": TAG_STORE, "Value": marker}]
+
+
+class S3Store:
+    """The CheckpointStore of an aws cluster (provision.CheckpointStore)."""
+
+    def __init__(self, provider: "AwsProvider"):
+        self.p = provider
+        self._aws: Aws | None = None
+        self._account: str | None = None
+        self._ready: str | None = None  # the marker the bucket was found or set up with by this store
+
+    # --- where ---------------------------------------------------------------------------------
+
+    @property
+    def aws(self) -> Aws:
+        if self._aws is None:
+            self._aws = self.p.aws(self.p.spec.region)
+        return self._aws
+
+    @property
+    def region(self) -> str:
+        return self.aws.region
+
+    @property
+    def partition(self) -> str:
+        try:
+            return self.aws.session.get_partition_for_region(self.region) or "aws"
+        except Exception:  # noqa: BLE001 - an older botocore without it: the commercial partition
+            return "aws"
+
+    @property
+    def account(self) -> str:
+        if self._account is None:
+            self._account = call(self.aws.client("sts").get_caller_identity)["Account"]
+        return self._account
+
+    @property
+    def bucket(self) -> str:
+        return bucket_name(self.account, self.region, self.p.owner)
+
+    def s3(self) -> Any:
+        return self.aws.client("s3")
+
+    # --- the contract --------------------------------------------------------------------------
+
+    def target(self, cluster: str) -> StoreTarget:
+        """The cluster's place in the bucket; the bucket is made and set up first if need be."""
+        prefix = cluster_prefix(cluster)
+        try:
+            self.ensure_bucket()
+        except GpuctlError as exc:
+            raise store_iam.denied(exc, "the checkpoint bucket", "s3") from exc.__cause__
+        return StoreTarget(bucket=self.bucket, prefix=prefix, region=self.region, endpoint=seams.s3_endpoint())
+
+    def prepare(self, cluster: str, progress: Progress) -> tuple[StoreTarget, str]:
+        """What a launch needs before RunInstances: the cluster's instance profile and the bucket
+        (the profile first: without IAM nothing is made; if the bucket then fails, the profile
+        goes again). (target, instance profile name)."""
+        boundary = store_iam.boundary_arn(self.aws, self.account, self.partition)
+        profile = store_iam.ensure_profile(self.aws, self.p.owner, cluster, self.region, self.bucket, self.partition,
+                                           progress, boundary)
+        try:
+            target = self.target(cluster)
+        except GpuctlError:
+            try:
+                store_iam.delete_profile(self.aws, profile)
+            except GpuctlError:
+                pass  # `down` finds it by its path and tags
+            raise
+        progress(f"checkpoints: s3://{target.bucket}/{target.prefix} (encrypted, private, "
+                 f"{self._expiry_words()})")
+        return target, profile
+
+    def files(self, cluster: str, run_id: str) -> list[tuple[str, int]]:
+        prefix = run_prefix(cluster, run_id)
+        out = []
+        for key, size in self._list(prefix):
+            rel = safe_relative(key, prefix)
+            if rel is not None:
+                out.append((rel, size))
+        return sorted(out)
+
+    def copy(self, from_cluster: str, to_cluster: str, run_id: str) -> int:
+        src, dst = run_prefix(from_cluster, run_id), run_prefix(to_cluster, run_id)
+        s3, n = self.s3(), 0
+        for key, size in self._list(src):
+            rel = safe_relative(key, src)
+            if rel is None:
+                continue
+            source = {"Bucket": self.bucket, "Key": key}
+            if size <= COPY_LIMIT:
+                call(s3.copy_object, CopySource=source, Bucket=self.bucket, Key=dst + rel,
+                     ExpectedBucketOwner=self.account, ExpectedSourceBucketOwner=self.account)
+            else:
+                call(s3.copy, source, self.bucket, dst + rel)
+            n += 1
+        return n
+
+    def remove(self, cluster: str, run_id: str) -> int:
+        """Every object under the run's prefix, the odd keys too (deleting names no file here)."""
+        prefix = run_prefix(cluster, run_id)
+        keys = [k for k, _ in self._list(prefix) if k.startswith(prefix)]
+        s3 = self.s3()
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i:i + DELETE_BATCH]
+            res = call(s3.delete_objects, Bucket=self.bucket, ExpectedBucketOwner=self.account,
+                       Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            errors = res.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise CloudError(f"S3 kept {len(errors)} of the run's files: {first.get('Key')}: {first.get('Code')} "
+                                 f"{first.get('Message', '')}".rstrip(), "Run `gpuctl runs rm` again.")
+        return len(keys)
+
+    def usage(self) -> dict[tuple[str, str], int]:
+        """Bytes per (cluster, run id) in this owner's bucket of the region; nothing when there is
+        no bucket yet (usage never makes one)."""
+        out: dict[tuple[str, str], int] = {}
+        try:
+            for key, size in self._list(CLUSTERS, quick=True):
+                parts = key.split("/")
+                if len(parts) < 5 or parts[2] != "runs" or safe_relative(key, f"{CLUSTERS}{parts[1]}/runs/{parts[3]}/") is None:
+                    continue
+                out[(parts[1], parts[3])] = out.get((parts[1], parts[3]), 0) + size
+        except GpuctlError as exc:
+            if exc.__cause__ is not None and error_code(exc.__cause__) == "NoSuchBucket":
+                return {}
+            raise
+        return out
+
+    # --- the bucket ----------------------------------------------------------------------------
+
+    def _expiry_words(self) -> str:
+        days = self.p.spec.checkpoint_expiry_days
+        return f"expire after {days} days" if days else "kept until `gpuctl runs rm`"
+
+    def ensure_bucket(self) -> None:
+        """Make the bucket if it is not there, and set it up unless its marker tag says it is
+        already, as asked now. Idempotent; another account's bucket of that name is refused."""
+        from botocore.exceptions import ClientError
+
+        bucket, region, s3 = self.bucket, self.region, self.s3()
+        marker = f"v{STORE_VERSION}-expiry{self.p.spec.checkpoint_expiry_days}"
+        if self._ready == marker:
+            return
+        rules = lifecycle_rules(self.p.spec.checkpoint_expiry_days)
+        try:
+            s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
+            exists = True
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in ("403", "AccessDenied"):
+                raise CloudError(f"bucket {bucket} exists but this account cannot use it (another account's, or no "
+                                 "s3:ListBucket permission)", store_iam.NO_IAM_HINT) from exc
+            if code not in ("404", "NoSuchBucket", "NotFound"):
+                raise translate(exc, "HeadBucket") from exc
+            exists = False
+        if exists:
+            try:
+                tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
+            except ClientError as exc:
+                if error_code(exc) != "NoSuchTagSet":
+                    raise translate(exc, "GetBucketTagging") from exc
+                tags = {}
+            if tags.get(TAG_STORE) == marker and tags.get(access.TAG_OWNER) == self.p.owner:
+                self._ready = marker
+                return
+        else:
+            where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+            try:
+                s3.create_bucket(Bucket=bucket, **where)
+            except ClientError as exc:
+                if error_code(exc) == "BucketAlreadyExists":
+                    raise CloudError(f"the bucket name {bucket} is taken by another account",
+                                     store_iam.NO_IAM_HINT) from exc
+                if error_code(exc) != "BucketAlreadyOwnedByYou":
+                    raise translate(exc, "CreateBucket") from exc
+        call(s3.put_bucket_encryption, Bucket=bucket, ExpectedBucketOwner=self.account,
+             ServerSideEncryptionConfiguration={"Rules": [
+                 {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}, "BucketKeyEnabled": True}]})
+        call(s3.put_public_access_block, Bucket=bucket, ExpectedBucketOwner=self.account,
+             PublicAccessBlockConfiguration={"BlockPublicAcls": True, "IgnorePublicAcls": True,
+                                             "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
+        call(s3.put_bucket_policy, Bucket=bucket, ExpectedBucketOwner=self.account,
+             Policy=json.dumps(tls_only_policy(bucket, self.partition)))
+        call(s3.put_bucket_lifecycle_configuration, Bucket=bucket, ExpectedBucketOwner=self.account,
+             LifecycleConfiguration={"Rules": rules})
+        call(s3.put_bucket_tagging, Bucket=bucket, ExpectedBucketOwner=self.account,
+             Tagging={"TagSet": bucket_tags(self.p.owner, marker)})
+        self._ready = marker
+
+    def _list(self, prefix: str, quick: bool = False) -> Iterator[tuple[str, int]]:
+        """(key, bytes) of every object under the prefix (ListObjectsV2, 1000 a page). `quick`:
+        a client that gives up soon (`cost` must answer even without a network)."""
+        s3 = self.s3()
+        if quick:
+            from botocore.config import Config
+
+            s3 = self.aws.session.client("s3", region_name=self.region, config=Config(
+                retries={"mode": "standard", "max_attempts": 2}, connect_timeout=3, read_timeout=10))
+        try:
+            pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                 ExpectedBucketOwner=self.account)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield obj["Key"], int(obj.get("Size", 0))
+        except Exception as exc:  # noqa: BLE001 - botocore's errors, translated once here
+            from botocore import exceptions as bx
+
+            if isinstance(exc, (bx.BotoCoreError, bx.ClientError)):
+                raise translate(exc, "ListObjectsV2") from exc
+            raise
