@@ -74,3 +74,10 @@ def interruption_is_free(market: str, state_reason: str | None, launched_at: flo
     """True for a spot instance that Amazon EC2 interrupted within its first hour: not billed."""
     return (market == "spot" and (state_reason or "").startswith(SPOT_INTERRUPTION_REASON)
             and ended_at is not None and ended_at - launched_at < SPOT_FREE_INTERRUPTION_S)
+
+
+# S3 Standard storage, the first 50 TB a month, us-east-1, as https://aws.amazon.com/s3/pricing/
+# lists it (2026-11); S3 bills GB-months of 2^30 bytes, prorated by the hour. What the checkpoint
+# bucket costs (`gpuctl cost`); its requests (a few PUTs per epoch) are left out.
+S3_STANDARD_USD_PER_GB_MONTH = 0.023
+S3_PRICE = f"${S3_STANDARD_USD_PER_GB_MONTH:.3f}/GB-month (S3 Standard list price, us-east-1, 2026-11)"

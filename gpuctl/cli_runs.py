@@ -251,3 +251,34 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
     with progress_sink() as progress:  # following drives recovery too (recover.enabled)
         for chunk in recovery.follow(s, s.find_run(run).run_id, progress, raw=raw):
             click.echo(chunk, nl=False)
+
+
+@click.group(context_settings=CONTEXT)
+def runs() -> None:
+    """Runs' kept files: `gpuctl runs rm RUN` deletes a finished run's checkpoints."""
+
+
+@runs.command("rm", context_settings=CONTEXT)
+@click.argument("run")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@click.pass_context
+def runs_rm(ctx: click.Context, run: str, yes: bool, as_json: bool) -> None:
+    """Delete RUN's checkpoints and files for good: from the checkpoint store (aws: the S3 bucket,
+    under every cluster holding a copy) and from its cluster's host if that is up. The ledger
+    keeps the run's record, so its epochs and dollars stay in `gpuctl cost`. A running run is
+    refused."""
+    from gpuctl import render
+    from gpuctl.cli_common import confirm
+    from gpuctl.ops import checkpoints
+
+    s = session(ctx)
+    confirm(yes, checkpoints.remove_question(s, run))
+    with progress_sink() as progress:
+        result = checkpoints.remove(s, run, progress)
+    if as_json:
+        return render.emit_json(result)
+    where = [f"{result.store_files} file(s) from the checkpoint store"] if result.store_files else []
+    where += [f"{result.host_dir} on its host"] if result.host_dir else []
+    click.echo(f"Run {result.run_id}: deleted {' and '.join(where) or 'nothing (no files were kept)'}."
+               + (f" Note: {result.note}." if result.note else ""))

@@ -23,6 +23,7 @@ from rich.console import Console
 from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, num, say, table, usd
 
 if TYPE_CHECKING:
+    from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
     from gpuctl.types import CostReport, RunCost, SegmentCost, StatusReport
 
@@ -139,6 +140,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
                       for c in report.clusters])
     if not report.runs:
         images(getattr(report, "images", None), out)
+        checkpoints(getattr(report, "checkpoints", None), out)
         return
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
@@ -164,6 +166,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     out.print()
     say(out, f"Total across clusters: {usd(report.total_usd)}")
     images(getattr(report, "images", None), out)
+    checkpoints(getattr(report, "checkpoints", None), out)
 
 
 def images(storage: ImageStorage | None, out: Console) -> None:
@@ -174,6 +177,18 @@ def images(storage: ImageStorage | None, out: Console) -> None:
     say(out, f"Baked images: {len(live)} kept, {storage.gb:g} GB: {usd(storage.usd_per_month)}/month of snapshot "
              f"storage at {storage.price}; {usd(storage.accrued_usd)} so far"
              f"{f' (with {len(storage.images) - len(live)} removed)' if len(live) < len(storage.images) else ''}.")
+
+
+def checkpoints(storage: CheckpointStorage | None, out: Console) -> None:
+    """The runs' checkpoints in S3 (they outlive their clusters: no cluster's dollars either)."""
+    if storage is None:
+        return
+    if storage.runs:
+        runs = len({r.run_id for r in storage.runs})
+        say(out, f"Checkpoints kept: {runs} run(s), {storage.gb:.3g} GB: {usd(storage.usd_per_month)}/month of S3 "
+                 f"storage at {storage.price} (`gpuctl runs rm RUN` deletes a run's).")
+    if storage.note:
+        say(out, f"({storage.note})")
 
 
 def epochs(r: RunCost, out: Console) -> list[str]:

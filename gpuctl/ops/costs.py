@@ -1,5 +1,5 @@
 """Spend: `status` (what runs, what it has cost so far) and `cost` (per cluster, per run, per epoch,
-with projections, and the baked images' snapshot storage). Every cluster `up` ever made is reported
+with projections, the baked images' snapshot storage and the checkpoints' S3 storage). Every cluster `up` ever made is reported
 with its own dollars, also after its name was used again."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import time
 
 from gpuctl import billing
 from gpuctl.errors import ConfigError
-from gpuctl.ops import clusters, guards, run_state
+from gpuctl.ops import checkpoints, clusters, guards, run_state
+from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.segments import segment_costs
@@ -34,6 +35,8 @@ class CostWithImages(CostReport):
     JSON of earlier versions keeps its meaning: total_usd is still the clusters' total)."""
 
     images: ImageStorage = ImageStorage()
+    # The runs' checkpoints kept in the providers' stores (S3), asked of the stores at each `cost`.
+    checkpoints: CheckpointStorage = CheckpointStorage()
 
 
 def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
@@ -145,7 +148,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
-                          images=storage(s, now))
+                          images=storage(s, now), checkpoints=checkpoints.storage(s))
 
 
 def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:

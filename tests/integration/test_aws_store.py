@@ -9,6 +9,8 @@ key ("../x") in the bucket on pull, `runs rm` of an unknown run and of a running
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import boto3
@@ -16,7 +18,7 @@ import pytest
 
 from gpuctl.provision.aws import store_iam
 from gpuctl.provision.aws.store import bucket_name
-from tests.aws import ACCOUNT, REGION, live_instances, nothing_created
+from tests.aws import ACCOUNT, REGION, live_instances, nothing_created, s3_endpoint
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 PAYLOAD = Path(__file__).resolve().parents[2] / "gpuctl" / "payloads" / "gpuctl_store.py"
@@ -163,3 +165,142 @@ def test_iam_refused_says_so_and_leaves_nothing(gpuctl, aws, monkeypatch):
     s3, iam = clients()
     assert gpuctl_roles(iam) == [] and gpuctl_profiles(iam) == [] and s3.list_buckets()["Buckets"] == []
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+
+
+# --- the payload on a real host, against the moto server, with instance-profile credentials -----------
+
+
+def on_host(ssh, host, known: Path, command: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """A command over real SSH on a test host (plain OpenSSH, no terminal)."""
+    argv = [a for a in host.ssh_argv(ssh.key, known) if a != "-tt"] + ["-T", command]
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
+
+
+def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl, aws, ssh, imds, moto_server,
+                                                                          isolated, tmp_path, monkeypatch):
+    from gpuctl.provision import StoreTarget
+
+    host = ssh.hosts[0]
+    monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", s3_endpoint(moto_server, host))
+    gpuctl(*UP)  # makes the bucket and the cluster's instance profile
+    owner = owner_of(isolated)
+    bucket = bucket_name(ACCOUNT, REGION, owner)
+    target = StoreTarget(bucket=bucket, prefix="clusters/default/", region=REGION, endpoint=s3_endpoint(moto_server, host))
+    prefix = target.run_prefix("proj-20261130-101500-ab12")
+    imds.role(store_iam.profile_name(owner, "default", REGION))  # what EC2 serves an instance with that profile
+
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{host.ip} {host.pubkey}\n")
+    put = on_host(ssh, host, known, "mkdir -p /srv/payload && cat > /srv/payload/gpuctl_store.py", PAYLOAD.read_bytes())
+    assert put.returncode == 0, put.stderr
+    host.run("mkdir -p /srv/run/ckpt && printf w1 > /srv/run/ckpt/1.weights.h5 && printf '{}\\n' > /srv/run/epochs.jsonl")
+    # Only what boto3 finds by itself: no key in the environment, no config file, the metadata service.
+    env = (f"env -i PATH=/usr/bin:/bin HOME=/srv AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
+           f"AWS_EC2_METADATA_SERVICE_ENDPOINT={imds.url(host)}")
+    python = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
+    target_json = shlex.quote(target.model_dump_json())
+
+    def store(op: str, directory: str) -> dict:
+        res = on_host(ssh, host, known, f"{env} {python} /srv/payload/gpuctl_store.py {op} {directory} "
+                                        f"{target_json} {prefix}")
+        assert res.returncode == 0, res.stderr.decode() + res.stdout.decode()
+        return json.loads(res.stdout.decode().strip().splitlines()[-1])
+
+    first = store("push", "/srv/run")
+    assert first["uploaded"] == 2 and first["where"] == f"s3://{bucket}/{prefix}"
+    s3, _ = clients()
+    keys = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
+    assert keys == {prefix + "ckpt/1.weights.h5": 2, prefix + "epochs.jsonl": 3}
+    assert any(ok for ok in imds.gets(f"/latest/meta-data/iam/security-credentials/{store_iam.profile_name(owner, 'default', REGION)}"))
+    assert store("push", "/srv/run") == {**first, "uploaded": 0, "unchanged": 2, "bytes": 0}
+    host.run("printf w2 > /srv/run/ckpt/2.weights.h5")
+    assert store("push", "/srv/run")["uploaded"] == 1
+
+    s3.put_object(Bucket=bucket, Key=prefix + "../escaped", Body=b"evil")  # planted by whoever could write there
+    back = store("pull", "/srv/back")
+    assert back["downloaded"] == 3 and back["failed"] == []
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="clusters/")["Contents"]}
+    hostile = sorted(k for k in listed if ".." in k)
+    assert back["refused"] == [k for k in hostile if k.startswith(prefix)]
+    assert host.run("cat /srv/back/ckpt/1.weights.h5 /srv/back/ckpt/2.weights.h5").stdout == "w1w2"
+    assert host.run("ls /srv").stdout.split() == ["back", "payload", "run"]  # nothing escaped
+    gpuctl("down", "-y")
+
+
+# --- cost and runs rm ------------------------------------------------------------------------------
+
+
+def add_run(home: Path, run_id: str, state: str) -> None:
+    import time
+
+    from gpuctl.state import Ledger
+    from gpuctl.types import RunRecord
+
+    led = Ledger(home)
+    cluster = led.live_cluster("default")
+    led.put_run(RunRecord(run_id=run_id, cluster="default", cluster_id=cluster.id, project="/p", entry="train.py",
+                          state=state, started_at=time.time() - 60, ended_at=None if state == "running" else time.time(),
+                          run_dir=f"~/gpuctl/runs/{run_id}"))
+    led.close()
+
+
+def test_cost_shows_the_buckets_storage_and_runs_rm_deletes_a_runs_checkpoints(gpuctl, aws, isolated, monkeypatch):
+    gpuctl(*UP)
+    bucket = bucket_name(ACCOUNT, REGION, owner_of(isolated))
+    s3, _ = clients()
+    mib = b"x" * (1 << 20)
+    for key, body in {"clusters/default/runs/r1-20261130-000000-aaaa/ckpt/1.h5": mib * 3,
+                      "clusters/default/runs/r1-20261130-000000-aaaa/epochs.jsonl": b"{}\n",
+                      "clusters/second/runs/r1-20261130-000000-aaaa/ckpt/1.h5": mib,  # a copy (resumed elsewhere)
+                      "clusters/default/runs/r2-20261130-000000-bbbb/ckpt/1.h5": mib,
+                      "clusters/default/runs/r1-20261130-000000-aaaa/../odd": b"?",  # never counted
+                      "elsewhere/x": mib}.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    add_run(isolated, "r1-20261130-000000-aaaa", "succeeded")
+    add_run(isolated, "r2-20261130-000000-bbbb", "running")
+
+    report = json.loads(gpuctl("cost", "--json").stdout)["checkpoints"]
+    sizes = {(r["cluster"], r["run_id"]): r["bytes"] for r in report["runs"]}
+    assert sizes == {("default", "r1-20261130-000000-aaaa"): 3 * (1 << 20) + 3,
+                     ("second", "r1-20261130-000000-aaaa"): 1 << 20, ("default", "r2-20261130-000000-bbbb"): 1 << 20}
+    assert report["usd_per_month"] == pytest.approx((5 * (1 << 20) + 3) / 2 ** 30 * 0.023)
+    assert "S3 Standard list price, us-east-1, 2026-11" in report["price"] and report["note"] is None
+    assert "Checkpoints kept: 2 run(s)" in gpuctl("cost").stdout
+
+    # Bad inputs first: an unknown run, a running one, no confirmation.
+    assert "no run named 'nope'" in gpuctl("runs", "rm", "nope", "-y", code=4).stderr
+    err = gpuctl("runs", "rm", "r2-20261130-000000-bbbb", "-y", code=5).stderr
+    assert "is running" in err and "Hint:" in err
+    assert "without confirmation" in gpuctl("runs", "rm", "r1-20261130-000000-aaaa", code=2).stderr
+    assert len(s3.list_objects_v2(Bucket=bucket)["Contents"]) == 6
+
+    res = json.loads(gpuctl("runs", "rm", "r1-20261130-000000-aaaa", "-y", "--json").stdout)
+    assert res["store_files"] == 4  # both clusters' copies, and the odd key under its prefix
+    assert "stays" in res["note"]  # moto's instance has no host to reach: its directory goes with it
+    left = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert left == ["clusters/default/runs/r2-20261130-000000-bbbb/ckpt/1.h5", "elsewhere/x"]
+    runs = {r["run_id"] for r in json.loads(gpuctl("cost", "--json").stdout)["runs"]}
+    assert "r1-20261130-000000-aaaa" in runs  # the ledger keeps its record and dollars
+
+    gpuctl("down", "--force", "-y")  # r2 "runs" on a host moto cannot give
+    # Without credentials `cost` still answers, and says what it left out.
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    out = json.loads(gpuctl("cost", "--json").stdout)["checkpoints"]
+    assert out["runs"] == [] and "no AWS credentials" in out["note"]
+
+
+def test_runs_rm_on_a_provider_without_a_store_removes_the_runs_directory(gpuctl, quick_project):
+    # local (as ssh): checkpoints stay in the run's directory on the host; no AWS here.
+    gpuctl("up")
+    run_id = json.loads(gpuctl("train", quick_project, "--wait", "--json").stdout)["run"]["run_id"]
+    from gpuctl.state import Ledger, gpuctl_home
+
+    run_dir = Path(Ledger(gpuctl_home()).run(run_id).run_dir)
+    assert run_dir.is_dir()
+    res = gpuctl("runs", "rm", run_id, "-y")
+    assert f"deleted {run_dir} on its host" in res.stdout and not run_dir.exists()
+    assert run_id in gpuctl("cost").stdout  # its record and dollars stay
+    gpuctl("down", "-y")
+    res = json.loads(gpuctl("runs", "rm", run_id, "-y", "--json").stdout)
+    assert res["store_files"] == 0 and res["host_dir"] is None and "is down" in res["note"]
