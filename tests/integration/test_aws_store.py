@@ -178,21 +178,23 @@ def on_host(ssh, host, known: Path, command: str, stdin: bytes | None = None) ->
 
 def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl, aws, ssh, imds, moto_server,
                                                                           isolated, tmp_path, monkeypatch):
-    from gpuctl.provision import StoreTarget
+    from gpuctl.ops.session import Session
 
     host = ssh.hosts[0]
     monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", s3_endpoint(moto_server, host))
     gpuctl(*UP)  # makes the bucket and the cluster's instance profile
     owner = owner_of(isolated)
     bucket = bucket_name(ACCOUNT, REGION, owner)
-    target = StoreTarget(bucket=bucket, prefix="clusters/default/", region=REGION, endpoint=s3_endpoint(moto_server, host))
+    session = Session(isolated)
+    cluster = session.ledger.live_cluster("default")
+    target = session.provider(cluster.spec).checkpoint_store().target("default")  # what a run's config is given
+    session.close()
+    assert (target.bucket, target.prefix, target.endpoint) == (bucket, "clusters/default/", s3_endpoint(moto_server, host))
     prefix = target.run_prefix("proj-20261130-101500-ab12")
     imds.role(store_iam.profile_name(owner, "default", REGION))  # what EC2 serves an instance with that profile
 
     known = tmp_path / "known_hosts"
     known.write_text(f"{host.ip} {host.pubkey}\n")
-    put = on_host(ssh, host, known, "mkdir -p /srv/payload && cat > /srv/payload/gpuctl_store.py", PAYLOAD.read_bytes())
-    assert put.returncode == 0, put.stderr
     host.run("mkdir -p /srv/run/ckpt && printf w1 > /srv/run/ckpt/1.weights.h5 && printf '{}\\n' > /srv/run/epochs.jsonl")
     # Only what boto3 finds by itself: no key in the environment, no config file, the metadata service.
     env = (f"env -i PATH=/usr/bin:/bin HOME=/srv AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
@@ -200,28 +202,30 @@ def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl
     python = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
     target_json = shlex.quote(target.model_dump_json())
 
-    def store(op: str, directory: str) -> dict:
-        res = on_host(ssh, host, known, f"{env} {python} /srv/payload/gpuctl_store.py {op} {directory} "
-                                        f"{target_json} {prefix}")
+    def store(*steps: tuple[str, str], stdin: bytes | None = None) -> list[dict]:
+        """The payload's steps in one SSH session (a login is slow where the shell's rc files are)."""
+        commands = ["mkdir -p /srv/payload && cat > /srv/payload/gpuctl_store.py"] if stdin else []
+        commands += [f"{env} {python} /srv/payload/gpuctl_store.py {op} {directory} {target_json} {prefix}"
+                     for op, directory in steps]
+        res = on_host(ssh, host, known, " && ".join(commands), stdin)
         assert res.returncode == 0, res.stderr.decode() + res.stdout.decode()
-        return json.loads(res.stdout.decode().strip().splitlines()[-1])
+        return [json.loads(line) for line in res.stdout.decode().strip().splitlines()[-len(steps):]]
 
-    first = store("push", "/srv/run")
+    # The payload goes over as gpuctl sends payloads: into the host's own directory.
+    first, second = store(("push", "/srv/run"), ("push", "/srv/run"), stdin=PAYLOAD.read_bytes())
     assert first["uploaded"] == 2 and first["where"] == f"s3://{bucket}/{prefix}"
+    assert second == {**first, "uploaded": 0, "unchanged": 2, "bytes": 0}  # nothing unchanged is sent again
     s3, _ = clients()
     keys = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
     assert keys == {prefix + "ckpt/1.weights.h5": 2, prefix + "epochs.jsonl": 3}
-    assert any(ok for ok in imds.gets(f"/latest/meta-data/iam/security-credentials/{store_iam.profile_name(owner, 'default', REGION)}"))
-    assert store("push", "/srv/run") == {**first, "uploaded": 0, "unchanged": 2, "bytes": 0}
-    host.run("printf w2 > /srv/run/ckpt/2.weights.h5")
-    assert store("push", "/srv/run")["uploaded"] == 1
+    role = store_iam.profile_name(owner, "default", REGION)
+    assert any(imds.gets(f"/latest/meta-data/iam/security-credentials/{role}"))  # the profile's credentials
 
+    host.run("printf w2 > /srv/run/ckpt/2.weights.h5")
     s3.put_object(Bucket=bucket, Key=prefix + "../escaped", Body=b"evil")  # planted by whoever could write there
-    back = store("pull", "/srv/back")
-    assert back["downloaded"] == 3 and back["failed"] == []
-    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="clusters/")["Contents"]}
-    hostile = sorted(k for k in listed if ".." in k)
-    assert back["refused"] == [k for k in hostile if k.startswith(prefix)]
+    third, back = store(("push", "/srv/run"), ("pull", "/srv/back"))
+    assert third["uploaded"] == 1 and third["unchanged"] == 2
+    assert back["downloaded"] == 3 and back["failed"] == [] and back["refused"] == [prefix + "../escaped"]
     assert host.run("cat /srv/back/ckpt/1.weights.h5 /srv/back/ckpt/2.weights.h5").stdout == "w1w2"
     assert host.run("ls /srv").stdout.split() == ["back", "payload", "run"]  # nothing escaped
     gpuctl("down", "-y")
