@@ -126,11 +126,15 @@ class RunStore(object):
     that they outlive the instance; without a store they stay on the host."""
 
     def __init__(self):
-        self.target = self.prefix = self.run_dir = None
+        self.target = self.prefix = self.run_dir = self.store = None
 
     def configure(self, cfg, run_dir):
         store = cfg.get("store") or {}
         self.target, self.prefix, self.run_dir = store.get("target"), store.get("key_prefix"), run_dir
+        if self.target:
+            import gpuctl_store  # now: the script's directory replaces this one on sys.path later
+
+            self.store = gpuctl_store
         imds = store.get("imds_endpoint")
         if imds and imds.rstrip("/") != "http://169.254.169.254":
             # boto3 reads the instance role's credentials from there (a test's fake IMDS).
@@ -140,9 +144,7 @@ class RunStore(object):
         if not self.target:
             return
         try:
-            import gpuctl_store
-
-            gpuctl_store.push(self.run_dir, self.target, self.prefix)
+            self.store.push(self.run_dir, self.target, self.prefix)
         except Exception as exc:  # training goes on: the host still has them
             log("could not save the run's files to the store (%s): %s" % (why, exc))
 
@@ -152,11 +154,9 @@ class RunStore(object):
             return
         import shutil
 
-        import gpuctl_store
-
         tmp = os.path.join(self.run_dir, ".restore")
         shutil.rmtree(tmp, ignore_errors=True)
-        gpuctl_store.pull(self.target, self.prefix, tmp)
+        self.store.pull(self.target, self.prefix, tmp)
         for name in ("outputs", "epochs.jsonl"):
             src, dst = os.path.join(tmp, name), os.path.join(self.run_dir, name)
             if os.path.exists(src):

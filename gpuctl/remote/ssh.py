@@ -167,8 +167,11 @@ class SshHost:
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None, cwd: bool = True,
             stdin: bytes | None = None) -> CommandResult:
-        chan = self._client.get_transport().open_session()
-        chan.exec_command(self.command_line(argv, cwd and bool(self.root)))
+        try:
+            chan = self._client.get_transport().open_session()
+            chan.exec_command(self.command_line(argv, cwd and bool(self.root)))
+        except Exception as exc:
+            raise self._lost(exc) from None
         if stdin is not None:
             chan.sendall(stdin)
             chan.shutdown_write()
@@ -201,6 +204,14 @@ class SshHost:
             chan.close()  # the feeding failed here: the command sees its input end, not a pause
             raise
         return self._finish(chan, argv, False, None)
+
+    def _lost(self, exc: Exception) -> Exception:
+        """The connection dropped (the machine went away): a RemoteError that says so, not paramiko's
+        exception; anything else as it was."""
+        if isinstance(exc, (EOFError, OSError)) or type(exc).__module__.startswith("paramiko"):
+            return RemoteError(f"lost the connection to {self.label} ({type(exc).__name__}: {exc})",
+                               "The machine may be gone: `gpuctl status` asks its provider.")
+        return exc
 
     def _finish(self, chan: Any, argv: Sequence[str], check: bool, timeout: float | None) -> CommandResult:
         out, err = bytearray(), bytearray()
@@ -256,6 +267,8 @@ class SshHost:
             if getattr(exc, "errno", None) == 2:
                 return None
             raise RemoteError(f"cannot read {path} on {self.label}: {exc}") from None
+        except Exception as exc:
+            raise self._lost(exc) from None
 
     def makedirs(self, path: str) -> None:
         """mkdir -p over SFTP: no remote shell (whose startup files can cost 100 ms a command)."""

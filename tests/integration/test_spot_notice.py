@@ -21,6 +21,11 @@ from tests.integration.test_resume import SLOW
 
 pytestmark = pytest.mark.tf
 
+# Epochs of ~8.5 s: the watchdog asks IMDS every 5 s, so a notice given at the start of epoch 3
+# is heard, and the job stopped, inside it.
+SLOWER = SLOW.replace("time.sleep(0.5)", "time.sleep(1.2)")
+assert SLOWER != SLOW
+
 
 def spot_terminate(instance_id: str) -> None:
     """What EC2 does two minutes after the notice, done in the ThreadedMotoServer's backend (moto
@@ -66,12 +71,11 @@ def test_notice_stops_the_run_as_preempted_at_a_batch_end(gpuctl, aws, ssh, imds
         gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
         installer.join(60)
         (inst,) = live_instances(aws)
-        proj = make_project("slow", {"train.py": SLOW})
+        proj = make_project("slow", {"train.py": SLOWER})
         run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json", "--", "--epochs", "6").stdout)["run"]["run_id"]
 
         wait_for("epoch 2's report", lambda: len(epochs_on(host, run_id)) >= 2)
-        time.sleep(1.0)  # into epoch 3
-        imds.interrupt(host)
+        imds.interrupt(host)  # as epoch 3 begins
         code = wait_for("the job's exit", lambda: host.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
                         .stdout.strip(), timeout=60)
         assert code == "75"

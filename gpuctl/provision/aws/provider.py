@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl import seams
+from gpuctl import billing, seams
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.provision import remote_spec
 from gpuctl.provision.aws import access, catalog, images, lifecycle
@@ -23,8 +23,6 @@ from gpuctl.settings import Settings
 from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord
 
 Progress = Callable[[str], None]
-# The state reason code of a spot instance EC2 took back (its Message starts with it).
-SPOT_TERMINATION = "Server.SpotInstanceTermination"
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
@@ -262,7 +260,7 @@ class AwsProvider:
         """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination), or it is
         gone without a word (lifecycle.GONE); not a user's or a guard's shutdown (Client.*)."""
         reason = instance.state_reason or ""
-        return instance.state in ENDED_STATES and (reason.startswith(SPOT_TERMINATION) or reason == lifecycle.GONE)
+        return instance.state in ENDED_STATES and (reason.startswith(billing.SPOT_INTERRUPTION_REASON) or reason == lifecycle.GONE)
 
     def interruption_notice(self) -> dict[str, Any] | None:
         """Spot instances hear of their interruption two minutes ahead through IMDSv2
