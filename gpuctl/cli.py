@@ -129,7 +129,7 @@ def cli(debug: bool) -> None:
 
 for _command in (cli_clusters.up, cli_clusters.down, cli_clusters.status, cli_clusters.cost, cli_clusters.guard,
                  cli_clusters.config, cli_runs.train, cli_runs.sync, cli_runs.pull, cli_runs.logs, cli_runs.exec_,
-                 cli_runs.ssh_, cli_runs.attach, cli_runs.ssh_config, cli_runs.tensorboard, cli_runs.runs,
+                 cli_runs.ssh_, cli_runs.attach, cli_runs.ssh_config, cli_runs.tensorboard, cli_runs.runs, cli_runs.watch,
                  cli_images.image):
     cli.add_command(_command)
 

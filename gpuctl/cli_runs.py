@@ -253,6 +253,29 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
             click.echo(chunk, nl=False)
 
 
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--detach", is_flag=True, help="Keep watching in the background, after this terminal closes "
+              "(its decisions go to a log under gpuctl's home).")
+@click.pass_context
+def watch(ctx: click.Context, run: str | None, detach: bool) -> None:
+    """Watch a run (default: the latest) until it ends, and recover it when its spot instance is
+    interrupted: a replacement with the cluster's spec, the run resumed from its checkpoint
+    (settings `recover.*`). Meant to stay up on an always-on machine."""
+    from gpuctl.ops import recovery
+
+    s = session(ctx)
+    if detach:
+        found, pid, log = recovery.detach(s, run)
+        click.echo(f"Watching run {found.run_id} in the background (pid {pid}); its decisions: {log}")
+        return
+    with progress_sink() as progress:
+        final = recovery.watch(s, run, progress)
+    if final.state != "succeeded":
+        raise RunFailedError(f"run {final.run_id} {final.state} (exit code {final.exit_code})",
+                             f"Its log: gpuctl logs {final.run_id}")
+
+
 @click.group(context_settings=CONTEXT)
 def runs() -> None:
     """Runs' kept files: `gpuctl runs rm RUN` deletes a finished run's checkpoints."""

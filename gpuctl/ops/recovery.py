@@ -88,6 +88,42 @@ def follow(s: Session, run_id: str, progress: Progress = quiet, recover: bool | 
         run = replace_and_resume(s, run, progress)
 
 
+def watch(s: Session, run_id: str | None, progress: Progress = quiet) -> RunRecord:
+    """`gpuctl watch`: follow the run (its log unshown) and recover it until it has ended, each
+    decision time-stamped; the final run. A preempted run is recovered at once."""
+    def say(line: str) -> None:
+        progress(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}")
+
+    run = s.find_run(run_id)
+    say(f"watching run {run.run_id} ({run.state}) on cluster {run.cluster}")
+    for _ in follow(s, run.run_id, say, poll_s=2.0):
+        pass
+    run = s.find_run(run.run_id)
+    say(f"run {run.run_id} {run.state}")
+    return run
+
+
+def detach(s: Session, run_id: str | None) -> tuple[RunRecord, int, Path]:
+    """`gpuctl watch --detach`: the same, in a process of its own session that outlives the
+    terminal; (the run, its pid, its log)."""
+    import os
+    import subprocess
+    import sys
+
+    run = s.find_run(run_id)
+    logs = s.home / "logs"
+    logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log = logs / f"watch-{run.run_id}.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "watch", run.run_id], stdin=subprocess.DEVNULL,
+                                stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    finally:
+        os.close(fd)
+    s.ledger.event("watch", f"supervisor pid {proc.pid}, log {log}", run_id=run.run_id)
+    return run, proc.pid, log
+
+
 def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generator[str, None, RunRecord]:
     """Follow the run on its current instance until it ends or the instance is taken away."""
     last_check = [time.monotonic()]

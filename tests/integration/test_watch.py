@@ -1,0 +1,33 @@
+"""`gpuctl watch`: the supervisor that follows a run until it ends (and recovers it: see
+test_spot_recovery.py), in the foreground or detached from the terminal. On the local provider,
+whose runs nothing interrupts.
+
+Bad inputs tried: an unknown run (exit 4, nothing started)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+
+def test_watch_follows_a_run_to_its_end_in_the_foreground_and_detached(gpuctl, quick_project, isolated):
+    gpuctl("up", "--provider", "local", "-y")
+    run_id = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
+    res = gpuctl("watch", run_id)
+    assert f"watching run {run_id}" in res.stderr and f"run {run_id} succeeded" in res.stderr
+
+    second = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
+    out = gpuctl("watch", "--detach").stdout  # the latest run
+    assert f"Watching run {second} in the background" in out
+    pid = int(re.search(r"pid (\d+)", out).group(1))
+    log = isolated / "logs" / f"watch-{second}.log"
+    deadline = time.monotonic() + 120
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):  # the supervisor is this test's child: reap it
+        assert time.monotonic() < deadline, "the detached watch never ended"
+        time.sleep(0.2)
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert f"run {second} succeeded" in log.read_text()
+
+    assert "no run" in gpuctl("watch", "nope", code=4).stderr.lower()
