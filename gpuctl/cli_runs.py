@@ -19,7 +19,8 @@ from gpuctl.errors import RunFailedError
 @click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--resume", "resume_run", metavar="RUN",
-              help="Start a failed, stopped or lost run again from its last checkpoint (same id, arguments, log).")
+              help="Start a failed, stopped, lost or preempted run again from its last checkpoint (same id, "
+                   "arguments; with --cluster, on another cluster).")
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
 @click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
@@ -47,7 +48,7 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
 
     s = session(ctx, **{"train.entry": entry, "train.budget_usd": budget})
     if resume_run is not None:
-        given = [o for o, v in (("PATH", path), ("ARGS", args), ("--cluster", cluster), ("--data", data),
+        given = [o for o, v in (("PATH", path), ("ARGS", args), ("--data", data),
                                 ("--entry", entry), ("--budget", budget), ("--env", env_names),
                                 ("--down/--no-down", down_after is not None)) if v]
         if given:
@@ -55,7 +56,7 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
         from gpuctl.ops import resume
 
         with progress_sink() as progress:
-            run = resume.resume(s, resume_run, progress)
+            run = resume.resume(s, resume_run, progress, on=cluster)
         click.echo(f"Run {run.run_id} resumed from its checkpoint on {run.cluster}.", err=wait or as_json)
         result = None
     elif path is None:

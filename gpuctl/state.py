@@ -288,7 +288,8 @@ class Ledger:
             raise ValueError(f"run {run.run_id} has no cluster id")
         with self.write() as db:
             db.execute("INSERT INTO runs (run_id, cluster_id, record_json) VALUES (?, ?, ?)"
-                       " ON CONFLICT(run_id) DO UPDATE SET record_json = excluded.record_json",
+                       " ON CONFLICT(run_id) DO UPDATE SET record_json = excluded.record_json,"
+                       " cluster_id = excluded.cluster_id",  # a run resumed on another cluster moves there
                        (run.run_id, run.cluster_id, run.model_dump_json()))
 
     @staticmethod

@@ -249,7 +249,7 @@ def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluste
         run = run.model_copy(update={
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": inst.usd_per_hour,
-            "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/") else f"{host.root}/runs/{run.run_id}",
+            "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
             "segments": run.segments + (runs.segment_on(inst, now),)})
         run = runs.launch_job(s, loaded, record, run, python, code_dir, data_dir, secret_env, resumed=True)
     s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.ops import guards, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
-from gpuctl.types import RunRecord
+from gpuctl.types import ClusterRecord, RunRecord
 
 RESUMABLE = ("failed", "stopped", "lost", "preempted")
 
@@ -29,13 +30,18 @@ def checkpoint_dir(paths: jobs.JobPaths) -> str:
     return posixpath.join(paths.outputs, "checkpoint")
 
 
-def resume(s: Session, run_id: str, progress: Progress = quiet) -> RunRecord:
-    """Start the run again from its last checkpoint; the run as now recorded."""
+def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None = None) -> RunRecord:
+    """Start the run again from its last checkpoint (on cluster `on`, else its own); the run as
+    now recorded."""
     run = run_state.refresh_or_keep(s, s.find_run(run_id))
     if run.state not in RESUMABLE:
         what = {"succeeded": "it succeeded: there is nothing to resume"}.get(run.state, f"it is {run.state}")
         raise ConflictError(f"cannot resume run {run.run_id}: {what}",
-                            "Resume a failed, stopped or lost run; `gpuctl status` lists them.")
+                            "Resume a failed, stopped, lost or preempted run; `gpuctl status` lists them.")
+    if on is not None:
+        target = s.resolve_cluster(on)
+        if target.id != run.cluster_id:
+            return _resume_elsewhere(s, run, target, progress)
     cluster = s.live_cluster_of(run)
     if _in_store(s, run) and (cluster is None or not _host_answers(s, cluster)):
         # Its instance is gone (a spot interruption), its checkpoint is not: a new instance, the same run.
@@ -79,6 +85,37 @@ def resume(s: Session, run_id: str, progress: Progress = quiet) -> RunRecord:
             progress(f"watchdog: {guards.install(s, s.settings(), record)}")
     s.ledger.event("resume", f"resumed from {ckpt}", cluster=record, run_id=run.run_id)
     return run
+
+
+def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progress: Progress) -> RunRecord:
+    """The run's checkpoint and reports go to another (live) cluster, and the run goes on there:
+    copied inside the store when both clusters share one, else from its old host through here."""
+    from gpuctl.ops import recovery
+
+    source = s.ledger.cluster(run.cluster_id)
+    theirs, ours = s.provider(source.spec).checkpoint_store(), s.provider(target.spec).checkpoint_store()
+    if theirs is not None and ours is not None and _in_store(s, run) and \
+            theirs.target(source.name).bucket == ours.target(target.name).bucket:
+        progress(f"copied {ours.copy(source.name, target.name, run.run_id)} files of the run to "
+                 f"{target.name}'s place in the store")
+        return recovery.resume_on_new(s, run, progress, cluster=target)
+    live = s.live_cluster_of(run)
+    if live is None or not _host_answers(s, live):
+        raise NotFoundError(f"cannot resume run {run.run_id} on {target.name!r}: its checkpoint was on cluster "
+                            f"{run.cluster!r}, which is gone or does not answer", f"Start it anew: gpuctl train "
+                            f"{run.project} --cluster {target.name}")
+    _, old = s.host(live)
+    paths = jobs.JobPaths(run.run_dir)
+    if not old.run(["find", checkpoint_dir(paths), "-type", "f", "-print", "-quit"], check=False).stdout.strip():
+        raise NotFoundError(f"run {run.run_id} has no checkpoint on {old.label}", "Start it anew with gpuctl train.")
+    _, new = s.host(target)
+    new_paths = jobs.JobPaths(posixpath.join(new.root, "runs", run.run_id))
+    with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
+        old.pull_tree(paths.outputs, Path(tmp) / "outputs")
+        new.push(Path(tmp) / "outputs", new_paths.outputs, progress=lambda line: progress(f"checkpoint: {line}"))
+    new.write_text(new_paths.epochs, (old.read_bytes(paths.epochs) or b"").decode("utf-8", "replace"))
+    progress(f"brought the run's checkpoint and reports from {old.label} to {new.label}")
+    return recovery.resume_on_new(s, run.model_copy(update={"run_dir": new_paths.run_dir}), progress, cluster=target)
 
 
 def _in_store(s: Session, run: RunRecord) -> bool:

@@ -54,9 +54,13 @@ def _kill_mid_epoch_3(gpuctl, kill, run_id):
     return run
 
 
-def _resume_and_check(gpuctl, run_id):
-    res = gpuctl("train", "--resume", run_id, "--wait")
-    assert f"Run {run_id} resumed from its checkpoint" in res.stderr
+def _resume_and_check(gpuctl, run_id, resumed=False):
+    if resumed:  # already: follow it to its end
+        res = gpuctl("logs", "-f", run_id)
+        assert "final accuracy" in res.stdout
+    else:
+        res = gpuctl("train", "--resume", run_id, "--wait")
+        assert f"Run {run_id} resumed from its checkpoint" in res.stderr
     assert "final accuracy" in res.stdout
     run = _status(gpuctl, run_id)
     assert run["state"] == "succeeded" and run["epoch"] == 6 and run["epochs_planned"] == 6
@@ -87,6 +91,27 @@ def test_resume_on_local_after_a_sigkill_mid_epoch(gpuctl, make_project, tmp_pat
     gpuctl("down", "-y")
 
 
+def test_resume_on_another_cluster(gpuctl, make_project):
+    """`train --resume RUN --cluster B`: the checkpoint and reports go from the run's host to B's
+    (through here: local and ssh clusters share no store), and the run goes on there as itself."""
+    import subprocess
+
+    gpuctl("up", "--provider", "local", "--name", "a", "--usd-per-hour", "3.6", "-y")
+    proj = make_project("slow", {"train.py": SLOW})
+    run_id = json.loads(gpuctl("train", proj, "--json", "--", "--epochs", "6").stdout)["run"]["run_id"]
+    _kill_mid_epoch_3(gpuctl, lambda cmd: subprocess.run(["sh", "-c", cmd]), run_id)
+    gpuctl("up", "--provider", "local", "--name", "b", "--usd-per-hour", "7.2", "-y")
+    assert "no cluster" in gpuctl("train", "--resume", run_id, "--cluster", "zz", code=4).stderr.lower()
+    res = gpuctl("train", "--resume", run_id, "--cluster", "b")
+    assert "checkpoint: pushed 2 of 2 files" in res.stderr and f"resumed on local-b" in res.stderr
+    assert f"Run {run_id} resumed from its checkpoint on b." in res.stdout
+    _resume_and_check(gpuctl, run_id, resumed=True)
+    run = _status(gpuctl, run_id)
+    assert run["cluster"] == "b" and [g["end"] for g in run["segments"]] == ["failed", "succeeded"]
+    assert [g["usd_per_hour"] for g in run["segments"]] == [3.6, 7.2]
+    gpuctl("down", "--all", "-y")
+
+
 def test_a_run_without_a_checkpoint_is_not_resumed(gpuctl, make_project, monkeypatch):
     monkeypatch.setenv("GPUCTL_TRAIN__CHECKPOINT", "off")
     gpuctl("up", "--provider", "local", "-y")
@@ -99,7 +124,7 @@ def test_a_run_without_a_checkpoint_is_not_resumed(gpuctl, make_project, monkeyp
     gpuctl("down", "-y")
     assert not _status(gpuctl, run_id)["resumable"]  # its cluster is gone
     res = gpuctl("train", "--resume", run_id, code=4)
-    assert "was released, and its checkpoint with it" in res.stderr
+    assert "is gone, and its checkpoint with it" in res.stderr
 
 
 def test_resume_on_an_ssh_host_after_a_sigkill_mid_epoch(gpuctl, ssh, make_project):
