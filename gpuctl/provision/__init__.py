@@ -194,6 +194,25 @@ def no_image_store(provider: str) -> ConfigError:
                        "Run it with --provider aws (or `provider = \"aws\"` in the settings).")
 
 
+class MachinesThatStay:
+    """What local and ssh providers answer alike: machines that are there before gpuctl and after
+    it, which nobody takes away with a warning, and which have no machine images."""
+
+    name: str
+
+    def image_store(self) -> None:
+        raise no_image_store(self.name)
+
+    def checkpoint_store(self) -> None:
+        return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
+
+    def was_interrupted(self, instance: "InstanceRecord") -> bool:
+        return False
+
+    def interruption_notice(self) -> None:
+        return None
+
+
 def provider_class(name: str) -> Any:
     """The class registered under `name` (imports its module only now)."""
     try:

@@ -103,7 +103,7 @@ def test_resume_on_another_cluster(gpuctl, make_project):
     gpuctl("up", "--provider", "local", "--name", "b", "--usd-per-hour", "7.2", "-y")
     assert "no cluster" in gpuctl("train", "--resume", run_id, "--cluster", "zz", code=4).stderr.lower()
     res = gpuctl("train", "--resume", run_id, "--cluster", "b")
-    assert "checkpoint: pushed 2 of 2 files" in res.stderr and f"resumed on local-b" in res.stderr
+    assert "checkpoint: pushed 2 of 2 files" in res.stderr and "resumed on local-b" in res.stderr
     assert f"Run {run_id} resumed from its checkpoint on b." in res.stdout
     _resume_and_check(gpuctl, run_id, resumed=True)
     run = _status(gpuctl, run_id)

@@ -30,7 +30,8 @@ from tests.integration.test_spot_notice import SLOWER, epochs_on, spot_terminate
 pytestmark = pytest.mark.tf
 
 
-def two_hosts(monkeypatch, ssh, imds, moto_server, isolated):
+@pytest.fixture
+def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
     """The first instance is the first host, every later one the second; both reach the IMDS and S3
     at the lab's services address, and accept the cluster's key once it exists (cloud-init)."""
     h0, h1 = ssh.hosts
@@ -56,7 +57,9 @@ def two_hosts(monkeypatch, ssh, imds, moto_server, isolated):
             (h.base / "authorized_keys").write_text(text + pub)
 
     threading.Thread(target=install, daemon=True).start()
-    return h0, h1, saved
+    yield h0, h1
+    for h, text in saved:
+        (h.base / "authorized_keys").write_text(text)
 
 
 def up_first(gpuctl, aws, monkeypatch, h0, h1):
@@ -81,7 +84,16 @@ def train_in_background(gpuctl, args, code=0):
     return thread, out
 
 
-def stored_keys(aws_session_client, run_id):
+def finished(thread, out, timeout: float = 400):
+    """The background command's result, once it ended (its exception, raised here)."""
+    thread.join(timeout)
+    assert not thread.is_alive(), "the command did not finish"
+    if "error" in out:
+        raise out["error"]
+    return out["res"]
+
+
+def stored_keys(_ec2, run_id):
     import boto3
 
     s3 = boto3.session.Session(region_name="us-east-1").client("s3")
@@ -99,104 +111,83 @@ def run_id_on(host, out) -> str:
     return wait_for("the run's directory", started)[0]
 
 
-def test_a_notice_mid_epoch_3_and_the_run_finishes_on_a_replacement(gpuctl, aws, ssh, imds, make_project, monkeypatch,
-                                                                     isolated, moto_server):
-    h0, h1, saved = two_hosts(monkeypatch, ssh, imds, moto_server, isolated)
-    try:
-        first = up_first(gpuctl, aws, monkeypatch, h0, h1)
-        proj = make_project("slow", {"train.py": SLOWER})
-        thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "6"))
-        run_id = run_id_on(h0, out)
-        wait_for("epoch 2's report", lambda: len(epochs_on(h0, run_id)) >= 2)
-        imds.interrupt(h0)  # as epoch 3 begins
-        assert wait_for("the job's exit", lambda: h0.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
-                        .stdout.strip(), timeout=60) == "75"
-        # In S3 before the instance goes: epoch 2's checkpoint and the reports.
-        keys = stored_keys(aws, run_id)
-        assert "epochs.jsonl" in keys and any(k.startswith("outputs/checkpoint/") for k in keys), \
-            h0.run(f"cat /srv/gpuctl/runs/{run_id}/output.log /srv/gpuctl/runs/{run_id}/run.json").stdout
-        time.sleep(2.0)  # EC2 ends it a while after the notice (two minutes on AWS)
-        spot_terminate(first["InstanceId"])
-        h0.stop()  # and with it everything that ran there
-        thread.join(400)
-        assert not thread.is_alive(), "train --wait did not finish"
-        if "error" in out:
-            raise out["error"]
-        res = out["res"]
-        assert "letting EC2 end" in res.stderr and f"run {run_id} resumed on i-" in res.stderr
-        assert "restored the run's checkpoint and reports from the store" in res.stdout
-        assert "final accuracy" in res.stdout and "Epoch 6/6" in res.stdout
-
-        (second,) = live_instances(aws)
-        assert second["InstanceId"] != first["InstanceId"]
-        assert [e["epoch"] for e in epochs_on(h1, run_id)] == [1, 2, 3, 4, 5, 6]
-        run = next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
-        assert run["state"] == "succeeded" and run["epoch"] == 6
-        assert [(g["instance_id"], g["end"]) for g in run["segments"]] == [
-            (first["InstanceId"], "preempted"), (second["InstanceId"], "succeeded")]
-        assert f"resumed on {second['InstanceId']}" in gpuctl("status").stdout
-        cost = json.loads(gpuctl("cost", "--json", run_id).stdout)
-        (rc,) = cost["runs"]
-        assert [e["epoch"] for e in rc["epochs"]] == [1, 2, 3, 4, 5, 6]  # each once
-        a, b = rc["segments"]
-        # The first instance: interrupted by EC2 in its first hour, so not billed; its cut epoch 3 is lost work.
-        assert a["free"] and a["usd"] == 0 and a["lost_s"] > 0.5 and b["usd"] > 0 and b["waited_s"] > 0
-        assert rc["instances_usd"] == pytest.approx(b["usd"]) and rc["lost_s"] == pytest.approx(a["lost_s"])
-        text = gpuctl("cost", run_id).stdout
-        assert "lost work" in text and "(free)" in text
-        gpuctl("down", "-y")
-        assert live_instances(aws) == []
-        assert stored_keys(aws, run_id)  # down keeps the run's checkpoints
-    finally:
-        for h, text in saved:
-            (h.base / "authorized_keys").write_text(text)
+def train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, script: str, epochs: int):
+    """`up` (the first host), then `train --wait` in the background until epoch 2 is reported."""
+    first = up_first(gpuctl, aws, monkeypatch, h0, h1)
+    proj = make_project("slow", {"train.py": script})
+    thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait", "--", "--epochs", str(epochs)))
+    run_id = run_id_on(h0, out)
+    wait_for("epoch 2's report", lambda: len(epochs_on(h0, run_id)) >= 2)
+    return first, thread, out, run_id
 
 
-def test_an_instance_that_vanishes_without_notice_is_replaced(gpuctl, aws, ssh, imds, make_project, monkeypatch,
-                                                             isolated, moto_server):
-    h0, h1, saved = two_hosts(monkeypatch, ssh, imds, moto_server, isolated)
-    try:
-        first = up_first(gpuctl, aws, monkeypatch, h0, h1)
-        proj = make_project("slow", {"train.py": SLOW})
-        thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "4"))
-        run_id = run_id_on(h0, out)
-        wait_for("epoch 2's report", lambda: len(epochs_on(h0, run_id)) >= 2)
-        wait_for("epoch 2 in S3", lambda: "epochs.jsonl" in stored_keys(aws, run_id))
-        spot_terminate(first["InstanceId"])  # no notice came (they are best effort)
-        h0.stop()
-        thread.join(400)
-        assert not thread.is_alive(), "train --wait did not finish"
-        if "error" in out:
-            raise out["error"]
-        assert f"run {run_id} resumed on i-" in out["res"].stderr
-        assert "letting EC2 end" not in out["res"].stderr  # it had ended already
-        assert [e["epoch"] for e in epochs_on(h1, run_id)] == [1, 2, 3, 4]
-    finally:
-        for h, text in saved:
-            (h.base / "authorized_keys").write_text(text)
+def test_a_notice_mid_epoch_3_and_the_run_finishes_on_a_replacement(gpuctl, aws, spot_lab, imds, make_project,
+                                                                     monkeypatch):
+    h0, h1 = spot_lab
+    first, thread, out, run_id = train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, SLOWER, 6)
+    imds.interrupt(h0)  # as epoch 3 begins
+    assert wait_for("the job's exit", lambda: h0.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
+                    .stdout.strip(), timeout=60) == "75"
+    # In S3 before the instance goes: epoch 2's checkpoint and the reports.
+    keys = stored_keys(aws, run_id)
+    assert "epochs.jsonl" in keys and any(k.startswith("outputs/checkpoint/") for k in keys), \
+        h0.run(f"cat /srv/gpuctl/runs/{run_id}/output.log /srv/gpuctl/runs/{run_id}/run.json").stdout
+    time.sleep(2.0)  # EC2 ends it a while after the notice (two minutes on AWS)
+    spot_terminate(first["InstanceId"])
+    h0.stop()  # and with it everything that ran there
+    res = finished(thread, out)
+    assert "letting EC2 end" in res.stderr and f"run {run_id} resumed on i-" in res.stderr
+    assert "restored the run's checkpoint and reports from the store" in res.stdout
+    assert "final accuracy" in res.stdout and "Epoch 6/6" in res.stdout
+
+    (second,) = live_instances(aws)
+    assert second["InstanceId"] != first["InstanceId"]
+    assert [e["epoch"] for e in epochs_on(h1, run_id)] == [1, 2, 3, 4, 5, 6]
+    run = next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
+    assert run["state"] == "succeeded" and run["epoch"] == 6
+    assert [(g["instance_id"], g["end"]) for g in run["segments"]] == [
+        (first["InstanceId"], "preempted"), (second["InstanceId"], "succeeded")]
+    assert f"resumed on {second['InstanceId']}" in gpuctl("status").stdout
+    cost = json.loads(gpuctl("cost", "--json", run_id).stdout)
+    (rc,) = cost["runs"]
+    assert [e["epoch"] for e in rc["epochs"]] == [1, 2, 3, 4, 5, 6]  # each once
+    a, b = rc["segments"]
+    # The first instance: interrupted by EC2 in its first hour, so not billed; its cut epoch 3 is lost work.
+    assert a["free"] and a["usd"] == 0 and a["lost_s"] > 0.5 and b["usd"] > 0 and b["waited_s"] > 0
+    assert rc["instances_usd"] == pytest.approx(b["usd"]) and rc["lost_s"] == pytest.approx(a["lost_s"])
+    text = gpuctl("cost", run_id).stdout
+    assert "lost work" in text and "(free)" in text
+    gpuctl("down", "-y")
+    assert live_instances(aws) == []
+    assert stored_keys(aws, run_id)  # down keeps the run's checkpoints
 
 
-def test_recovery_gives_up_after_max_attempts_naming_each_try(gpuctl, aws, ssh, imds, make_project, monkeypatch,
-                                                             isolated, moto_server):
-    h0, h1, saved = two_hosts(monkeypatch, ssh, imds, moto_server, isolated)
+def test_an_instance_that_vanishes_without_notice_is_replaced(gpuctl, aws, spot_lab, imds, make_project, monkeypatch):
+    h0, h1 = spot_lab
+    first, thread, out, run_id = train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, SLOW, 4)
+    wait_for("epoch 2 in S3", lambda: "epochs.jsonl" in stored_keys(aws, run_id))
+    spot_terminate(first["InstanceId"])  # no notice came (they are best effort)
+    h0.stop()
+    res = finished(thread, out)
+    assert f"run {run_id} resumed on i-" in res.stderr
+    assert "letting EC2 end" not in res.stderr  # it had ended already
+    assert [e["epoch"] for e in epochs_on(h1, run_id)] == [1, 2, 3, 4]
+
+
+def test_recovery_gives_up_after_max_attempts_naming_each_try(gpuctl, aws, spot_lab, imds, make_project, monkeypatch):
+    h0, h1 = spot_lab
     monkeypatch.setenv("GPUCTL_RECOVER__MAX_ATTEMPTS", "2")
-    try:
-        first = up_first(gpuctl, aws, monkeypatch, h0, h1)
-        proj = make_project("sleepy", {"train.py": "import time\nprint('working', flush=True)\ntime.sleep(600)\n"})
-        thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait"), code=8)
-        run_id = run_id_on(h0, out)
-        wait_for("the job", lambda: "working" in h0.run(f"cat /srv/gpuctl/runs/{run_id}/output.log").stdout)
-        seen = _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity")
-        spot_terminate(first["InstanceId"])
-        h0.stop()
-        thread.join(300)
-        assert not thread.is_alive() and "error" not in out, out.get("error")
-        err = out["res"].stderr
-        assert "recovery gave up after 2 tries" in err and "try 1:" in err and "try 2:" in err
-        assert f"gpuctl train --resume {run_id}" in err and seen  # every zone was asked, twice
-        assert live_instances(aws) == []  # nothing half-launched is left
-        run = next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
-        assert run["state"] == "preempted" and run["resumable"]
-    finally:
-        for h, text in saved:
-            (h.base / "authorized_keys").write_text(text)
+    first = up_first(gpuctl, aws, monkeypatch, h0, h1)
+    proj = make_project("sleepy", {"train.py": "import time\nprint('working', flush=True)\ntime.sleep(600)\n"})
+    thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait"), code=8)
+    run_id = run_id_on(h0, out)
+    wait_for("the job", lambda: "working" in h0.run(f"cat /srv/gpuctl/runs/{run_id}/output.log").stdout)
+    seen = _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity")
+    spot_terminate(first["InstanceId"])
+    h0.stop()
+    err = finished(thread, out, 300).stderr
+    assert "recovery gave up after 2 tries" in err and "try 1:" in err and "try 2:" in err
+    assert f"gpuctl train --resume {run_id}" in err and seen  # every zone was asked, twice
+    assert live_instances(aws) == []  # nothing half-launched is left
+    run = next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
+    assert run["state"] == "preempted" and run["resumable"]

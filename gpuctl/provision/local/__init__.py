@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
-from gpuctl.provision import no_image_store, remote_spec
+from gpuctl.provision import MachinesThatStay, remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gpuctl.settings import Settings
 
 
-class LocalProvider:
+class LocalProvider(MachinesThatStay):
     name = "local"
     reuses_live_clusters = False
     arms_guard_at_up = False  # nothing is rented: the first `train` arms it
@@ -77,18 +77,6 @@ class LocalProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
-
-    def image_store(self) -> None:
-        raise no_image_store(self.name)
-
-    def checkpoint_store(self) -> None:
-        return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
-
-    def was_interrupted(self, instance: InstanceRecord) -> bool:
-        return False
-
-    def interruption_notice(self) -> None:
-        return None  # nobody takes these machines away with a warning
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
-from gpuctl.provision import no_image_store, remote_spec
+from gpuctl.provision import MachinesThatStay, remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -50,7 +50,7 @@ def _refuse_if_taken(host: SshHost, name: str) -> None:
                             "Pick another --name, or release that cluster from the gpuctl home that started it.")
 
 
-class SshProvider:
+class SshProvider(MachinesThatStay):
     name = "ssh"
     reuses_live_clusters = False
     arms_guard_at_up = True
@@ -90,18 +90,6 @@ class SshProvider:
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
-
-    def image_store(self) -> None:
-        raise no_image_store(self.name)
-
-    def checkpoint_store(self) -> None:
-        return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
-
-    def was_interrupted(self, instance: InstanceRecord) -> bool:
-        return False
-
-    def interruption_notice(self) -> None:
-        return None  # nobody takes these machines away with a warning
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
