@@ -223,9 +223,11 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
 @click.option("--tf", "tensorflow", metavar="VERSION", help="With --setup: that version's (default: the cluster's).")
 @click.option("--cluster", help="With --guard or --setup: the cluster (default: the default cluster).")
 @click.option("--raw", is_flag=True, help="Every line, TensorFlow's start-up chatter included.")
+@click.option("--recover/--no-recover", default=None, help="With -f: replace an interrupted spot instance and "
+              "resume the run (setting `recover.enabled`; default: on for spot clusters).")
 @click.pass_context
 def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, setup_log: bool, tensorflow: str | None,
-         cluster: str | None, raw: bool) -> None:
+         cluster: str | None, raw: bool, recover: bool | None) -> None:
     """Print a run's output (default: the latest run)."""
     if guard_log and setup_log:
         raise click.UsageError("--guard and --setup are two different logs: pass one")
@@ -250,7 +252,7 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
         return
     s = session(ctx)
     with progress_sink() as progress:  # following drives recovery too (recover.enabled)
-        for chunk in recovery.follow(s, s.find_run(run).run_id, progress, raw=raw):
+        for chunk in recovery.follow(s, s.find_run(run).run_id, progress, recover=recover, raw=raw):
             click.echo(chunk, nl=False)
 
 

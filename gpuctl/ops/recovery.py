@@ -17,15 +17,13 @@ import time
 from pathlib import Path
 from typing import Generator, Iterator
 
-from gpuctl import billing
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.ops import guards, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, Resource, RunRecord
+from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
-EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
-EC2_POLL_S = 5.0
+MAX_RECOVERIES = 10  # interruptions of one run that gpuctl answers with a replacement
 RETRY_S = 20.0  # the wait before the next try grows by this much per failed one
 
 
@@ -34,30 +32,35 @@ class Interrupted(Exception):
 
 
 def enabled(s: Session, cluster: ClusterRecord, asked: bool | None = None) -> bool:
-    """Whether to recover this cluster's runs: the flag, else recover.enabled ("auto": spot clusters)."""
+    """Whether to recover this cluster's runs: the flag, else recover.enabled ("auto": spot
+    clusters); never where the provider takes no machine away (nothing to replace there)."""
+    if s.provider(cluster.spec).interruption_notice() is None:
+        return False
     if asked is not None:
         return asked
     setting = s.settings().settings.recover.enabled
     return setting == "on" or (setting == "auto" and cluster.spec.market == "spot")
 
 
-def taken_away(s: Session, run: RunRecord) -> InstanceRecord | None:
-    """The run's instance, if its provider took it away (asked afresh, recorded in the ledger)."""
+def instances_now(s: Session, run: RunRecord) -> list[InstanceRecord]:
+    """The instance(s) the run is on, as its provider says now (recorded in the ledger); [] when
+    the provider cannot be asked (not a reason to launch or end anything)."""
     cluster = s.ledger.cluster(run.cluster_id)
     current = run.segments[-1].instance_id if run.segments else None
     mine = [i for i in s.ledger.instances(cluster.id) if current in (None, i.id)]
-    if not mine:
-        return None
-    provider = s.provider(cluster.spec)
     try:
-        fresh = provider.reconcile(mine)
+        fresh = s.provider(cluster.spec).reconcile(mine) if mine else []
     except GpuctlError:
-        return None  # cannot ask now: not a reason to launch anything
+        return []
     for inst in fresh:
         s.ledger.put_instance(cluster.id, inst)
-        if provider.was_interrupted(inst):
-            return inst
-    return None
+    return fresh
+
+
+def taken_away(s: Session, run: RunRecord) -> InstanceRecord | None:
+    """The run's instance, if its provider took it away."""
+    provider = s.provider(s.ledger.cluster(run.cluster_id).spec)
+    return next((i for i in instances_now(s, run) if provider.was_interrupted(i)), None)
 
 
 def mark_preempted(s: Session, run: RunRecord, inst: InstanceRecord) -> RunRecord:
@@ -85,6 +88,9 @@ def follow(s: Session, run_id: str, progress: Progress = quiet, recover: bool | 
             progress(f"run {run.run_id} was preempted; recovery is off: `gpuctl train --resume {run.run_id}` "
                      "continues it")
             return
+        if sum(1 for g in run.segments if g.end == "preempted") > MAX_RECOVERIES:
+            raise RecoveryError(f"run {run.run_id} was preempted {MAX_RECOVERIES + 1} times: gpuctl recovers it no more",
+                                f"Resume it on-demand: gpuctl train --resume {run.run_id} --cluster ON_DEMAND_CLUSTER")
         run = replace_and_resume(s, run, progress)
 
 
@@ -148,23 +154,32 @@ def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generat
 
 def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:
     """Launch a replacement for the preempted run's cluster and resume the run there, trying up to
-    recover.max_attempts times; RecoveryError names every try."""
+    recover.max_attempts times; RecoveryError names every try. Under the cluster's lock: a second
+    follower of the run (a `watch` beside a `train --wait`) finds it recovered and follows it."""
     settings = s.settings().settings.recover
+    ready = ready_to_resume(s, run)  # before anything is launched
     tries: list[str] = []
     for attempt in range(1, settings.max_attempts + 1):
-        cluster = s.ledger.cluster(run.cluster_id)
-        progress(f"run {run.run_id} preempted: launching a replacement (try {attempt} of {settings.max_attempts})")
-        try:
-            replace(s, cluster, progress, settings.fallback_on_demand)
-            return resume_on_new(s, run, progress)
-        except (ProjectError, ConflictError):
-            raise  # no replacement can fix these
-        except GpuctlError as exc:
-            tries.append(f"try {attempt}: {exc.message}")
-            s.ledger.event("recover-failed", exc.message, cluster=cluster, run_id=run.run_id)
-            progress(f"try {attempt} failed: {exc.message}")
-            if attempt < settings.max_attempts:
-                time.sleep(RETRY_S * attempt)  # capacity comes back in minutes, not seconds
+        with s.cluster_lock(s.ledger.cluster(run.cluster_id), progress) as cluster:
+            current = s.find_run(run.run_id)
+            if current.state != "preempted" or current.segments != run.segments:
+                progress(f"run {run.run_id} was recovered by another gpuctl: following it")
+                return current
+            if cluster.state != "up" and any(e[3] == "down" for e in s.ledger.events(cluster.id)):
+                raise ConflictError(f"cluster {cluster.name!r} was released with `gpuctl down`: not recovering run "
+                                    f"{run.run_id}", f"Resume it when you want it: gpuctl train --resume {run.run_id}")
+            progress(f"run {run.run_id} preempted: launching a replacement (try {attempt} of {settings.max_attempts})")
+            try:
+                replace(s, cluster, progress, settings.fallback_on_demand)
+                return _resume_locked(s, s.ledger.cluster(cluster.id), run, ready, progress)
+            except (ProjectError, ConflictError):
+                raise  # no replacement can fix these
+            except GpuctlError as exc:
+                tries.append(f"try {attempt}: {exc.message}")
+                s.ledger.event("recover-failed", exc.message, cluster=cluster, run_id=run.run_id)
+                progress(f"try {attempt} failed: {exc.message}")
+        if attempt < settings.max_attempts:
+            time.sleep(RETRY_S * attempt)  # capacity comes back in minutes, not seconds
     raise RecoveryError(f"run {run.run_id} was preempted and recovery gave up after {len(tries)} tries: "
                         + "; ".join(tries), f"Resume it when capacity returns: gpuctl train --resume {run.run_id}")
 
@@ -172,17 +187,16 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -
 def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_demand: bool) -> list[InstanceRecord]:
     """End what is left of the cluster's instances (an interrupted one has two minutes at most),
     then launch new ones with its spec; the cluster is up again with them, guarded."""
-    spec = cluster.spec
+    known = s.ledger.instances(cluster.id)
+    # A launch token of its own per generation: EC2 keeps a RunInstances client token for a day
+    # and would answer a replacement with the instance it replaces.
+    spec = cluster.spec.model_copy(update={"launch_token": f"{cluster.spec.launch_token}-r{len(known)}"})
     if fallback_on_demand and not spec.fallback_on_demand:
         spec = spec.model_copy(update={"fallback_on_demand": True})
     provider = s.provider(spec)
-    left = [i for i in s.ledger.instances(cluster.id) if i.state not in ENDED_STATES]
-    if left and spec.market == "spot":
-        left = _let_ec2_end(s, cluster, provider, left, progress)
+    left = [i for i in known if i.state not in ENDED_STATES]
     if left:
-        provider.release([Resource(provider=spec.provider, kind="instance", id=i.id, region=i.region,
-                                   cluster=cluster.name) for i in left], progress)
-        for inst in provider.reconcile(left):
+        for inst in provider.end_interrupted(left, progress):
             s.ledger.put_instance(cluster.id, inst)
     if cluster.state != "up":
         try:
@@ -202,34 +216,9 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     return instances
 
 
-def _let_ec2_end(s: Session, cluster: ClusterRecord, provider, left: list[InstanceRecord], progress: Progress
-                 ) -> list[InstanceRecord]:
-    """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed if
-    we do (billing.py): give EC2 its two minutes. What is still alive after them."""
-    young = [i for i in left if time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
-    if not young:
-        return left
-    progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed when EC2 "
-             f"ends it; up to {EC2_GRACE_S:.0f} s)")
-    deadline = time.monotonic() + EC2_GRACE_S
-    while left and time.monotonic() < deadline:
-        time.sleep(EC2_POLL_S)
-        try:
-            fresh = provider.reconcile(left)
-        except GpuctlError:
-            continue
-        for inst in fresh:
-            s.ledger.put_instance(cluster.id, inst)
-        left = [i for i in fresh if i.state not in ENDED_STATES]
-    return left
-
-
-def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluster: ClusterRecord | None = None
-                  ) -> RunRecord:
-    """Start the run again, as the same run, on a cluster whose host does not hold its files (a
-    replacement instance, another cluster): code and data pushed again, checkpoint and reports
-    restored from the store by the launcher; a new segment."""
-    cluster = cluster or s.ledger.cluster(run.cluster_id)
+def ready_to_resume(s: Session, run: RunRecord) -> tuple[Path, Path | None, dict[str, str]]:
+    """What a resume on a new instance needs from here, checked before anything is launched: the
+    project, its data, the `--env` values."""
     project = Path(run.project)
     if not project.is_dir():
         raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its project {project} is not here",
@@ -238,9 +227,24 @@ def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluste
     if data is not None and not data.is_dir():
         raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its data {data} is not here",
                            "Run gpuctl from the machine that started it, with its --data directory in place.")
-    secret_env = runs.env_values(s, run.env_names)
+    return project, data, runs.env_values(s, run.env_names)
+
+
+def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluster: ClusterRecord | None = None,
+                  ready: tuple[Path, Path | None, dict[str, str]] | None = None) -> RunRecord:
+    """Start the run again, as the same run, on a cluster whose host does not hold its files (a
+    replacement instance, another cluster): code and data pushed again, checkpoint and reports
+    restored from the store by the launcher; a new segment."""
+    ready = ready or ready_to_resume(s, run)
+    with s.cluster_lock(cluster or s.ledger.cluster(run.cluster_id), progress) as record:
+        return _resume_locked(s, record, run, ready, progress)
+
+
+def _resume_locked(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[Path, Path | None, dict[str, str]],
+                   progress: Progress) -> RunRecord:
+    project, data, secret_env = ready
     loaded = s.settings(project_dir=project)
-    with s.cluster_lock(cluster, progress) as record, s.working(record, "train"):
+    with s.working(record, "train"):
         inst, host = s.host(record)
         _, code_dir = runs.push_code(host, project, progress)
         data_dir = runs.push_data(host, data, progress)[1] if data is not None else None
@@ -255,4 +259,3 @@ def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluste
     s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)
     progress(f"run {run.run_id} resumed on {inst.id}{f' in {inst.zone}' if inst.zone else ''}")
     return run
-

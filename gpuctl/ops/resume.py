@@ -21,7 +21,7 @@ from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.ops import guards, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
-from gpuctl.types import ClusterRecord, RunRecord
+from gpuctl.types import ENDED_STATES, ClusterRecord, RunRecord
 
 RESUMABLE = ("failed", "stopped", "lost", "preempted")
 
@@ -43,12 +43,14 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         if target.id != run.cluster_id:
             return _resume_elsewhere(s, run, target, progress)
     cluster = s.live_cluster_of(run)
-    if _in_store(s, run) and (cluster is None or not _host_answers(s, cluster)):
+    if _in_store(s, run) and (cluster is None or run.state == "preempted" or _instance_ended(s, run)):
         # Its instance is gone (a spot interruption), its checkpoint is not: a new instance, the same run.
         from gpuctl.ops import recovery
 
-        recovery.replace(s, s.ledger.cluster(run.cluster_id), progress, s.settings().settings.recover.fallback_on_demand)
-        return recovery.resume_on_new(s, run, progress)
+        ready = recovery.ready_to_resume(s, run)  # before anything is launched
+        with s.cluster_lock(s.ledger.cluster(run.cluster_id), progress) as record:
+            recovery.replace(s, record, progress, s.settings().settings.recover.fallback_on_demand)
+        return recovery.resume_on_new(s, run, progress, ready=ready)
     if cluster is None:
         spec = s.ledger.cluster(run.cluster_id).spec
         keep = (" (keep the next run's checkpoints off the instance: aws.checkpoints = \"s3\")"
@@ -125,6 +127,14 @@ def _in_store(s: Session, run: RunRecord) -> bool:
         return False
     files = store.files(run.cluster, run.run_id)
     return any(path.startswith("outputs/checkpoint/") for path, _ in files)
+
+
+def _instance_ended(s: Session, run: RunRecord) -> bool:
+    """Whether the provider says the run's instance ended (not merely that SSH failed once)."""
+    from gpuctl.ops import recovery
+
+    fresh = recovery.instances_now(s, run)
+    return bool(fresh) and all(i.state in ENDED_STATES for i in fresh)
 
 
 def _host_answers(s: Session, cluster) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,7 +20,8 @@ from gpuctl.remote.host import Host
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 
 SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
-PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT)
+PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT), with
+PREEMPTED_MARK = "preempted.json"  # this file in its run dir (gpuctl_run.PREEMPTED_MARK)
 
 
 def ending(run: RunRecord, state: str, at: float, code: int | None = None) -> RunRecord:
@@ -70,8 +72,10 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
         update["epochs_planned"] = planned
-    if state == "failed" and code in (SIGTERM_EXIT, PREEMPTED_EXIT):
-        state = "stopped" if code == SIGTERM_EXIT else "preempted"
+    if state == "failed" and code == SIGTERM_EXIT:
+        state = "stopped"
+    elif state == "failed" and code == PREEMPTED_EXIT and host.read_bytes(posixpath.join(run.run_dir, PREEMPTED_MARK)):
+        state = "preempted"  # the launcher's word that a notice stopped it, not just a script's exit 75
     if state != run.state:
         update["state"] = state
         update["exit_code"] = code

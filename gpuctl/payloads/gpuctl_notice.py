@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from urllib.error import HTTPError, URLError
+from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 TOKEN_TTL_S = 21600
@@ -102,19 +102,20 @@ def watch(config, on_interruption, on_rebalance, log, clock=time.time, sleep=tim
             try:
                 seen = look(imds)
                 last_error = None
-            except (URLError, HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:  # URLError, HTTPException, a reset: this thread must live on
                 seen = {}
                 error = "%s: %s" % (type(exc).__name__, exc)
                 if error != last_error:
                     log("notice: cannot ask the metadata service at %s (%s)" % (endpoint, error))
                     last_error = error
             now = clock()
-            if seen.get("interruption") is not None and not heard["interruption"]:
-                heard["interruption"] = True
-                on_interruption(dict(seen["interruption"], seen_at=now))
-            if seen.get("rebalance") is not None and not heard["rebalance"]:
-                heard["rebalance"] = True
-                on_rebalance(dict(seen["rebalance"], seen_at=now))
+            for kind, handler in (("interruption", on_interruption), ("rebalance", on_rebalance)):
+                if seen.get(kind) is not None and not heard[kind]:
+                    try:
+                        handler(dict(seen[kind], seen_at=now))
+                        heard[kind] = True
+                    except Exception as exc:  # tried again at the next poll
+                        log("notice: handling the %s notice failed (%s: %s)" % (kind, type(exc).__name__, exc))
         sleep(interval)
 
 
@@ -123,7 +124,10 @@ def start(watchdog, read_json, write_json):
 
     def on_interruption(notice):
         # EC2 takes the instance in two minutes: record it (status and the launcher read it) and
-        # ask the jobs to stop at their batch end, keeping the last epoch's checkpoint.
+        # ask the jobs to stop at their batch end, keeping the last epoch's checkpoint. A watchdog
+        # restarted after that finds it recorded: the jobs were told once.
+        if os.path.exists(os.path.join(watchdog.guard_dir, NOTICE_FILE)):
+            return
         write_json(os.path.join(watchdog.guard_dir, NOTICE_FILE), notice)
         cfg = read_json(watchdog.config_path) or {}
         running = [r for r in watchdog.runs(cfg) if r[2]]

@@ -22,10 +22,26 @@ import gpuctl_report  # noqa: E402  (needs HERE on sys.path)
 # The run's spot instance is being taken away (EX_TEMPFAIL: try again later, elsewhere): it stopped
 # at a batch end with its last whole epoch checkpointed, and recovery or `train --resume` goes on.
 PREEMPTED_EXIT = 75
+RESTORE_FAILED_EXIT = 3  # a resumed run whose checkpoint could not be brought from the store
 
 
 class Preempted(SystemExit):
     """Raised out of the user's script when a spot interruption notice stopped its training."""
+
+
+PREEMPTED_MARK = "preempted.json"  # in the run's dir: exit 75 means preempted only with it
+
+
+def mark_preempted(notice_file, run_dir):
+    """Leave the notice beside the run: gpuctl takes exit 75 for a preemption only with it (a
+    script may exit 75 for reasons of its own)."""
+    try:
+        with open(notice_file) as fh:
+            notice = fh.read()
+    except (OSError, TypeError):
+        notice = "{}"
+    with open(os.path.join(run_dir, PREEMPTED_MARK), "w") as fh:
+        fh.write(notice)
 
 
 def log(msg):
@@ -156,7 +172,15 @@ class RunStore(object):
 
         tmp = os.path.join(self.run_dir, ".restore")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.store.pull(self.target, self.prefix, tmp)
+        try:
+            got = self.store.pull(self.target, self.prefix, tmp)
+        except Exception as exc:
+            got = {"failed": ["%s: %s" % (type(exc).__name__, exc)]}
+        trouble = list(got.get("failed") or []) + ["refused key %s" % k for k in got.get("refused") or []]
+        if trouble:
+            # Better no run than one that starts over (or from a broken checkpoint) unannounced.
+            log("cannot restore the run's checkpoint from the store: %s" % "; ".join(trouble[:5]))
+            raise SystemExit(RESTORE_FAILED_EXIT)
         for name in ("outputs", "epochs.jsonl"):
             src, dst = os.path.join(tmp, name), os.path.join(self.run_dir, name)
             if os.path.exists(src):
@@ -265,6 +289,8 @@ def install_sigterm(notice_file=None):
             log("spot interruption notice: stopping training after this batch; the run resumes from the "
                 "last whole epoch" if preempted else "SIGTERM: stopping training after this batch")
             return
+        if preempted and gpuctl_report.STATE["stop_requested"]:
+            return  # a second word of the same notice (a restarted watchdog): the stop is under way
         raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(143)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -299,6 +325,7 @@ def main(argv):
         runpy.run_path(entry, run_name="__main__")
     except Preempted:
         log("preempted: the last whole epoch's checkpoint is kept%s" % (" in the store" if STORE.target else ""))
+        mark_preempted(cfg.get("notice_file"), os.path.dirname(os.path.abspath(argv[0])))
         STORE.save("preempted")
         return PREEMPTED_EXIT
     except Exception:

@@ -244,6 +244,11 @@ class Watchdog(object):
 
     def fire(self, cfg, reason, detail, running):
         action = cfg.get("on_fire") or "stop-jobs"
+        if action == "poweroff" and os.path.exists(os.path.join(self.guard_dir, gpuctl_notice.NOTICE_FILE)):
+            # EC2 ends this spot instance within two minutes, and bills none of its first hour
+            # then; powering it off ourselves would be billed.
+            self.log("poweroff held back: a spot interruption notice came; EC2 ends the instance")
+            action = "stop-jobs"
         if action == "poweroff":
             neighbours = self.neighbours_at_work(time.time())
             if neighbours:

@@ -83,6 +83,11 @@ class Provider(Protocol):
         """Whether the provider took this ended instance away (a spot interruption, or it vanished)
         rather than the user or a guard ending it: what recovery answers by replacing it."""
 
+    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]"
+                        ) -> "list[InstanceRecord]":
+        """End what is left of interrupted instances before a replacement is launched, the cheapest
+        way the provider allows; the instances as they are then (ended)."""
+
     def interruption_notice(self) -> "dict[str, Any] | None":
         """What the watchdog polls for a notice that the instance is about to be taken away
         ({"endpoint": URL, "interval_s": 5} for a spot instance's IMDSv2); None where none comes."""
@@ -211,6 +216,10 @@ class MachinesThatStay:
 
     def interruption_notice(self) -> None:
         return None
+
+    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]"
+                        ) -> "list[InstanceRecord]":
+        return instances  # never interrupted: recovery does not run here
 
 
 def provider_class(name: str) -> Any:

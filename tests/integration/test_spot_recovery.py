@@ -41,8 +41,9 @@ def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
     monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", f"http://{h0.services_ip}:{urlparse(moto_server).port}")
     imds.role("gpuctl-instance-role")  # boto3 on the hosts reads its credentials here, as on EC2
     from gpuctl.ops import recovery
+    from gpuctl.provision.aws import provider
 
-    monkeypatch.setattr(recovery, "EC2_POLL_S", 0.5)
+    monkeypatch.setattr(provider, "EC2_POLL_S", 0.5)
     monkeypatch.setattr(recovery, "CHECK_INSTANCES_S", 2.0)
     monkeypatch.setattr(recovery, "RETRY_S", 0.0)
     saved = [(h, (h.base / "authorized_keys").read_text()) for h in (h0, h1)]

@@ -2,7 +2,8 @@
 test_spot_recovery.py), in the foreground or detached from the terminal. On the local provider,
 whose runs nothing interrupts.
 
-Bad inputs tried: an unknown run (exit 4, nothing started)."""
+Bad inputs tried: an unknown run (exit 4, nothing started); a script that exits 75 (the code a
+preempted run ends with) on its own."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def test_watch_follows_a_run_to_its_end_in_the_foreground_and_detached(gpuctl, q
     assert f"run {second} succeeded" in log.read_text()
 
     assert "no run" in gpuctl("watch", "nope", code=4).stderr.lower()
+
+
+def test_a_script_that_exits_75_itself_is_failed_not_preempted(gpuctl, make_project):
+    """Exit 75 means preempted only with the launcher's mark (a notice stopped it): a script's own
+    exit 75 is a failure, and nothing tries to recover it."""
+    gpuctl("up", "--provider", "local", "-y")
+    proj = make_project("tempfail", {"train.py": "raise SystemExit(75)\n"})
+    res = gpuctl("train", proj, "--wait", code=8)
+    assert "failed (exit code 75)" in res.stderr and "recover" not in res.stderr
+    run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+    assert run["state"] == "failed" and run["exit_code"] == 75 and not run["segments"][0]["end"] == "preempted"

@@ -121,3 +121,27 @@ def test_odd_notice_bodies_are_not_trusted_beyond_their_strings(imds):
     imds._put("/latest/meta-data/spot/instance-action", '{"action": "terminate", "time": "' + "x" * 500 + '", "evil": 1}')
     (notice,) = _watch(imds, 1)["interruption"]
     assert set(notice) == {"action", "time", "seen_at"} and len(notice["time"]) == 64
+
+
+def test_a_failing_notice_handler_is_logged_and_tried_again(imds):
+    imds.interrupt()
+    calls = []
+
+    def handler(notice):
+        calls.append(notice)
+        if len(calls) == 1:
+            raise KeyError("runs_dir")  # e.g. a config being rewritten at that moment
+
+    log: list[str] = []
+    rounds = [0]
+
+    def sleep(_s):
+        rounds[0] += 1
+        if rounds[0] >= 3:
+            raise StopIteration
+
+    with pytest.raises(StopIteration):
+        gpuctl_notice.watch(lambda: {"notice": {"endpoint": imds.url()}}, handler, lambda n: None, log.append,
+                            sleep=sleep)
+    assert len(calls) == 2  # failed once, handled at the next poll, then never again
+    assert any("handling the interruption notice failed (KeyError" in line for line in log)

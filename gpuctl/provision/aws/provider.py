@@ -23,6 +23,8 @@ from gpuctl.settings import Settings
 from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord
 
 Progress = Callable[[str], None]
+EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
+EC2_POLL_S = 5.0
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
@@ -82,7 +84,8 @@ class AwsProvider:
     def launch(self, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
         spec = self.spec
         aws = self.aws(spec.region)
-        existing = self.live_instances(aws.ec2(), spec.name)
+        # One on its way out (a spot instance EC2 is ending) is no instance to reuse.
+        existing = [i for i in self.live_instances(aws.ec2(), spec.name) if i["State"]["Name"] != "shutting-down"]
         if existing:
             if len(existing) > spec.nodes:
                 ids = ", ".join(i["InstanceId"] for i in existing)
@@ -257,10 +260,38 @@ class AwsProvider:
         return guard.set_hard_cap(host, hours)
 
     def was_interrupted(self, instance: InstanceRecord) -> bool:
-        """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination), or it is
-        gone without a word (lifecycle.GONE); not a user's or a guard's shutdown (Client.*)."""
+        """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination). Not a user's
+        or a guard's shutdown (Client.*), and not an instance merely gone from DescribeInstances
+        (EC2 forgets terminated ones after about an hour: a guard may have ended it)."""
         reason = instance.state_reason or ""
-        return instance.state in ENDED_STATES and (reason.startswith(billing.SPOT_INTERRUPTION_REASON) or reason == lifecycle.GONE)
+        return instance.state in ENDED_STATES and reason.startswith(billing.SPOT_INTERRUPTION_REASON)
+
+    def end_interrupted(self, instances: list[InstanceRecord], progress: Progress = _quiet) -> list[InstanceRecord]:
+        """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
+        if we do (billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
+        then is terminated."""
+        left = instances
+        young = [i for i in left if i.market == "spot" and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
+        ended: list[InstanceRecord] = []
+        if young:
+            progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed "
+                     f"when EC2 ends it; up to {EC2_GRACE_S:.0f} s)")
+            deadline = time.monotonic() + EC2_GRACE_S
+            while left and time.monotonic() < deadline:
+                time.sleep(EC2_POLL_S)
+                try:
+                    fresh = self.reconcile(left)
+                except CloudError:
+                    continue
+                ended += [i for i in fresh if i.state in ENDED_STATES]
+                left = [i for i in fresh if i.state not in ENDED_STATES]
+        if left:
+            from gpuctl.types import Resource
+
+            self.release([Resource(provider=self.name, kind="instance", id=i.id, region=i.region, cluster=i.cluster)
+                          for i in left], progress)
+            ended += self.reconcile(left)
+        return ended
 
     def interruption_notice(self) -> dict[str, Any] | None:
         """Spot instances hear of their interruption two minutes ahead through IMDSv2
