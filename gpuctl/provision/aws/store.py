@@ -239,7 +239,7 @@ class S3Store:
     def ensure_bucket(self) -> None:
         """Make the bucket if it is not there, and set it up unless its marker tag says it is
         already, as asked now. Idempotent; another account's bucket of that name is refused."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, region, s3 = self.bucket, self.region, self.s3()
         marker = f"v{STORE_VERSION}-expiry{self.p.spec.checkpoint_expiry_days}"
@@ -249,7 +249,7 @@ class S3Store:
         try:
             s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
             exists = True
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
             code = error_code(exc)
             if code in ("403", "AccessDenied"):
                 raise CloudError(f"bucket {bucket} exists but this account cannot use it (another account's, or no "
@@ -260,7 +260,7 @@ class S3Store:
         if exists:
             try:
                 tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
-            except ClientError as exc:
+            except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
                 if error_code(exc) != "NoSuchTagSet":
                     raise translate(exc, "GetBucketTagging") from exc
                 tags = {}
@@ -271,7 +271,7 @@ class S3Store:
             where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
             try:
                 s3.create_bucket(Bucket=bucket, **where)
-            except ClientError as exc:
+            except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
                 if error_code(exc) == "BucketAlreadyExists":
                     raise CloudError(f"the bucket name {bucket} is taken by another account",
                                      store_iam.NO_IAM_HINT) from exc

@@ -104,7 +104,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
     """The cluster's role and instance profile, made or found and set to exactly the prefix policy;
     their name. Whatever this call made is deleted again if a later step fails (no permission for
     IAM, say), so a refused `up` leaves nothing behind."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
     name = profile_name(owner, cluster, region)
@@ -117,7 +117,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
                             MaxSessionDuration=3600, Tags=tags,
                             **({"PermissionsBoundary": boundary} if boundary else {}))
             made = True
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateRole") from exc
             _check_owner(call(iam.list_role_tags, RoleName=name).get("Tags", []), owner, f"role {name}")
@@ -126,7 +126,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
         try:
             iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
             made = True
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateInstanceProfile") from exc
         roles = call(iam.get_instance_profile, InstanceProfileName=name)["InstanceProfile"].get("Roles", [])
@@ -157,14 +157,14 @@ def _check_owner(tags: list[dict[str, str]], owner: str, what: str) -> None:
 def delete_profile(aws: Aws, name: str) -> None:
     """Take the role out of the profile, delete its inline policies, the profile and the role;
     what is gone already is fine (a killed `up` may have made only some of them)."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
 
     def gone(fn: Callable[..., Any], **kwargs: Any) -> Any:
         try:
             return fn(**kwargs)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
             if error_code(exc) == "NoSuchEntity":
                 return None
             raise translate(exc, fn.__name__.title().replace("_", "")) from exc
@@ -186,7 +186,7 @@ def discover(aws: Aws, owner: str | None, cluster: str | None, region: str | Non
     {"name", "tags"}, for this owner (None: any) and cluster and region (None: any). Without the
     permission to list IAM (an install that keeps checkpoints on the instance and was never granted
     IAM), there is nothing gpuctl could have made: an empty list."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
     found: dict[str, dict[str, str]] = {}
@@ -202,7 +202,7 @@ def discover(aws: Aws, owner: str | None, cluster: str | None, region: str | Non
                 if r["RoleName"] not in found:
                     tags = iam.list_role_tags(RoleName=r["RoleName"]).get("Tags", [])
                     found[r["RoleName"]] = {t["Key"]: t["Value"] for t in tags}
-    except ClientError as exc:
+    except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
         if error_code(exc) in DENIED:
             return []
         raise translate(exc, "ListInstanceProfiles") from exc
