@@ -249,7 +249,7 @@ class S3Store:
         try:
             s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
             exists = True
-        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+        except (ClientError, BotoCoreError) as exc:  # a connection failure too
             code = error_code(exc)
             if code in ("403", "AccessDenied"):
                 raise CloudError(f"bucket {bucket} exists but this account cannot use it (another account's, or no "
@@ -260,7 +260,7 @@ class S3Store:
         if exists:
             try:
                 tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
-            except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+            except (ClientError, BotoCoreError) as exc:  # a connection failure too
                 if error_code(exc) != "NoSuchTagSet":
                     raise translate(exc, "GetBucketTagging") from exc
                 tags = {}
@@ -271,7 +271,7 @@ class S3Store:
             where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
             try:
                 s3.create_bucket(Bucket=bucket, **where)
-            except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+            except (ClientError, BotoCoreError) as exc:  # a connection failure too
                 if error_code(exc) == "BucketAlreadyExists":
                     raise CloudError(f"the bucket name {bucket} is taken by another account",
                                      store_iam.NO_IAM_HINT) from exc

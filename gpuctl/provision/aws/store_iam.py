@@ -117,7 +117,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
                             MaxSessionDuration=3600, Tags=tags,
                             **({"PermissionsBoundary": boundary} if boundary else {}))
             made = True
-        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+        except (ClientError, BotoCoreError) as exc:  # a connection failure too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateRole") from exc
             _check_owner(call(iam.list_role_tags, RoleName=name).get("Tags", []), owner, f"role {name}")
@@ -126,7 +126,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
         try:
             iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
             made = True
-        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+        except (ClientError, BotoCoreError) as exc:  # a connection failure too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateInstanceProfile") from exc
         roles = call(iam.get_instance_profile, InstanceProfileName=name)["InstanceProfile"].get("Roles", [])
@@ -164,7 +164,7 @@ def delete_profile(aws: Aws, name: str) -> None:
     def gone(fn: Callable[..., Any], **kwargs: Any) -> Any:
         try:
             return fn(**kwargs)
-        except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+        except (ClientError, BotoCoreError) as exc:  # a connection failure too
             if error_code(exc) == "NoSuchEntity":
                 return None
             raise translate(exc, fn.__name__.title().replace("_", "")) from exc
@@ -202,7 +202,7 @@ def discover(aws: Aws, owner: str | None, cluster: str | None, region: str | Non
                 if r["RoleName"] not in found:
                     tags = iam.list_role_tags(RoleName=r["RoleName"]).get("Tags", [])
                     found[r["RoleName"]] = {t["Key"]: t["Value"] for t in tags}
-    except (ClientError, BotoCoreError) as exc:  # a connection or credentials failure too
+    except (ClientError, BotoCoreError) as exc:  # a connection failure too
         if error_code(exc) in DENIED:
             return []
         raise translate(exc, "ListInstanceProfiles") from exc
