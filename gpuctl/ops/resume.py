@@ -64,12 +64,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
                                 f"Start run {run.run_id} anew with gpuctl train.")
         _, host = s.host(record)
         paths = jobs.JobPaths(run.run_dir)
-        ckpt = checkpoint_dir(paths)
-        found = host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False)
-        if not found.stdout.strip():
-            raise NotFoundError(f"run {run.run_id} has no checkpoint on {host.label} ({ckpt} is empty or missing)",
-                                "Only Keras fits checkpoint (train.checkpoint = \"auto\"); start it anew with "
-                                f"gpuctl train {run.project}.")
+        ckpt = _require_checkpoint(host, run, paths)
         with s.working(record, "train"):
             project = Path(run.project)
             if project.is_dir():
@@ -108,8 +103,7 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
                             f"{run.project} --cluster {target.name}")
     _, old = s.host(live)
     paths = jobs.JobPaths(run.run_dir)
-    if not old.run(["find", checkpoint_dir(paths), "-type", "f", "-print", "-quit"], check=False).stdout.strip():
-        raise NotFoundError(f"run {run.run_id} has no checkpoint on {old.label}", "Start it anew with gpuctl train.")
+    _require_checkpoint(old, run, paths)
     _, new = s.host(target)
     new_paths = jobs.JobPaths(posixpath.join(new.root, "runs", run.run_id))
     with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
@@ -118,6 +112,16 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     new.write_text(new_paths.epochs, (old.read_bytes(paths.epochs) or b"").decode("utf-8", "replace"))
     progress(f"brought the run's checkpoint and reports from {old.label} to {new.label}")
     return recovery.resume_on_new(s, run.model_copy(update={"run_dir": new_paths.run_dir}), progress, cluster=target)
+
+
+def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:
+    """The run's checkpoint directory on the host; NotFoundError when it holds no file."""
+    ckpt = checkpoint_dir(paths)
+    if not host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip():
+        raise NotFoundError(f"run {run.run_id} has no checkpoint on {host.label} ({ckpt} is empty or missing)",
+                            "Only Keras fits checkpoint (train.checkpoint = \"auto\"); start it anew with "
+                            f"gpuctl train {run.project}.")
+    return ckpt
 
 
 def _in_store(s: Session, run: RunRecord) -> bool:
