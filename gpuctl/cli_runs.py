@@ -46,6 +46,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     from gpuctl import render, render_commands
     from gpuctl.ops import runs
 
+    if recover is not None and not wait:  # refused before anything starts
+        raise click.UsageError("--recover/--no-recover is for --wait (or `gpuctl watch RUN`)")
     s = session(ctx, **{"train.entry": entry, "train.budget_usd": budget})
     if resume_run is not None:
         given = [o for o, v in (("PATH", path), ("ARGS", args), ("--data", data),
@@ -71,8 +73,6 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     if result is not None:
         render_commands.train_started(result, to_stderr=wait)
     if not wait:
-        if recover is not None:
-            raise click.UsageError("--recover/--no-recover is for --wait (or `gpuctl watch RUN`)")
         return
     from gpuctl.ops import recovery
 

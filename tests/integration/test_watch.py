@@ -32,6 +32,9 @@ def test_watch_follows_a_run_to_its_end_in_the_foreground_and_detached(gpuctl, q
     assert f"run {second} succeeded" in log.read_text()
 
     assert "no run" in gpuctl("watch", "nope", code=4).stderr.lower()
+    # --recover belongs to --wait: refused before any run starts.
+    assert "--recover/--no-recover is for --wait" in gpuctl("train", quick_project, "--recover", code=2).stderr
+    assert len(json.loads(gpuctl("status", "--json").stdout)["runs"]) == 2
 
 
 def test_a_script_that_exits_75_itself_is_failed_not_preempted(gpuctl, make_project):
