@@ -33,6 +33,9 @@ from gpuctl.cli_common import (
 @click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
 @click.option("--max-hours", type=PositiveFloat(), help="Power off this many hours after boot (setting `guards.max_hours`).")
 @click.option("--usd-per-hour", type=float, help="Price per hour for local/ssh clusters (reports only).")
+@click.option("--nodes", type=click.IntRange(1, 64), help="Machines in the cluster, for multi-node training (setting "
+              "`nodes`; aws: one zone, all or none; local: workers on this machine; ssh: one per --host).")
+@click.option("--placement", type=click.Choice(["cluster"]), help="aws, several nodes: a cluster placement group.")
 @click.option("--host", "hosts", multiple=True, help="ssh provider: user@host[:port]; repeat for more hosts.")
 @click.option("--identity", help="ssh provider: private key file (default: ssh-agent and ~/.ssh keys).")
 @click.option("--no-wait", is_flag=True, help="Return once the instance runs, without waiting for SSH.")
@@ -42,7 +45,7 @@ from gpuctl.cli_common import (
 def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
        max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
        image: str | None, tensorflow: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
-       usd_per_hour: float | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
+       usd_per_hour: float | None, nodes: int | None, placement: str | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
        as_json: bool) -> None:
     """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
     from gpuctl import render, render_commands
@@ -53,7 +56,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
         "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
         "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
         "aws.image": image, "train.tensorflow": tensorflow, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
-        "ssh.hosts": list(hosts) or None, "ssh.identity": identity,
+        "ssh.hosts": list(hosts) or None, "ssh.identity": identity, "nodes": nodes, "aws.placement": placement,
     }
     if hosts and provider is None:
         flags["provider"] = "ssh"  # --host only makes sense for the ssh provider

@@ -69,10 +69,19 @@ class TrainSettings(_Section):
         "auto", description="auto: every Keras fit saves a checkpoint after each epoch in the run's outputs "
         "(BackupAndRestore), which `train --resume` starts from; off: none."
     )
+    keras: Literal["auto", "2", "3"] = Field(
+        "auto", description="Keras for the job: 2 = tf_keras with TF_USE_LEGACY_KERAS=1, 3 = the Keras TF ships; "
+        "auto = 2 on multi-node clusters (Keras 3's fit fails under MultiWorkerMirroredStrategy), else 3."
+    )
     tf_log_level: int = Field(
         2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
         "(oneDNN, cuInit), errors still show; 0 shows everything."
     )
+
+    @field_validator("keras", mode="before")
+    @classmethod
+    def _keras_number(cls, v: object) -> object:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # keras = 2 in TOML
 
     @field_validator("entry")
     @classmethod
@@ -157,6 +166,8 @@ class AwsSettings(_Section):
     market: Literal["spot", "on-demand"] = Field("spot", description="spot or on-demand.")
     max_price: float = Field(0.0, ge=0, le=1e6, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
     fallback_on_demand: bool = Field(False, description="Launch on-demand when spot fails in every zone.")
+    placement: Literal["", "cluster"] = Field("", description="Multi-node clusters: \"cluster\" puts the nodes in "
+                                              "a cluster placement group (low latency between them); \"\" = none.")
     image: str = Field("", description="AMI id to launch; empty = a baked image, a TensorFlow DLAMI or the base "
                        "image, in that order (see `gpuctl image`).")
     image_pattern: str = Field(
@@ -229,6 +240,8 @@ class RemoteSettings(_Section):
 class Settings(_Section):
     provider: str = Field("aws", description="Where `gpuctl up` puts clusters: aws, ssh, local.")
     cluster: str = Field("default", description="Name `gpuctl up` gives a cluster when --name is not passed.")
+    nodes: int = Field(1, ge=1, le=64, description="Machines `gpuctl up` puts in a cluster (aws: one zone; local: "
+                       "workers on this machine; ssh: one per --host). Flag: `up --nodes`.")
     local: LocalSettings = LocalSettings()
     train: TrainSettings = TrainSettings()
     guards: GuardSettings = GuardSettings()

@@ -48,6 +48,7 @@ class ClusterSpec(_Frozen):
     zones: tuple[str, ...] = ()
     disk_gb: int = 0
     nodes: int = 1
+    placement: str = ""  # aws: "cluster" = the nodes share a cluster placement group
     usd_per_hour: float = 0.0
     # Random per `up` of this cluster; seeds RunInstances client tokens so a retried `up`
     # cannot start a second instance for the same request.
@@ -85,6 +86,7 @@ class InstanceRecord(_Frozen):
     """One machine of a cluster as the provider reports it."""
 
     id: str
+    node: int = 0  # its rank in a multi-node cluster (0 = the chief)
     cluster: str
     state: str
     public_ip: Optional[str] = None

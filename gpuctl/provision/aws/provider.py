@@ -57,6 +57,7 @@ class AwsProvider:
             image_pattern=a.image_pattern, base_os=a.base_os, tensorflow=s.train.tensorflow, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
             max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second", checkpoints=a.checkpoints,
             checkpoint_expiry_days=a.checkpoint_expiry_days, imds_endpoint=a.imds_endpoint,
+            nodes=s.nodes, placement=a.placement,
         )
 
     def check(self) -> None:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from gpuctl.settings import Settings
 
 
+NODES_DIR = "nodes"  # a multi-node cluster's nodes 1..N-1, inside node 0's work dir
+
+
 class LocalProvider(MachinesThatStay):
     name = "local"
     reuses_live_clusters = False
@@ -38,6 +41,7 @@ class LocalProvider(MachinesThatStay):
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
         rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
+                           nodes=s.nodes,
                            max_hours=s.guards.max_hours, remote=remote_spec(s), tensorflow=s.train.tensorflow)
 
     def check(self) -> None:
@@ -54,20 +58,18 @@ class LocalProvider(MachinesThatStay):
     def launch(self, progress: Callable[[str], None] = lambda _: None, wait_ssh: bool = True) -> list[InstanceRecord]:
         spec = self.spec
         workdir = self._clusters_dir() / spec.name
-        workdir.mkdir(parents=True, exist_ok=True)
-        return [
-            InstanceRecord(
-                id=f"local-{spec.name}-{secrets.token_hex(3)}",
-                cluster=spec.name,
-                state="running",
-                public_ip="127.0.0.1",
-                market="on-demand",
-                usd_per_hour=spec.usd_per_hour,
-                price_source="local.usd_per_hour",
-                launched_at=time.time(),
-                workdir=str(workdir),
-            )
-        ]
+        records = []
+        for node in range(spec.nodes):
+            # Node 0 works where a one-machine cluster does; the others beside it, each with its own
+            # work dir and so its own tmux server, as separate machines would have.
+            root = workdir if node == 0 else workdir / NODES_DIR / str(node)
+            root.mkdir(parents=True, exist_ok=True)
+            records.append(InstanceRecord(
+                id=f"local-{spec.name}-{secrets.token_hex(3)}", node=node, cluster=spec.name, state="running",
+                public_ip="127.0.0.1", private_ip="127.0.0.1", market="on-demand", usd_per_hour=spec.usd_per_hour,
+                price_source="local.usd_per_hour", launched_at=time.time(), workdir=str(root),
+            ))
+        return records
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> LocalHost:
         return LocalHost(Path(instance.workdir))
@@ -81,10 +83,11 @@ class LocalProvider(MachinesThatStay):
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()
         dirs = [root / cluster] if cluster else (sorted(root.iterdir()) if root.is_dir() else [])
+        # A multi-node cluster's other nodes first: released before the dir that holds theirs.
         return [
-            Resource(provider="local", kind="workdir", id=str(d), cluster=d.name, state="running")
-            for d in dirs
-            if d.is_dir()
+            Resource(provider="local", kind="workdir", id=str(w), cluster=d.name, state="running")
+            for d in dirs if d.is_dir()
+            for w in (*sorted(p for p in (d / NODES_DIR).glob("*") if p.is_dir()), d)
         ]
 
     def release(self, resources: list[Resource], progress: Callable[[str], None] = lambda _: None) -> None:

@@ -67,6 +67,9 @@ class SshProvider(MachinesThatStay):
         if not s.ssh.hosts:
             raise ConfigError("the ssh provider needs at least one host",
                               "Pass --host user@host[:port] (repeat it for more), or set `[ssh] hosts`.")
+        if s.nodes > 1 and s.nodes != len(s.ssh.hosts):
+            raise ConfigError(f"--nodes {s.nodes} with {len(s.ssh.hosts)} --host: on ssh each host is one node",
+                              "Pass one --host per node (and leave --nodes out).")
         rate = s.ssh.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, instance_type="ssh", usd_per_hour=rate,
                            hosts=tuple(s.ssh.hosts),
