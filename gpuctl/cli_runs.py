@@ -223,14 +223,18 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
 @click.option("--tf", "tensorflow", metavar="VERSION", help="With --setup: that version's (default: the cluster's).")
 @click.option("--cluster", help="With --guard or --setup: the cluster (default: the default cluster).")
 @click.option("--raw", is_flag=True, help="Every line, TensorFlow's start-up chatter included.")
+@click.option("--node", type=click.IntRange(0), default=0, show_default=True,
+              help="A multi-node run: that node's output (0 is the chief).")
 @click.option("--recover/--no-recover", default=None, help="With -f: replace an interrupted spot instance and "
               "resume the run (setting `recover.enabled`; default: on for spot clusters).")
 @click.pass_context
 def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, setup_log: bool, tensorflow: str | None,
-         cluster: str | None, raw: bool, recover: bool | None) -> None:
+         cluster: str | None, raw: bool, node: int, recover: bool | None) -> None:
     """Print a run's output (default: the latest run)."""
     if guard_log and setup_log:
         raise click.UsageError("--guard and --setup are two different logs: pass one")
+    if node and (guard_log or setup_log):
+        raise click.UsageError("--node is for a run's output: --guard and --setup show every host already")
     if setup_log:
         from gpuctl.ops import setup
 
@@ -246,8 +250,8 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
         return
     from gpuctl.ops import recovery, runs
 
-    if not follow:
-        for chunk in runs.logs(session(ctx), run, raw=raw):
+    if not follow or node:  # another node's output only: following the chief's drives recovery
+        for chunk in runs.logs(session(ctx), run, follow=follow, raw=raw, node=node):
             click.echo(chunk, nl=False)
         return
     s = session(ctx)

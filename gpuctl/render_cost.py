@@ -84,8 +84,11 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
     for r in report.runs:
         if r.log_tail:
             out.print()
-            say(out, (r.run_id, "bold"), f" {r.state}; last lines of its log:")
+            node = f" on node {r.failed_node}" if r.failed_node is not None else ""
+            say(out, (r.run_id, "bold"), f" {r.state}{node}; last lines of its log{node and ' there'}:")
             out.out(r.log_tail, highlight=False)  # out(): the user's log as is, no markup, no wrapping
+        if r.node_states:
+            say(out, f"  {r.run_id}: nodes: " + ", ".join(f"{i} {st}" for i, st in enumerate(r.node_states)))
         story = history(r.segments, r.state)
         if story:
             say(out, f"  {r.run_id}: {story}")

@@ -184,6 +184,11 @@ class RunRecord(_Frozen):
     resumes: int = 0
     data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance
     segments: tuple[Segment, ...] = ()  # where it ran, oldest first (empty for runs recorded before segments)
+    # A multi-node run (MultiWorkerMirroredStrategy): how many nodes, each node's last known state,
+    # and the node whose failure ended it.
+    nodes: int = 1
+    node_states: tuple[str, ...] = ()
+    failed_node: Optional[int] = None
 
 
 class EpochReport(_Frozen):
@@ -329,6 +334,8 @@ class RunStatus(_Frozen):
     image: Optional[str] = None
     resumable: bool = False  # failed, stopped or lost, on a cluster still up: `train --resume` may continue it
     segments: tuple[SegmentCost, ...] = ()  # where it ran (more than one after a resume or a recovery)
+    node_states: tuple[str, ...] = ()  # a multi-node run: each node's state, node 0 first
+    failed_node: Optional[int] = None
 
 
 class StatusReport(_Frozen):

@@ -96,7 +96,7 @@ def status(s: Session) -> StatusReport:
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image,
             resumable=r.state in RESUMABLE and (s.live_cluster_of(r) is not None or r.state == "preempted"),
-            segments=segs,
+            segments=segs, node_states=r.node_states, failed_node=r.failed_node,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
-from gpuctl.ops import guards, run_state, runs
+from gpuctl.ops import guards, nodes, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
 
@@ -245,17 +245,17 @@ def _resume_locked(s: Session, record: ClusterRecord, run: RunRecord, ready: tup
     project, data, secret_env = ready
     loaded = s.settings(project_dir=project)
     with s.working(record, "train"):
-        inst, host = s.host(record)
-        _, code_dir = runs.push_code(host, project, progress)
-        data_dir = runs.push_data(host, data, progress)[1] if data is not None else None
-        _, python = runs.python_for(s, record, host, progress)
+        each = nodes.prepare(s, record, project, data, progress)
+        inst, host = each[0].inst, each[0].host
+        rate = sum(n.inst.usd_per_hour for n in each)
         now = time.time()
         run = run.model_copy(update={
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
-            "cluster": record.name, "cluster_id": record.id, "usd_per_hour": inst.usd_per_hour,
+            "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
+            "failed_node": None, "node_states": (),
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
-            "segments": run.segments + (runs.segment_on(inst, now),)})
-        run = runs.launch_job(s, loaded, record, run, python, code_dir, data_dir, secret_env, resumed=True)
+            "segments": run.segments + (runs.segment_on(inst, now, rate),)})
+        run = runs.launch_job(s, loaded, record, run, each, secret_env, resumed=True)
     s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)
     progress(f"run {run.run_id} resumed on {inst.id}{f' in {inst.zone}' if inst.zone else ''}")
     return run

@@ -18,16 +18,12 @@ import time
 from pathlib import Path
 
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
-from gpuctl.ops import guards, run_state, runs
+from gpuctl.ops import guards, nodes, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.types import ENDED_STATES, ClusterRecord, RunRecord
 
 RESUMABLE = ("failed", "stopped", "lost", "preempted")
-
-
-def checkpoint_dir(paths: jobs.JobPaths) -> str:
-    return posixpath.join(paths.outputs, "checkpoint")
 
 
 def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None = None) -> RunRecord:
@@ -62,22 +58,25 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         if record.state != "up":
             raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
                                 f"Start run {run.run_id} anew with gpuctl train.")
-        _, host = s.host(record)
-        paths = jobs.JobPaths(run.run_dir)
+        each = nodes.of(s, record)[:max(run.nodes, 1)]
+        host, paths = each[0].host, jobs.JobPaths(run.run_dir)
         ckpt = _require_checkpoint(host, run, paths)
         with s.working(record, "train"):
             project = Path(run.project)
             if project.is_dir():
-                runs.push_code(host, project, progress)
+                nodes.each(each, lambda n: runs.push_code(n.host, project, progress))
             else:
                 progress(f"{project} is not here: resuming with the code already on {host.label}")
-            _mark_resumed(host, paths)
+            # Every worker restores from the chief's checkpoint (Keras reads CHECKPOINT/chief on each).
+            nodes.share_checkpoint(each, run, progress)
+            nodes.each(each, lambda n: _mark_resumed(n.host, n.paths(run)))
             now = time.time()
-            inst = s.host(record)[0]
             run = run.model_copy(update={"state": "running", "exit_code": None, "ended_at": None, "resumed_at": now,
-                                         "resumes": run.resumes + 1,
-                                         "segments": run.segments + (runs.segment_on(inst, now),)})
-            jobs.restart_job(host, run.run_id, paths, secret_env)
+                                         "resumes": run.resumes + 1, "failed_node": None, "node_states": (),
+                                         "segments": run.segments + (runs.segment_on(each[0].inst, now,
+                                                                                     run.usd_per_hour),)})
+            for n in each:
+                jobs.restart_job(n.host, run.run_id, n.paths(run), secret_env)
             s.ledger.put_run(run)
             progress(f"watchdog: {guards.install(s, s.settings(), record)}")
     s.ledger.event("resume", f"resumed from {ckpt}", cluster=record, run_id=run.run_id)
@@ -116,7 +115,7 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
 
 def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:
     """The run's checkpoint directory on the host; NotFoundError when it holds no file."""
-    ckpt = checkpoint_dir(paths)
+    ckpt = nodes.checkpoint_dir(paths)
     if not host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip():
         raise NotFoundError(f"run {run.run_id} has no checkpoint on {host.label} ({ckpt} is empty or missing)",
                             "Only Keras fits checkpoint (train.checkpoint = \"auto\"); start it anew with "

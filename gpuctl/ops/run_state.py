@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -12,16 +11,14 @@ from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import GpuctlError, RemoteError
+from gpuctl.errors import GpuctlError, NotFoundError, RemoteError
+from gpuctl.ops import nodes
 from gpuctl.ops.log_filter import LineFilter
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 
-SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
-PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT), with
-PREEMPTED_MARK = "preempted.json"  # this file in its run dir (gpuctl_run.PREEMPTED_MARK)
 
 
 def ending(run: RunRecord, state: str, at: float, code: int | None = None) -> RunRecord:
@@ -32,8 +29,8 @@ def ending(run: RunRecord, state: str, at: float, code: int | None = None) -> Ru
     return run.model_copy(update={"state": state, "ended_at": at, "exit_code": code, "segments": segments})
 
 
-def archived_log(s: Session, run_id: str) -> Path:
-    return s.home / "logs" / f"{run_id}.log"
+def archived_log(s: Session, run_id: str, node: int = 0) -> Path:
+    return s.home / "logs" / (f"{run_id}.log" if node == 0 else f"{run_id}.node-{node}.log")
 
 
 def ingest_epochs(s: Session, host: Host, run: RunRecord) -> list[EpochReport]:
@@ -64,18 +61,24 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         updated = ending(run, "lost", run.ended_at or min(ended, time.time()), run.exit_code)
         s.ledger.put_run(updated)
         return updated
-    _, host = s.host(cluster)
-    paths = jobs.JobPaths(run.run_dir)
-    state, code = jobs.job_state(host, run.run_id, paths)
+    each = nodes.of(s, cluster)[:max(run.nodes, 1)]
+    seen = nodes.states(each, run)
+    state, code, failed = nodes.verdict(seen)
+    if state != "running" and any(n.state == "running" for n in seen):
+        # One node ended the run: the others would wait for it (billed) until TensorFlow gives up.
+        nodes.stop_rest(each, run, seen)
+        seen = nodes.states(each, run)
+    host, paths = each[0].host, jobs.JobPaths(run.run_dir)
     epochs = ingest_epochs(s, host, run)
     update: dict[str, Any] = {}
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
         update["epochs_planned"] = planned
-    if state == "failed" and code == SIGTERM_EXIT:
-        state = "stopped"
-    elif state == "failed" and code == PREEMPTED_EXIT and host.read_bytes(posixpath.join(run.run_dir, PREEMPTED_MARK)):
-        state = "preempted"  # the launcher's word that a notice stopped it, not just a script's exit 75
+    if run.nodes > 1:
+        if tuple(n.state for n in seen) != run.node_states:
+            update["node_states"] = tuple(n.state for n in seen)
+        if failed is not None and failed != run.failed_node:
+            update["failed_node"] = failed
     if state != run.state:
         update["state"] = state
         update["exit_code"] = code
@@ -85,7 +88,8 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
             run = ending(run, state, _ended_at(host, paths, run), code)
         s.ledger.put_run(run)
         if "state" in update and state in FINAL_RUN_STATES:
-            s.ledger.event("run-" + state, f"exit code {code}", cluster=cluster, run_id=run.run_id)
+            where = f" on node {run.failed_node}" if run.failed_node is not None else ""
+            s.ledger.event("run-" + state, f"exit code {code}{where}", cluster=cluster, run_id=run.run_id)
     return run
 
 
@@ -121,32 +125,41 @@ def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None =
         time.sleep(poll_s)
 
 
-def _read_log(s: Session, run: RunRecord, offset: int) -> bytes:
+def _read_log(s: Session, run: RunRecord, offset: int, node: int = 0) -> bytes:
     cluster = s.live_cluster_of(run)
     if cluster is not None:
         try:
-            _, host = s.host(cluster)
-            data = host.read_bytes(jobs.JobPaths(run.run_dir).log, offset)
+            one = nodes.of(s, cluster)[node]
+            data = one.host.read_bytes(one.paths(run).log, offset)
         except GpuctlError:
-            if not archived_log(s, run.run_id).exists():
+            if not archived_log(s, run.run_id, node).exists():
                 raise
             data = None  # the host does not answer: what was archived of it
         if data is not None:
             return data
     try:
-        with open(archived_log(s, run.run_id), "rb") as fh:
+        with open(archived_log(s, run.run_id, node), "rb") as fh:
             fh.seek(offset)
             return fh.read()
     except FileNotFoundError:
         return b""
 
 
+def check_node(run: RunRecord, node: int) -> None:
+    """`--node N` names one of the run's nodes."""
+    if not 0 <= node < max(run.nodes, 1):
+        raise NotFoundError(f"run {run.run_id} has no node {node}: it ran on {max(run.nodes, 1)} node(s)",
+                            f"Pass --node 0 to {max(run.nodes, 1) - 1}; node 0 is the chief.")
+
+
 def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: float = 0.5,
-         raw: bool = False, check: Callable[[RunRecord], None] | None = None) -> Iterator[str]:
-    """The run's output (less TensorFlow's start-up chatter unless `raw`); with follow, keeps
-    yielding until the run has ended and all is read. `check` sees the run at every look (and may
-    raise to end the following: recovery asks whether the instance still exists)."""
+         raw: bool = False, check: Callable[[RunRecord], None] | None = None, node: int = 0) -> Iterator[str]:
+    """The run's output (less TensorFlow's start-up chatter unless `raw`) on `node` (0: the
+    chief); with follow, keeps yielding until the run has ended and all is read. `check` sees the
+    run at every look (and may raise to end the following: recovery asks whether the instance
+    still exists)."""
     run = s.find_run(run_id)
+    check_node(run, node)
     if not follow:  # the archived log, or a clear error, rather than a long wait on a dead host
         s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
     quiet = LineFilter(0 if raw else run.tf_log_level)
@@ -154,7 +167,7 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     cluster = s.live_cluster_of(run) if follow else None
     with s.working(cluster, "logs") if cluster is not None else nullcontext():
         while True:
-            chunk = _read_log(s, run, offset)
+            chunk = _read_log(s, run, offset, node)
             offset += len(chunk)
             shown = quiet.feed(chunk.decode("utf-8", "replace")) if chunk else ""
             if shown:
@@ -173,27 +186,29 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
 
 
 def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
-    """The last lines of the run's output, less TensorFlow's start-up chatter."""
+    """The last lines of the run's output (of the node that ended a multi-node run), less
+    TensorFlow's start-up chatter."""
     quiet = LineFilter(run.tf_log_level)
-    text = quiet.feed(_read_log(s, run, 0).decode("utf-8", "replace")) + quiet.flush()
+    text = quiet.feed(_read_log(s, run, 0, run.failed_node or 0).decode("utf-8", "replace")) + quiet.flush()
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
 def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
-    """Stop the cluster's live runs and keep their last epochs and logs in the ledger."""
+    """Stop the cluster's live runs (on every node) and keep their last epochs and logs in the ledger."""
     stopped = []
     for run in s.ledger.runs(cluster.id):
         run = refresh(s, run)
         if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
             continue
-        _, host = s.host(cluster)
-        paths = jobs.JobPaths(run.run_dir)
+        each = nodes.of(s, cluster)[:max(run.nodes, 1)]
+        host, paths = each[0].host, jobs.JobPaths(run.run_dir)
         if run.state not in FINAL_RUN_STATES:
-            code = jobs.stop_job(host, run.run_id, paths)
+            code = nodes.each(each, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))[0]
             ingest_epochs(s, host, run)
             run = ending(run, "stopped", _ended_at(host, paths, run), code)
             s.ledger.put_run(run)
             stopped.append(run.run_id)
-        if host.fetch(paths.log, archived_log(s, run.run_id)):
-            os.chmod(archived_log(s, run.run_id), 0o600)
+        for n in each:
+            if n.host.fetch(n.paths(run).log, archived_log(s, run.run_id, n.rank)):
+                os.chmod(archived_log(s, run.run_id, n.rank), 0o600)
     return stopped

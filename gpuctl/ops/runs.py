@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
-from gpuctl.ops import guards, setup
+from gpuctl.ops import guards, nodes, setup
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import guard, jobs, preflight
@@ -143,38 +143,46 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
            data: Path | None, allow_cpu: bool, progress: Progress, down_after_run: bool | None,
            secret_env: dict[str, str]) -> TrainResult:
     settings = loaded.settings
-    inst, host = s.host(record)
-
+    first = nodes.of(s, record)
+    if len(first) > 1 and settings.train.budget_usd:
+        # Each node would have to stop at the same batch, or the others wait for it forever.
+        raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
+                          "On several nodes cap the cluster's spend instead: `gpuctl guard --budget DOLLARS`.")
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    paths = jobs.JobPaths(posixpath.join(host.root, "runs", run_id))
-    sync_stats, data_sync, code_dir, data_dir = _push(host, project, data, progress)
+    paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     project_file = str(project / PROJECT_FILE)
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == project_file else None
-    env, python = python_for(s, record, host, progress, asked, check=not host.local)
-    report = env.report
-    if report is not None:
-        refusal = preflight.verdict(report, allow_cpu)
+    each = nodes.prepare(s, record, project, data, progress, asked, check=not first[0].host.local)
+    for node in each:
+        report = node.env.report if node.env is not None else None
+        refusal = preflight.verdict(report, allow_cpu) if report is not None else None
         if refusal:
-            raise RemoteError(f"not starting on {host.label}: {refusal}",
+            raise RemoteError(f"not starting on {node.host.label}: {refusal}",
                               "Pass --allow-cpu to train on the CPU anyway, or `gpuctl down` and `gpuctl up` "
                               "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
+    chief = each[0]
+    if nodes.keras_for(settings.train.keras, len(each)) == "2":
+        nodes.require_keras2(each, chief.env.tensorflow if chief.env else None)
     now = time.time()
+    # The run is billed at every node's rate: its epochs cost seconds x their sum.
+    rate = sum(n.inst.usd_per_hour for n in each)
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
-                    args=tuple(args), state="starting", started_at=now, usd_per_hour=inst.usd_per_hour,
+                    args=tuple(args), state="starting", started_at=now, usd_per_hour=rate,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
-                    tensorflow=env.tensorflow, image=_image(inst), data=str(data) if data else None,
-                    segments=(segment_on(inst, now),))
+                    tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
+                    data=str(data) if data else None, segments=(segment_on(chief.inst, now, rate),), nodes=len(each))
     # train --down counts runs that end after this moment (the instance's clock): taken before the
     # job starts, so a script that fails at once still ends the spend after the grace.
     down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
-    armed_at = guards.instance_now(host) if down_after else None
-    run = launch_job(s, loaded, record, run, python, code_dir, data_dir, secret_env)
+    armed_at = guards.instance_now(chief.host) if down_after else None
+    run = launch_job(s, loaded, record, run, each, secret_env)
     progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
-    s.ledger.event("train", f"started {entry} in {project}", cluster=record, run_id=run_id)
-    return TrainResult(run=run, code_sync=sync_stats, data_sync=data_sync, session=run_id, host=host.label)
+    s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(each)} nodes" if len(each) > 1 else ""),
+                   cluster=record, run_id=run_id)
+    return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label)
 
 
 def python_for(s: Session, record: ClusterRecord, host: Host, progress: Progress, asked: str | None = None,
@@ -184,49 +192,64 @@ def python_for(s: Session, record: ClusterRecord, host: Host, progress: Progress
     return env, (env.report or {}).get("executable") or env.python
 
 
-def segment_on(inst: InstanceRecord, at: float) -> Segment:
-    """A run's stretch on this instance, from `at`."""
-    return Segment(instance_id=inst.id, zone=inst.zone, market=inst.market, usd_per_hour=inst.usd_per_hour,
-                   started_at=at)
+def segment_on(inst: InstanceRecord, at: float, usd_per_hour: float | None = None) -> Segment:
+    """A run's stretch on this instance (the chief of several: `usd_per_hour` is all of theirs), from `at`."""
+    return Segment(instance_id=inst.id, zone=inst.zone, market=inst.market,
+                   usd_per_hour=inst.usd_per_hour if usd_per_hour is None else usd_per_hour, started_at=at)
 
 
-def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: RunRecord, python: str, code_dir: str,
-               data_dir: str | None, secret_env: dict[str, str], resumed: bool = False) -> RunRecord:
-    """Write the run's config on the cluster's first host and start its job there; the run, running.
-    `resumed`: the run goes on from its checkpoint (restored from the store on a new instance)."""
+def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: RunRecord, each: list[nodes.Node],
+               secret_env: dict[str, str], resumed: bool = False) -> RunRecord:
+    """Write the run's config on every node and start its job there (node 0, the chief, reports and
+    checkpoints for the run); the run, running. `resumed`: the run goes on from its checkpoint
+    (restored from the store on a new instance)."""
     settings = loaded.settings
-    inst, host = s.host(record)
-    paths = jobs.JobPaths(run.run_dir)
-    payload_dir = guards.payload_dir(host)
-    host.push(guards.PAYLOAD_DIR, payload_dir)
     store = s.provider(record.spec).checkpoint_store()
     target = store.target(record.name) if store is not None else None
-    config = {
-        "run_id": run.run_id, "entry": run.entry, "usd_per_hour": inst.usd_per_hour, "budget_usd": run.budget_usd,
-        "mixed_precision": settings.train.mixed_precision, "memory_growth": settings.train.memory_growth,
-        "report_path": paths.epochs,
-        # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
-        "checkpoint_dir": posixpath.join(paths.outputs, "checkpoint") if settings.train.checkpoint == "auto" else None,
-        # Where the watchdog records a spot interruption notice (the job then stops as preempted).
-        "notice_file": posixpath.join(guard.guard_dir(host), "notice.json"),
-        # The run's files also go to the store after each epoch, where the store outlives the instance.
-        "store": {"target": target.model_dump(), "key_prefix": target.run_prefix(run.run_id),
-                  # The instance's credentials (its role) come from this metadata service.
-                  "imds_endpoint": record.spec.imds_endpoint or None} if target else None,
-        "resumed": resumed,
-    }
-    host.write_text(posixpath.join(paths.run_dir, "run.json"), json.dumps(config, indent=2))
+    extra = nodes.job_env(each, nodes.keras_for(settings.train.keras, len(each)))
+
+    def configure(node: nodes.Node) -> list[str]:
+        payload_dir = guards.payload_dir(node.host)
+        node.host.push(guards.PAYLOAD_DIR, payload_dir)
+        chief, paths = node.rank == 0, node.paths(run)
+        config = {
+            "run_id": run.run_id, "entry": run.entry, "usd_per_hour": run.usd_per_hour,
+            "budget_usd": run.budget_usd, "mixed_precision": settings.train.mixed_precision,
+            "memory_growth": settings.train.memory_growth,
+            # The chief's reports are the run's; another node's stay in its own run dir, unread.
+            "report_path": paths.epochs,
+            # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
+            "checkpoint_dir": nodes.checkpoint_dir(paths) if settings.train.checkpoint == "auto" else None,
+            # Where the watchdog records a spot interruption notice (the job then stops as preempted).
+            "notice_file": posixpath.join(guard.guard_dir(node.host), "notice.json"),
+            # The run's files also go to the store after each epoch, where the store outlives the instance.
+            "store": {"target": target.model_dump(), "key_prefix": target.run_prefix(run.run_id),
+                      # The instance's credentials (its role) come from this metadata service.
+                      "imds_endpoint": record.spec.imds_endpoint or None,
+                      # Only the chief's checkpoint counts; the others restore from it, never write it.
+                      "read_only": not chief} if target else None,
+            "resumed": resumed,
+        }
+        node.host.write_text(posixpath.join(paths.run_dir, "run.json"), json.dumps(config, indent=2))
+        return [node.python, posixpath.join(payload_dir, LAUNCHER), posixpath.join(paths.run_dir, "run.json"),
+                *run.args]
+
+    commands = nodes.each(each, configure)
     s.ledger.put_run(run)
-    env = {"GPUCTL_RUN_ID": run.run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
-           # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
-           "TF_CPP_MIN_LOG_LEVEL": str(run.tf_log_level)}
-    if data_dir:
-        env["GPUCTL_DATA_DIR"] = data_dir
+    started: list[nodes.Node] = []
     try:
-        jobs.start_job(host, run.run_id, code_dir, [python, posixpath.join(payload_dir, LAUNCHER),
-                                                   posixpath.join(paths.run_dir, "run.json"), *run.args],
-                       env, paths, secret_env)
+        for node, command, more in zip(each, commands, extra):
+            paths = node.paths(run)
+            env = {"GPUCTL_RUN_ID": run.run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
+                   # TensorFlow's C++ start-up chatter (oneDNN, cuInit, absl) is not the user's output.
+                   "TF_CPP_MIN_LOG_LEVEL": str(run.tf_log_level), **more}
+            if node.data_dir:
+                env["GPUCTL_DATA_DIR"] = node.data_dir
+            jobs.start_job(node.host, run.run_id, node.code_dir, command, env, paths, secret_env)
+            started.append(node)
     except BaseException:
+        # A run on some nodes only would wait for the others forever.
+        nodes.each(started, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
         s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
         raise
     run = run.model_copy(update={"state": "running"})

@@ -85,7 +85,7 @@ class Session:
         """Every instance of the cluster with a Host for it, connected once and reused."""
         every = self.ledger.instances(cluster.id)
         # An instance that ended (one a recovery replaced) is history, not a host.
-        instances = [i for i in every if i.state not in ENDED_STATES] or every
+        instances = sorted([i for i in every if i.state not in ENDED_STATES] or every, key=lambda i: i.node)
         if not instances:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", f"Release it: `gpuctl down {cluster.name} -y`.")
         if cluster.id in self._unreachable:  # one wait per command for a host that does not answer

@@ -143,10 +143,13 @@ class RunStore(object):
 
     def __init__(self):
         self.target = self.prefix = self.run_dir = self.store = None
+        self.read_only = False
 
     def configure(self, cfg, run_dir):
         store = cfg.get("store") or {}
         self.target, self.prefix, self.run_dir = store.get("target"), store.get("key_prefix"), run_dir
+        # A multi-node run's other nodes restore the chief's checkpoint; only the chief saves.
+        self.read_only = bool(store.get("read_only"))
         if self.target:
             import gpuctl_store  # now: the script's directory replaces this one on sys.path later
 
@@ -157,7 +160,7 @@ class RunStore(object):
             os.environ.setdefault("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
 
     def save(self, why):
-        if not self.target:
+        if not self.target or self.read_only:
             return
         try:
             self.store.push(self.run_dir, self.target, self.prefix)

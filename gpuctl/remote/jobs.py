@@ -213,6 +213,11 @@ def _instant(host: Host, path: str) -> float | None:
         return None
 
 
+def ended_at(host: Host, paths: JobPaths) -> float | None:
+    """When the job ended, by the instance's clock; None while it runs (or if unknown)."""
+    return _instant(host, paths.ended)
+
+
 def duration(host: Host, paths: JobPaths) -> float | None:
     """How long the job ran, by the instance's clock; None until it has ended (or if unknown)."""
     start, end = _instant(host, paths.started), _instant(host, paths.ended)

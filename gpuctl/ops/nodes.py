@@ -1,0 +1,216 @@
+"""Runs across the nodes of a cluster: TensorFlow's MultiWorkerMirroredStrategy does the
+distributing; gpuctl puts the same job on every node with what the strategy reads (TF_CONFIG: every
+node's address and a port free there, this node's index) and follows them as one run.
+
+Node 0 is the chief: its epoch reports (global batches, so its examples count every node's) and
+its checkpoint are the run's. A node that fails ends the run on all of them: TensorFlow's own
+health check fails the others' collectives within seconds, and gpuctl stops whatever is left, so
+no node waits, billed, for a peer that is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from gpuctl.errors import RemoteError
+from gpuctl.ops import setup
+from gpuctl.ops.session import Progress, Session
+from gpuctl.remote import jobs
+from gpuctl.remote.host import Host
+from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, SyncStats, TfEnv
+
+T = TypeVar("T")
+SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
+PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT), with
+PREEMPTED_MARK = "preempted.json"  # this file in its run dir (gpuctl_run.PREEMPTED_MARK)
+
+
+@dataclass(frozen=True)
+class Node:
+    rank: int
+    inst: InstanceRecord
+    host: Host
+    env: TfEnv | None = None  # its TensorFlow (the setup step's answer)
+    code_dir: str = ""
+    data_dir: str | None = None
+    code: SyncStats | None = None
+    data: SyncStats | None = None
+
+    @property
+    def python(self) -> str:
+        env = self.env
+        return ((env.report or {}).get("executable") or env.python) if env is not None else "python3"
+
+    def paths(self, run: RunRecord) -> jobs.JobPaths:
+        """The run's files on this node: the chief's are the run's own; another node keeps its
+        files in its own work dir (local nodes share one machine)."""
+        if self.rank == 0:
+            return jobs.JobPaths(run.run_dir)
+        return jobs.JobPaths(posixpath.join(self.host.root, "runs", run.run_id))
+
+    @property
+    def address(self) -> str:
+        """Where the other nodes reach it: its private address, else the one gpuctl logs in to."""
+        return self.inst.private_ip or self.inst.public_ip or "127.0.0.1"
+
+
+def of(s: Session, record: ClusterRecord) -> list[Node]:
+    """The cluster's nodes, chief first."""
+    return [Node(rank=i, inst=inst, host=host) for i, (inst, host) in enumerate(s.hosts(record))]
+
+
+def each(nodes: list[Node], fn: Callable[[Node], T]) -> list[T]:
+    """fn on every node at once (one connection each), results in node order."""
+    if len(nodes) == 1:
+        return [fn(nodes[0])]
+    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+        return list(pool.map(fn, nodes))
+
+
+def label(node: Node, nodes: list[Node]) -> str:
+    return f"node {node.rank}: " if len(nodes) > 1 else ""
+
+
+def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None, progress: Progress,
+            asked: str | None = None, check: bool = False) -> list[Node]:
+    """Push code (and data) to every node and find each one's TensorFlow (set up if need be)."""
+    from gpuctl.ops import runs  # runs starts jobs through here: imported when used
+
+    nodes = of(s, record)
+
+    def push(node: Node) -> Node:
+        say = (lambda line: progress(label(node, nodes) + line))
+        code, code_dir = runs.push_code(node.host, project, say)
+        stats, data_dir = runs.push_data(node.host, data, say) if data is not None else (None, None)
+        return Node(rank=node.rank, inst=node.inst, host=node.host, code_dir=code_dir, data_dir=data_dir,
+                    code=code, data=stats)
+
+    nodes = each(nodes, push)
+    envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check)}
+    return [Node(**{**node.__dict__, "env": envs[node.host.label]}) for node in nodes]
+
+
+def keras_for(setting: str, nodes: int) -> str:
+    """The Keras a run uses: Keras 3's fit fails under MultiWorkerMirroredStrategy on current
+    TensorFlow (keras#20585, tensorflow#72388), tf_keras (Keras 2) works: auto picks it for nodes."""
+    return setting if setting != "auto" else ("2" if nodes > 1 else "3")
+
+
+# Runs on the node with its job's Python: tf_keras's version without importing TensorFlow.
+KERAS_PROBE = ("import importlib.util, importlib.metadata as m\n"
+               "print(m.version('tf-keras') if importlib.util.find_spec('tf_keras') else '')")
+
+
+def require_keras2(nodes: list[Node], tensorflow: str | None) -> None:
+    """Refuse a Keras 2 run on a node whose Python lacks tf_keras (its script would fall back to
+    Keras 3 and fail under the strategy, on every node, after the push)."""
+    def probe(node: Node) -> str:
+        return node.host.run([node.python, "-c", KERAS_PROBE], check=False).stdout.strip()
+
+    for node, version in zip(nodes, each(nodes, probe)):
+        if not version:
+            pin = ".".join((tensorflow or "2.21").split(".")[:2])
+            raise RemoteError(
+                f"node {node.rank} ({node.host.label}): tf_keras is not installed for {node.python}",
+                f"Multi-node runs use Keras 2: `{node.python} -m pip install 'tf-keras=={pin}.*'` there (gpuctl's "
+                "setup step installs it), or set `[train] keras = \"3\"` if your script needs no Keras fit.")
+
+
+# Runs on the node: a port nothing listens on now (the OS's pick), for the job's TensorFlow server.
+PORT_PROBE = "import socket\ns = socket.socket()\ns.bind(('', 0))\nprint(s.getsockname()[1])"
+
+
+def free_port(node: Node, taken: set[tuple[str, int]]) -> int:
+    """A port free on the node and not given to another node at the same address (local nodes
+    share one machine)."""
+    for _ in range(8):
+        out = node.host.run([node.python, "-c", PORT_PROBE]).stdout.strip()
+        if not out.isdigit() or not 1024 <= int(out) <= 65535:  # the node's answer is not trusted
+            raise RemoteError(f"node {node.rank} ({node.host.label}) gave no usable port: {out[:40]!r}",
+                              "Check that its Python runs: `gpuctl exec -- python3 -V`.")
+        if (node.address, int(out)) not in taken:
+            taken.add((node.address, int(out)))
+            return int(out)
+    raise RemoteError(f"no free port found on node {node.rank} ({node.host.label})", "Try again.")
+
+
+def job_env(nodes: list[Node], keras: str) -> list[dict[str, str]]:
+    """Each node's variables for its job, node 0 first."""
+    taken: set[tuple[str, int]] = set()
+    workers = [f"{n.address}:{free_port(n, taken)}" for n in nodes] if len(nodes) > 1 else []
+    out = []
+    for node in nodes:
+        env = {"GPUCTL_NODE_RANK": str(node.rank), "GPUCTL_NUM_NODES": str(len(nodes))}
+        if workers:
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                           "task": {"type": "worker", "index": node.rank}})
+        if keras == "2":
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        out.append(env)
+    return out
+
+
+def share_checkpoint(each: list[Node], run: RunRecord, progress: Progress) -> None:
+    """Copy the chief's checkpoint directory to the other nodes (through this machine: nodes need
+    not reach each other over SSH)."""
+    if len(each) < 2:
+        return
+    with tempfile.TemporaryDirectory(prefix="gpuctl-ckpt-") as tmp:
+        files, _ = each[0].host.pull_tree(checkpoint_dir(each[0].paths(run)), Path(tmp))
+        each(each[1:], lambda n: n.host.push(Path(tmp), checkpoint_dir(n.paths(run))))
+    progress(f"the chief's checkpoint ({files} files) copied to nodes 1-{len(each) - 1}")
+
+
+def checkpoint_dir(paths: jobs.JobPaths) -> str:
+    """Where Keras fits of the run checkpoint (run.json's checkpoint_dir)."""
+    return posixpath.join(paths.outputs, "checkpoint")
+
+
+# --- following a multi-node run ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeState:
+    rank: int
+    state: str
+    code: int | None
+    ended_at: float | None
+
+
+def _look(node: Node, run: RunRecord) -> NodeState:
+    paths = node.paths(run)
+    state, code = jobs.job_state(node.host, run.run_id, paths)
+    if state == "failed" and code == SIGTERM_EXIT:
+        state = "stopped"
+    elif state == "failed" and code == PREEMPTED_EXIT and node.host.read_bytes(
+            posixpath.join(paths.run_dir, PREEMPTED_MARK)):
+        state = "preempted"  # the launcher's word that a notice stopped it, not just a script's exit 75
+    return NodeState(node.rank, state, code, jobs.ended_at(node.host, paths) if state != "running" else None)
+
+
+def states(nodes: list[Node], run: RunRecord) -> list[NodeState]:
+    return each(nodes, lambda n: _look(n, run))
+
+
+def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
+    """(the run's state, its exit code, the node that ended it) from its nodes' states: succeeded
+    when all did; else, once any ended otherwise, the one that ended first decides (the others
+    failed because it did)."""
+    if all(n.state == "succeeded" for n in seen):
+        return "succeeded", 0, None
+    bad = [n for n in seen if n.state not in ("running", "succeeded")]
+    if not bad:
+        return "running", None, None
+    first = min(bad, key=lambda n: (n.ended_at is None, n.ended_at or 0.0, n.rank))
+    return first.state, first.code, first.rank
+
+
+def stop_rest(nodes: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
+    """Stop the nodes still running a run that has ended elsewhere."""
+    running = [n for n, st in zip(nodes, seen) if st.state == "running"]
+    each(running, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
