@@ -113,6 +113,9 @@ class TestHost:
             _run("ip", "netns", "exec", self.ns, *cmd)
         if not self.behind:
             _run("ip", "netns", "exec", self.ns, "ip", "route", "add", f"{self.services_ip}/32", "via", self.gateway)
+            # The lab's other hosts, through this machine (with forwarding on: peers()), as the nodes
+            # of a cluster reach each other on their private network.
+            _run("ip", "netns", "exec", self.ns, "ip", "route", "add", f"{SUBNET}{self._octet}.0/24", "via", self.gateway)
             # Here, on the loopback device: shared by the lab's hosts, removed with the last of them.
             _run("ip", "addr", "replace", f"{self.services_ip}/32", "dev", "lo")
         (self.base / "authorized_keys").write_text(client_pub)
@@ -310,6 +313,21 @@ class Login:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class peers:
+    """Context manager: this machine forwards between the lab's hosts (net.ipv4.ip_forward), so
+    they reach each other as a cluster's nodes do; the old setting comes back at the end."""
+
+    PATH = Path("/proc/sys/net/ipv4/ip_forward")
+
+    def __enter__(self) -> peers:
+        self.before = self.PATH.read_text().strip()
+        self.PATH.write_text("1\n")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.PATH.write_text(self.before + "\n")
 
 
 def cleanup_stale() -> None:

@@ -103,8 +103,11 @@ def keras_for(setting: str, nodes: int) -> str:
 
 
 # Runs on the node with its job's Python: tf_keras's version without importing TensorFlow.
+# An empty tf_keras directory is a namespace package: a spec without an origin, no Keras.
 KERAS_PROBE = ("import importlib.util, importlib.metadata as m\n"
-               "print(m.version('tf-keras') if importlib.util.find_spec('tf_keras') else '')")
+               "spec = importlib.util.find_spec('tf_keras')\n"
+               "try:\n    v = m.version('tf-keras')\nexcept Exception:\n    v = None\n"
+               "print((v or '?') if spec is not None and spec.origin else '')")
 
 
 def require_keras2(nodes: list[Node], tensorflow: str | None) -> None:
@@ -156,15 +159,15 @@ def job_env(nodes: list[Node], keras: str) -> list[dict[str, str]]:
     return out
 
 
-def share_checkpoint(each: list[Node], run: RunRecord, progress: Progress) -> None:
+def share_checkpoint(group: list[Node], run: RunRecord, progress: Progress) -> None:
     """Copy the chief's checkpoint directory to the other nodes (through this machine: nodes need
     not reach each other over SSH)."""
-    if len(each) < 2:
+    if len(group) < 2:
         return
     with tempfile.TemporaryDirectory(prefix="gpuctl-ckpt-") as tmp:
-        files, _ = each[0].host.pull_tree(checkpoint_dir(each[0].paths(run)), Path(tmp))
-        each(each[1:], lambda n: n.host.push(Path(tmp), checkpoint_dir(n.paths(run))))
-    progress(f"the chief's checkpoint ({files} files) copied to nodes 1-{len(each) - 1}")
+        files, _ = group[0].host.pull_tree(checkpoint_dir(group[0].paths(run)), Path(tmp))
+        each(group[1:], lambda n: n.host.push(Path(tmp), checkpoint_dir(n.paths(run))))
+    progress(f"the chief's checkpoint ({files} files) copied to nodes 1-{len(group) - 1}")
 
 
 def checkpoint_dir(paths: jobs.JobPaths) -> str:

@@ -1,0 +1,225 @@
+"""Multi-node training on real parts: sshd hosts in their own network namespaces that reach each
+other through this machine (as a cluster's nodes do on their private network), real tmux, real
+TensorFlow on CPU, and the unmodified MultiWorkerMirroredStrategy script of examples/multiworker.
+
+Bad inputs tried: `--nodes 3` with two --host (ssh), `--nodes 0`, `train --budget` on several
+nodes, `logs --node 5` of a two-node run, `logs --node 1 --guard`, `train.keras = "4"`, a node whose
+Python lacks tf_keras. Each exits non-zero with one line and a hint, and starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import sshd
+from tests.conftest import REPO
+from tests.integration.test_ssh import up_ssh
+
+pytestmark = pytest.mark.tf
+
+EXAMPLE = REPO / "examples" / "multiworker"
+# Prints what gpuctl gave the job (no TensorFlow: a second, not a minute).
+SHOW_ENV = """
+import json, os
+keys = ("TF_CONFIG", "GPUCTL_NODE_RANK", "GPUCTL_NUM_NODES", "TF_USE_LEGACY_KERAS")
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+"""
+
+
+class NodeLab:
+    def __init__(self, key, hosts):
+        self.key = key
+        self.hosts = hosts
+
+
+@pytest.fixture(scope="module")
+def node_lab():
+    """Three sshd hosts that reach each other (forwarding on here while the module runs)."""
+    base, key, tag = sshd.prepare("node-hosts")
+    hosts = [sshd.TestHost(i, base / f"n{i}", tag=tag) for i in (5, 6, 7)]
+    try:
+        with sshd.peers():
+            for h in hosts:
+                h.create(key.with_suffix(".pub").read_text())
+                h.start()
+            yield NodeLab(key, hosts)
+    finally:
+        for h in hosts:
+            h.destroy()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def nodes(node_lab, monkeypatch):
+    for h in node_lab.hosts:
+        if h.proc is None or h.proc.poll() is not None:
+            h.restart()
+        else:
+            h.run(sshd.CLEAN)
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
+    return node_lab
+
+
+def _status(gpuctl, run_id):
+    return next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)
+
+
+def _run_id(res) -> str:
+    return re.search(r"Run (\S+) (?:started|succeeded|failed)", res.stdout + res.stderr).group(1)
+
+
+def _checksums(gpuctl, run_id, n):
+    sums = []
+    for node in range(n):
+        log = gpuctl("logs", run_id, "--node", str(node)).stdout
+        assert f"worker {node} of {n}" in log, log[-2000:]
+        sums.append(re.search(r"weights checksum: (\w+)", log).group(1))
+    return sums
+
+
+def test_two_nodes_train_one_model_and_bill_both(gpuctl, nodes):
+    h1, h2 = nodes.hosts[:2]
+    up_ssh(gpuctl, nodes, h1, h2, extra=("--usd-per-hour", "1.8"))
+    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "3")
+    run_id = _run_id(res)
+    assert "succeeded" in res.stdout + res.stderr
+    # One model: every worker ends with the same weights.
+    a, b = _checksums(gpuctl, run_id, 2)
+    assert a == b
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "succeeded" and run["node_states"] == ["succeeded", "succeeded"]
+    # The chief's reports only: one row per epoch; examples count both nodes' shares (the global
+    # batch); each epoch billed at the sum of the nodes' rates.
+    cost = json.loads(gpuctl("cost", run_id, "--json").stdout)["runs"][0]
+    epochs = cost["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and cost["usd_per_hour"] == pytest.approx(3.6)
+    for e in epochs:
+        assert e["epoch_cost_usd"] == pytest.approx(e["seconds"] * 3.6 / 3600, rel=1e-6)
+        assert e["examples"] == 1797  # scikit-learn's digits, all of them, though each node saw half
+    assert "nodes: 0 succeeded, 1 succeeded" in gpuctl("status").stdout
+    gpuctl("down", "-y")
+    for h in (h1, h2):
+        assert not h.pids(rb"gpuctl_run"), "a node still runs the job after down"
+
+
+def test_three_nodes_get_tf_config_and_agree(gpuctl, nodes, make_project):
+    up_ssh(gpuctl, nodes, *nodes.hosts)
+    # What each node's job is given: every node's address (private network) with a port, its index.
+    proj = make_project("env", {"train.py": SHOW_ENV})
+    run_id = _run_id(gpuctl("train", proj, "--allow-cpu", "--wait"))
+    seen = []
+    for node in range(3):
+        env = json.loads(re.search(r"ENV (.*)", gpuctl("logs", run_id, "--node", str(node)).stdout).group(1))
+        seen.append(env)
+        cfg = json.loads(env["TF_CONFIG"])
+        assert cfg["task"] == {"type": "worker", "index": node}
+        assert env["GPUCTL_NODE_RANK"] == str(node) and env["GPUCTL_NUM_NODES"] == "3"
+        assert env["TF_USE_LEGACY_KERAS"] == "1"  # Keras 2 by default on several nodes
+    workers = json.loads(seen[0]["TF_CONFIG"])["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in workers] == [h.ip for h in nodes.hosts]
+    assert all(json.loads(e["TF_CONFIG"])["cluster"]["worker"] == workers for e in seen)
+    # The real thing on three nodes.
+    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "2", "--limit", "960")
+    run_id = _run_id(res)
+    assert len(set(_checksums(gpuctl, run_id, 3))) == 1
+    assert [e["epoch"] for e in json.loads(gpuctl("cost", run_id, "--json").stdout)["runs"][0]["epochs"]] == [1, 2]
+
+
+def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes):
+    h1, h2 = nodes.hosts[:2]
+    up_ssh(gpuctl, nodes, h1, h2)
+    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--", "--epochs", "30", "--epoch-seconds", "1.5")
+    run_id = _run_id(res)
+    deadline = time.monotonic() + 120
+    while _status(gpuctl, run_id)["epoch"] < 1:
+        assert time.monotonic() < deadline, "no epoch came"
+        time.sleep(0.5)
+    for pid in h2.pids(rb"gpuctl_run"):
+        sshd._run("kill", "-9", str(pid))
+    while _status(gpuctl, run_id)["state"] == "running":
+        assert time.monotonic() < deadline, "the run still shows running"
+        time.sleep(0.5)
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "failed" and run["failed_node"] == 1 and run["exit_code"] == 137
+    assert run["node_states"][1] == "failed" and run["node_states"][0] in ("stopped", "failed")
+    out = gpuctl("status").stdout
+    assert f"{run_id} failed on node 1; last lines of its log there" in out
+    time.sleep(1)
+    assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run"), "a node still burns money"
+
+
+def test_resume_restores_every_node_from_the_chiefs_checkpoint(gpuctl, nodes):
+    h1, h2 = nodes.hosts[:2]
+    up_ssh(gpuctl, nodes, h1, h2)
+    run_id = _run_id(gpuctl("train", EXAMPLE, "--allow-cpu", "--", "--epochs", "5", "--epoch-seconds", "1.5"))
+    deadline = time.monotonic() + 120
+    while _status(gpuctl, run_id)["epoch"] < 2:
+        assert time.monotonic() < deadline, "epoch 2 never came"
+        time.sleep(0.3)
+    for pid in h1.pids(rb"gpuctl_run"):  # the chief goes; node 1 follows (TensorFlow, or gpuctl)
+        sshd._run("kill", "-9", str(pid))
+    while _status(gpuctl, run_id)["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    done = _status(gpuctl, run_id)["epoch"]
+    out = gpuctl("train", "--resume", run_id, "--wait")
+    assert "the chief's checkpoint" in out.stdout + out.stderr
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "succeeded"
+    epochs = [e["epoch"] for e in json.loads(gpuctl("cost", run_id, "--json").stdout)["runs"][0]["epochs"]]
+    assert epochs == [1, 2, 3, 4, 5] and done >= 2
+    a, b = _checksums(gpuctl, run_id, 2)
+    assert a == b
+    # Both restarted from epoch `done`, not from scratch: each log says where Keras began again.
+    for node in (0, 1):
+        log = gpuctl("logs", run_id, "--node", str(node)).stdout
+        assert f"Epoch {done + 1}/5" in log.split("worker")[-1]
+        assert "Epoch 1/5" not in log.split("worker")[-1]
+
+
+def test_bad_inputs_start_nothing(gpuctl, nodes, node_lab, monkeypatch):
+    h1, h2 = nodes.hosts[:2]
+    err = up_ssh(gpuctl, nodes, h1, h2, code=3, extra=("--nodes", "3")).stderr
+    assert "--nodes 3 with 2 --host" in err and "Hint:" in err
+    assert "Error" in gpuctl("up", "--nodes", "0", code=2).stderr
+    up_ssh(gpuctl, nodes, h1, h2)
+    err = gpuctl("train", EXAMPLE, "--allow-cpu", "--budget", "1", code=3).stderr
+    assert "run budget" in err and "gpuctl guard set --budget" in err
+    monkeypatch.setenv("GPUCTL_TRAIN__KERAS", "4")
+    assert "train.keras" in gpuctl("train", EXAMPLE, "--allow-cpu", code=3).stderr
+    monkeypatch.delenv("GPUCTL_TRAIN__KERAS")
+    # A node whose Python has no tf_keras (hidden in that host's own mount namespace).
+    site = Path(REPO / ".venv" / "lib").glob("python3*/site-packages")
+    site = next(iter(site))
+    h2.run(f"for d in {site}/tf_keras {site}/tf_keras-*.dist-info; do mount -t tmpfs tmpfs $d; done")
+    try:
+        err = gpuctl("train", EXAMPLE, "--allow-cpu", code=7).stderr
+    finally:
+        h2.run(f"for d in {site}/tf_keras {site}/tf_keras-*.dist-info; do umount $d; done")
+    assert "node 1" in err and "tf_keras is not installed" in err and "keras = \"3\"" in err
+    assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run")
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
+    run_id = _run_id(gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "1"))
+    err = gpuctl("logs", run_id, "--node", "5", code=4).stderr
+    assert "has no node 5" in err and "--node 0 to 1" in err
+    assert "--node" in gpuctl("logs", "--node", "1", "--guard", code=2).stderr
+
+
+def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
+    gpuctl("up", "--provider", "local", "--nodes", "2")
+    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "2", "--limit", "640")
+    run_id = _run_id(res)
+    a, b = _checksums(gpuctl, run_id, 2)
+    assert a == b
+    out = gpuctl("down", "-y")
+    assert "nodes/1" in out.stdout + out.stderr
+    assert not (tmp_path / "gpuctl-home" / "clusters" / "default").exists()
