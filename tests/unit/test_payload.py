@@ -105,3 +105,16 @@ def test_utmp_layouts_match_glibc_on_both_architectures():
     assert (gl.UTMP_COMPAT32.size, gl.UTMP_LP64.size) == (384, 400)
     assert gl.utmp_record(400 * 3) is gl.UTMP_LP64  # 1200 bytes: only 400-byte records fit
     assert gl.utmp_record(384 * 5) is gl.UTMP_COMPAT32  # 1920 bytes: only 384-byte records fit
+
+
+def test_a_read_only_store_restores_but_never_pushes(tmp_path, monkeypatch):
+    """A multi-node run's other nodes restore the chief's checkpoint; only the chief uploads."""
+    store = gpuctl_run.RunStore()
+    pushed = []
+    store.configure({"store": {"target": {"bucket": "b"}, "key_prefix": "p/", "read_only": True}}, str(tmp_path))
+    monkeypatch.setattr(store, "store", type("S", (), {"push": staticmethod(lambda *a: pushed.append(a))}))
+    store.save("epoch 1")
+    assert pushed == []
+    store.read_only = False
+    store.save("epoch 1")
+    assert len(pushed) == 1
