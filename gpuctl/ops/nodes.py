@@ -85,9 +85,8 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
     nodes = of(s, record)
 
     def push(node: Node) -> Node:
-        say = (lambda line: progress(label(node, nodes) + line))
-        code, code_dir = runs.push_code(node.host, project, say)
-        stats, data_dir = runs.push_data(node.host, data, say) if data is not None else (None, None)
+        code, stats, code_dir, data_dir = runs.push_all(node.host, project, data,
+                                                        lambda line: progress(label(node, nodes) + line))
         return Node(rank=node.rank, inst=node.inst, host=node.host, code_dir=code_dir, data_dir=data_dir,
                     code=code, data=stats)
 

@@ -71,8 +71,8 @@ def push_data(host: Host, data: Path, progress: Progress) -> tuple[SyncStats, st
     return host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), data_dir
 
 
-def _push(host: Host, project: Path, data: Path | None, progress: Progress
-          ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
+def push_all(host: Host, project: Path, data: Path | None, progress: Progress
+             ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
     """Push code and (separately, so a code push never touches it) data; their remote dirs."""
     code, code_dir = push_code(host, project, progress)
     if data is None:
@@ -83,12 +83,15 @@ def _push(host: Host, project: Path, data: Path | None, progress: Progress
 
 def sync(s: Session, project: Path, cluster: str | None = None, data: Path | None = None,
          progress: Progress = quiet) -> SyncResult:
-    """Push the project (and data) to the cluster's first host without starting anything."""
+    """Push the project (and data) to every node of the cluster without starting anything; the
+    chief's figures."""
     project, data = _project(project), _data_dir(data)
     record = s.resolve_cluster(cluster)
-    _, host = s.host(record)
+    group = nodes.of(s, record)
     with s.working(record, "push"):
-        code, data_stats, code_dir, data_dir = _push(host, project, data, progress)
+        pushed = nodes.each(group, lambda n: push_all(n.host, project, data,
+                                                      lambda line: progress(nodes.label(n, group) + line)))
+    code, data_stats, code_dir, data_dir = pushed[0]
     return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
 
 
@@ -147,7 +150,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     if len(first) > 1 and settings.train.budget_usd:
         # Each node would have to stop at the same batch, or the others wait for it forever.
         raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
-                          "On several nodes cap the cluster's spend instead: `gpuctl guard --budget DOLLARS`.")
+                          "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
