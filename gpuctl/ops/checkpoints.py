@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuctl import billing
 from gpuctl.errors import ConflictError, GpuctlError
-from gpuctl.ops import run_state
+from gpuctl.ops import nodes, run_state
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import CheckpointStore
 from gpuctl.types import ClusterRecord
@@ -115,14 +115,16 @@ def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
     live = s.live_cluster_of(run)
     if live is not None:
         try:
-            _, host = s.host(live)
+            group = nodes.of(s, live)[:max(run.nodes, 1)]
+            host = group[0].host
             expected = posixpath.join(host.root, "runs", run.run_id)
             if run.run_dir != expected:  # the ledger's path is deleted only where gpuctl itself puts runs
                 notes.append(f"its directory {run.run_dir} is not where gpuctl keeps runs ({expected}): left alone")
             else:
-                host.remove_tree(run.run_dir)
+                for n in group:  # every node's copy (the others' checkpoints are the chief's)
+                    n.host.remove_tree(n.paths(run).run_dir)
+                    progress(f"removed {n.paths(run).run_dir} on {n.host.label}")
                 host_dir = run.run_dir
-                progress(f"removed {run.run_dir} on {host.label}")
         except GpuctlError as exc:
             if store is None:
                 raise

@@ -103,14 +103,17 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     _, old = s.host(live)
     paths = jobs.JobPaths(run.run_dir)
     _require_checkpoint(old, run, paths)
-    _, new = s.host(target)
-    new_paths = jobs.JobPaths(posixpath.join(new.root, "runs", run.run_id))
+    group = nodes.of(s, target)
+    moved = run.model_copy(update={"run_dir": posixpath.join(group[0].host.root, "runs", run.run_id)})
     with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
         old.pull_tree(paths.outputs, Path(tmp) / "outputs")
-        new.push(Path(tmp) / "outputs", new_paths.outputs, progress=lambda line: progress(f"checkpoint: {line}"))
-    new.write_text(new_paths.epochs, (old.read_bytes(paths.epochs) or b"").decode("utf-8", "replace"))
+        # Every node of the target restores the same checkpoint (Keras reads CHECKPOINT/chief on each).
+        nodes.each(group, lambda n: n.host.push(Path(tmp) / "outputs", n.paths(moved).outputs, progress=lambda line:
+                                                progress(f"{nodes.label(n, group)}checkpoint: {line}")))
+    new = group[0].host
+    new.write_text(jobs.JobPaths(moved.run_dir).epochs, (old.read_bytes(paths.epochs) or b"").decode("utf-8", "replace"))
     progress(f"brought the run's checkpoint and reports from {old.label} to {new.label}")
-    return recovery.resume_on_new(s, run.model_copy(update={"run_dir": new_paths.run_dir}), progress, cluster=target)
+    return recovery.resume_on_new(s, moved, progress, cluster=target)
 
 
 def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:

@@ -220,6 +220,11 @@ def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
     run_id = _run_id(res)
     a, b = _checksums(gpuctl, run_id, 2)
     assert a == b
+    root = tmp_path / "gpuctl-home" / "clusters" / "default"
+    dirs = [root / "runs" / run_id, root / "nodes" / "1" / "runs" / run_id]
+    assert all((d / "outputs" / "checkpoint").is_dir() for d in dirs)
+    gpuctl("runs", "rm", run_id, "-y")  # every node's copy
+    assert not any(d.exists() for d in dirs)
     out = gpuctl("down", "-y")
     assert "nodes/1" in out.stdout + out.stderr
     assert not (tmp_path / "gpuctl-home" / "clusters" / "default").exists()
