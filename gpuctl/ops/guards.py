@@ -27,8 +27,8 @@ def payload_dir(host: Host) -> str:
 
 
 def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
-            existing: dict[str, Any], down_after_run: bool | None = None, armed_at: float | None = None
-            ) -> dict[str, Any]:
+            existing: dict[str, Any], down_after_run: bool | None = None, armed_at: float | None = None,
+            cluster_rate: float | None = None) -> dict[str, Any]:
     """The watchdog's config from the settings; values the user never set keep what the host has
     (so a `guard set` survives the next `train`)."""
     g = loaded.settings.guards
@@ -59,7 +59,10 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         # The watchdog compares this with file times on the instance: the instance's clock, not ours.
         cfg["down_after_run_since"] = armed_at if armed_at is not None else instance_now(host)
     cfg.update(runs_dir=posixpath.join(host.root, "runs"), tmux_socket=host.tmux_socket,
-               usd_per_hour=inst.usd_per_hour, started_at=inst.launched_at, cluster=cluster.name,
+               # The budget is the cluster's: each node counts the spend of all (they start together),
+               # so a 4-node cluster stops at its budget, not at four times it.
+               usd_per_hour=inst.usd_per_hour if cluster_rate is None else cluster_rate,
+               started_at=inst.launched_at, cluster=cluster.name,
                cluster_key=cluster_key(cluster), heartbeat_stale_s=heartbeat.STALE_S,
                notice=provider.interruption_notice())
     return cfg
@@ -125,10 +128,12 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     limits; a watchdog that was not running must show its first look, or this fails loudly."""
     provider = s.provider(cluster.spec)
     how = []
-    for inst, host in s.hosts(cluster):
+    pairs = s.hosts(cluster)
+    rate = sum(inst.usd_per_hour for inst, _ in pairs)
+    for inst, host in pairs:
         host.push(PAYLOAD_DIR, payload_dir(host))
         before = guard.state(host)
-        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at)
+        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at, rate)
         how.append(guard.install(host, cfg, host.python, payload_dir(host)))
         pid = before.get("pid")
         if _alive(host, pid) and before.get("code") != code_version():

@@ -215,12 +215,15 @@ def test_bad_inputs_start_nothing(gpuctl, nodes, node_lab, monkeypatch):
 
 
 def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
-    gpuctl("up", "--provider", "local", "--nodes", "2")
+    gpuctl("up", "--provider", "local", "--nodes", "2", "--usd-per-hour", "1.5", "-y")
     res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "2", "--limit", "640")
     run_id = _run_id(res)
     a, b = _checksums(gpuctl, run_id, 2)
     assert a == b
     root = tmp_path / "gpuctl-home" / "clusters" / "default"
+    # Each node's watchdog counts the whole cluster's spend against the budget: $3/h, not $1.5/h.
+    for node_root in (root, root / "nodes" / "1"):
+        assert json.loads((node_root / "guard" / "config.json").read_text())["usd_per_hour"] == 3.0
     dirs = [root / "runs" / run_id, root / "nodes" / "1" / "runs" / run_id]
     assert all((d / "outputs" / "checkpoint").is_dir() for d in dirs)
     gpuctl("runs", "rm", run_id, "-y")  # every node's copy

@@ -50,7 +50,9 @@ class LocalProvider(MachinesThatStay):
     def launch_question(self) -> str | None:
         if self.spec.usd_per_hour <= 0:
             return None
-        return f"start local cluster {self.spec.name!r} billed at ${self.spec.usd_per_hour:,.4f}/h"
+        n = self.spec.nodes
+        nodes = f" ({n} nodes at ${self.spec.usd_per_hour:,.4f}/h each)" if n > 1 else ""
+        return f"start local cluster {self.spec.name!r} billed at ${self.spec.usd_per_hour * n:,.4f}/h{nodes}"
 
     def _clusters_dir(self) -> Path:
         return self.home / "clusters"
