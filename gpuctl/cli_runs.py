@@ -83,11 +83,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     if as_json:
         render.emit_json(result.model_copy(update={"run": final}) if result is not None else final)
     if final.state != "succeeded":
-        # The log was just streamed above, so its tail is not repeated here.
-        raise RunFailedError(
-            f"run {final.run_id} {final.state} (exit code {final.exit_code})",
-            f"See the whole log: gpuctl logs {final.run_id}; the run stays listed in `gpuctl status`.",
-        )
+        # The chief's log was just streamed above: its tail is not repeated here.
+        raise _ended_badly(s, final, "the run stays listed in `gpuctl status`")
     click.echo(f"Run {final.run_id} succeeded. Cost report: gpuctl cost", err=True)
 
 
@@ -279,8 +276,20 @@ def watch(ctx: click.Context, run: str | None, detach: bool) -> None:
     with progress_sink() as progress:
         final = recovery.watch(s, run, progress)
     if final.state != "succeeded":
-        raise RunFailedError(f"run {final.run_id} {final.state} (exit code {final.exit_code})",
-                             f"Its log: gpuctl logs {final.run_id}")
+        raise _ended_badly(s, final)
+
+
+def _ended_badly(s, final, more: str = "") -> RunFailedError:
+    """The error for a run that did not succeed; a multi-node run's failing node (not the chief)
+    shows its last lines first, since only the chief's log was followed."""
+    from gpuctl.ops import runs
+
+    node = final.failed_node
+    if node:
+        click.echo(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}", err=True)
+    where, flag = (f" on node {node}", f" --node {node}") if node is not None else ("", "")
+    return RunFailedError(f"run {final.run_id} {final.state}{where} (exit code {final.exit_code})",
+                          f"See the whole log: gpuctl logs {final.run_id}{flag}" + (f"; {more}." if more else "."))
 
 
 @click.group(context_settings=CONTEXT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -137,22 +138,32 @@ def test_three_nodes_get_tf_config_and_agree(gpuctl, nodes, make_project):
 def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes):
     h1, h2 = nodes.hosts[:2]
     up_ssh(gpuctl, nodes, h1, h2)
-    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--", "--epochs", "30", "--epoch-seconds", "1.5")
+    killed = []
+
+    def kill_worker_after_epoch_1():
+        # From beside `train --wait`: the chief's first report, then SIGKILL to node 1's job.
+        deadline = time.monotonic() + 120
+        while not h1.run("cat /srv/gpuctl/box/runs/*/epochs.jsonl 2>/dev/null").stdout.strip():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+        for pid in h2.pids(rb"gpuctl_run"):
+            sshd._run("kill", "-9", str(pid))
+            killed.append(pid)
+
+    killer = threading.Thread(target=kill_worker_after_epoch_1)
+    killer.start()
+    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "30", "--epoch-seconds", "1.5", code=8)
+    killer.join()
+    assert killed, "node 1's job was never seen"
     run_id = _run_id(res)
-    deadline = time.monotonic() + 120
-    while _status(gpuctl, run_id)["epoch"] < 1:
-        assert time.monotonic() < deadline, "no epoch came"
-        time.sleep(0.5)
-    for pid in h2.pids(rb"gpuctl_run"):
-        sshd._run("kill", "-9", str(pid))
-    while _status(gpuctl, run_id)["state"] == "running":
-        assert time.monotonic() < deadline, "the run still shows running"
-        time.sleep(0.5)
+    # Named, with that node's last lines (only the chief's log was streamed).
+    assert f"run {run_id} failed on node 1 (exit code 137)" in res.stderr
+    assert "== last lines of node 1's log" in res.stderr and f"gpuctl logs {run_id} --node 1" in res.stderr
     run = _status(gpuctl, run_id)
     assert run["state"] == "failed" and run["failed_node"] == 1 and run["exit_code"] == 137
     assert run["node_states"][1] == "failed" and run["node_states"][0] in ("stopped", "failed")
-    out = gpuctl("status").stdout
-    assert f"{run_id} failed on node 1; last lines of its log there" in out
+    assert f"{run_id} failed on node 1; last lines of its log there" in gpuctl("status").stdout
     time.sleep(1)
     assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run"), "a node still burns money"
 
