@@ -201,6 +201,78 @@ def ec2_as_aws_does(monkeypatch) -> None:
     monkeypatch.setattr(AmiBackend, "create_image", create_image)
 
 
+def placement_groups_as_aws_does(monkeypatch) -> None:
+    """moto 5.2.5 has no placement groups at all (CreatePlacementGroup is not implemented), so the
+    three calls gpuctl makes are added to the EC2 responses the ThreadedMotoServer serves, with
+    AWS's errors (a duplicate name, an unknown group, a group still holding instances), and
+    RunInstances honours Placement.GroupName: an unknown group is refused, a known one is
+    reported in the instance's Placement as DescribeInstances does on AWS."""
+    from moto.core.responses import ActionResult, EmptyResult
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses import EC2Response
+
+    def groups(response) -> dict:
+        backend = response.ec2_backend
+        if not hasattr(backend, "gpuctl_placement_groups"):
+            backend.gpuctl_placement_groups = {}
+        return backend.gpuctl_placement_groups
+
+    def shown(name, g):
+        return {"GroupName": name, "GroupId": g["id"], "State": "available", "Strategy": g["strategy"],
+                "Tags": [{"Key": k, "Value": v} for k, v in g["tags"].items()]}
+
+    def create_placement_group(self):
+        name = self._get_param("GroupName")
+        if name in groups(self):
+            raise EC2ClientError("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+        tags = self._parse_tag_specification("placement-group").get("placement-group", {})
+        groups(self)[name] = {"id": f"pg-{len(groups(self)):017x}", "strategy": self._get_param("Strategy"), "tags": tags}
+        return ActionResult({"PlacementGroup": shown(name, groups(self)[name])})
+
+    def describe_placement_groups(self):
+        wanted = self._filters_from_querystring()
+        names = self._get_param("GroupNames", [])
+
+        def matches(name, g):
+            for key, values in wanted.items():
+                if key.startswith("tag:"):
+                    have = g["tags"].get(key[4:])
+                else:
+                    have = {"group-name": name, "state": "available", "strategy": g["strategy"]}[key]
+                if have not in values:
+                    return False
+            return not names or name in names
+
+        return ActionResult({"PlacementGroups": [shown(n, g) for n, g in groups(self).items() if matches(n, g)]})
+
+    def in_group(backend, name):
+        return [i for r in backend.reservations.values() for i in r.instances
+                if i.placement.group_name == name and i.state != "terminated"]
+
+    def delete_placement_group(self):
+        name = self._get_param("GroupName")
+        if name not in groups(self):
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+        if in_group(self.ec2_backend, name):
+            raise EC2ClientError("InvalidPlacementGroup.InUse", f"The Placement Group '{name}' is in use.")
+        del groups(self)[name]
+        return EmptyResult()
+
+    run = EC2Response.run_instances
+
+    def run_instances(self):
+        name = self._get_param("Placement.GroupName")
+        if name and name not in groups(self):
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+        result = run(self)
+        for inst in result.result.instances if name else ():
+            inst.placement.group_name = name
+        return result
+
+    for fn in (create_placement_group, describe_placement_groups, delete_placement_group, run_instances):
+        monkeypatch.setattr(EC2Response, fn.__name__, fn, raising=False)
+
+
 class NonLoopbackTraffic(AssertionError):
     pass
 
@@ -233,6 +305,7 @@ def aws(moto_server, monkeypatch, tmp_path):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     ec2_as_aws_does(monkeypatch)
+    placement_groups_as_aws_does(monkeypatch)
     s3_as_aws_does(monkeypatch)
 
     violations: list[str] = []

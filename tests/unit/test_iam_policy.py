@@ -27,10 +27,11 @@ from typing import Any, Callable
 
 import pytest
 
-from gpuctl.provision.aws import access, images, inventory, store_iam
+from gpuctl.errors import NoCapacityError
+from gpuctl.provision.aws import access, images, inventory, nodes, store_iam
 from gpuctl.provision.aws.store import S3Store, bucket_name
 from gpuctl.provision.aws.baked import AwsImages
-from gpuctl.provision.aws.launch import LaunchPlan, launch_one
+from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.types import Resource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ IMAGE_TAGS = {**GPUCTL, images.TAG_TF: "2.21", images.TAG_TF_INSTALLED: "2.21.0"
               images.TAG_BASE_IMAGE: "ami-0base", images.TAG_BASE_OS: "ubuntu-22.04"}
 WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, AMI: IMAGE_TAGS, "snap-1": IMAGE_TAGS,
          "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN, "ami-foreign": FOREIGN,
-         "snap-foreign": FOREIGN}
+         "snap-foreign": FOREIGN, "pg-foreign": FOREIGN}
 
 Check = tuple[str, str, dict[str, Any]]  # (action, resource ARN, request context)
 
@@ -160,6 +161,8 @@ def _run_instances(p: dict[str, Any]) -> list[Check]:
     checks += [_existing("RunInstances", "security-group", g) for g in nic["Groups"]]
     checks += [_existing("RunInstances", "key-pair", p["KeyName"]), _existing("RunInstances", "subnet", nic["SubnetId"]),
                _existing("RunInstances", "image", p["ImageId"])]
+    if p.get("Placement", {}).get("GroupName"):
+        checks.append(_existing("RunInstances", "placement-group", p["Placement"]["GroupName"]))
     if p.get("IamInstanceProfile"):  # the profile's role (one name for both) is passed to EC2
         checks.append(("iam:PassRole", iam_arn("role", p["IamInstanceProfile"]["Name"]),
                        {"iam:PassedToService": "ec2.amazonaws.com"}))
@@ -196,7 +199,7 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     **{f"ec2:{op}": _anywhere("ec2", op) for op in (
         "DescribeRegions", "DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeSpotPriceHistory",
         "DescribeImages", "DescribeVpcs", "DescribeSubnets", "DescribeKeyPairs", "DescribeSecurityGroups",
-        "DescribeInstances")},
+        "DescribeInstances", "DescribePlacementGroups")},
     "pricing:GetProducts": _anywhere("pricing", "GetProducts"),
     "ec2:RunInstances": _run_instances,
     "ec2:ImportKeyPair": lambda p: _creating("ImportKeyPair", "key-pair", p["KeyName"],
@@ -204,6 +207,9 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "ec2:CreateSecurityGroup": lambda p: [
         *_creating("CreateSecurityGroup", "security-group", "*", _tags(p.get("TagSpecifications", []), "security-group"), {}),
         _existing("CreateSecurityGroup", "vpc", p["VpcId"])],
+    "ec2:CreatePlacementGroup": lambda p: _creating("CreatePlacementGroup", "placement-group", p["GroupName"],
+                                                    _tags(p.get("TagSpecifications", []), "placement-group"), {}),
+    "ec2:DeletePlacementGroup": _on("DeletePlacementGroup", "placement-group", "GroupName"),
     "ec2:AuthorizeSecurityGroupIngress": _on("AuthorizeSecurityGroupIngress", "security-group", "GroupId"),
     "ec2:RevokeSecurityGroupIngress": _on("RevokeSecurityGroupIngress", "security-group", "GroupId"),
     "ec2:DeleteSecurityGroup": _on("DeleteSecurityGroup", "security-group", "GroupId"),
@@ -320,7 +326,19 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
         access.ensure_security_group(aws, "vpc-1", CLUSTER, OWNER, "203.0.113.5/32")
         for market in ("spot", "on-demand"):
             ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
-            launch_one(aws, plan(market), lambda _: None)
+            nodes.launch_nodes(aws, plan(market), lambda _: None)
+        # Two nodes in a placement group: node 1 finds no room, node 0 is ended, no zone is left.
+        ok("describe_placement_groups", {"PlacementGroups": []})
+        ok("create_placement_group")
+        group = nodes.ensure_placement_group(aws, CLUSTER, OWNER)
+        ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
+        stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "no room")
+        ok("terminate_instances")
+        ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "terminated"}}]}]})
+        with pytest.raises(NoCapacityError):
+            nodes.launch_nodes(aws, plan("spot", nodes=2, placement_group=group), lambda _: None)
+        ok("delete_placement_group")
+        nodes.delete_placement_group(ec2, group)
         ok("terminate_instances")
         ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "terminated"}}]}]})
         ok("delete_security_group")
@@ -331,7 +349,7 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
                           lambda _: None)
         _bake_and_remove(ok, aws, tmp_path)
         ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
-        launch_one(aws, plan("spot", instance_profile=PROFILE), lambda _: None)
+        nodes.launch_nodes(aws, plan("spot", instance_profile=PROFILE), lambda _: None)
         stub.assert_no_pending_responses()
     return sent + _checkpoint_requests(tmp_path)
 
@@ -436,11 +454,11 @@ def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
     store.remove(AMI, lambda _: None)
 
 
-def plan(market: str, instance_profile: str = "") -> LaunchPlan:
+def plan(market: str, instance_profile: str = "", nodes: int = 1, placement_group: str = "") -> LaunchPlan:
     return LaunchPlan(cluster=CLUSTER, owner=OWNER, instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
                       key_name=KEY, security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market=market,
                       max_price=0.0, fallback_on_demand=False, disk_gb=100, user_data="#!/bin/bash", token_seed="t",
-                      instance_profile=instance_profile)
+                      instance_profile=instance_profile, nodes=nodes, placement_group=placement_group, wait_timeout_s=5)
 
 
 def _launch(**changes: Any) -> dict[str, Any]:
@@ -490,6 +508,12 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     ("launch with an unencrypted volume", "ec2:RunInstances", _launch(BlockDeviceMappings=[
         {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 100, "VolumeType": "gp3", "Encrypted": False}}])),
     ("create a group without gpuctl's tags", "ec2:CreateSecurityGroup", {"VpcId": "vpc-1"}),
+    ("create a placement group without gpuctl's tags", "ec2:CreatePlacementGroup", {"GroupName": "pg-1"}),
+    ("delete a foreign placement group", "ec2:DeletePlacementGroup", {"GroupName": "pg-foreign"}),
+    ("launch into a foreign placement group", "ec2:RunInstances", _launch(Placement={"GroupName": "pg-foreign"})),
+    ("launch with a gpuctl-looking tag key gpuctl does not use", "ec2:RunInstances", _launch(TagSpecifications=[
+        {"ResourceType": t, "Tags": access.tags(CLUSTER, OWNER) + [{"Key": "gpuctl:rank", "Value": "0"}]}
+        for t in ("instance", "volume")])),
     ("stop a foreign instance", "ec2:StopInstances", {"InstanceIds": ["i-foreign"]}),
     ("image a foreign instance", "ec2:CreateImage", {"InstanceId": "i-foreign", "TagSpecifications": [
         {"ResourceType": "image", "Tags": access.tags(CLUSTER, OWNER)}]}),

@@ -271,7 +271,7 @@ def test_run_instances_waits_while_ec2_does_not_see_the_new_profile_yet(monkeypa
     import boto3
     from botocore.stub import Stubber
 
-    from gpuctl.provision.aws import launch
+    from gpuctl.provision.aws import launch, nodes
 
     monkeypatch.setattr(launch, "PROFILE_RETRY_S", (0.0, 0.0))
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
@@ -288,11 +288,11 @@ def test_run_instances_waits_while_ec2_does_not_see_the_new_profile_yet(monkeypa
                                   "Value (gpuctl-c-us-east-1-0123456789) for parameter iamInstanceProfile.name is "
                                   "invalid. Invalid IAM Instance Profile name")
         stub.add_response("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
-        inst, market = launch.launch_one(aws, plan, seen.append)
+        (inst,), market = nodes.launch_nodes(aws, plan, seen.append)
     assert inst["InstanceId"] == "i-1" and market == "spot"
     assert sum("does not see instance profile" in line for line in seen) == 2
     with Stubber(ec2) as stub:  # for good: the third refusal stops the launch
         for _ in range(3):
             stub.add_client_error("run_instances", "InvalidParameterValue", "Invalid IAM Instance Profile name")
         with pytest.raises(Exception, match="InvalidParameterValue"):
-            launch.launch_one(aws, plan, seen.append)
+            nodes.launch_nodes(aws, plan, seen.append)

@@ -19,6 +19,7 @@ from gpuctl.provision.aws.session import Aws, call, error_code, translate
 TAG_CLUSTER = "gpuctl:cluster"
 TAG_OWNER = "gpuctl:owner"
 TAG_CREATED_BY = "gpuctl:created-by"
+TAG_NODE = "gpuctl:node"  # an instance's rank in its cluster (0 = the chief), set at creation
 CHECKIP_URL = "https://checkip.amazonaws.com"
 
 
@@ -77,8 +78,9 @@ def tags(cluster: str, owner: str) -> list[dict[str, str]]:
     ]
 
 
-def tag_spec(resource_type: str, cluster: str, owner: str) -> dict[str, Any]:
-    return {"ResourceType": resource_type, "Tags": tags(cluster, owner)}
+def tag_spec(resource_type: str, cluster: str, owner: str, node: int | None = None) -> dict[str, Any]:
+    extra = [] if node is None else [{"Key": TAG_NODE, "Value": str(node)}]
+    return {"ResourceType": resource_type, "Tags": tags(cluster, owner) + extra}
 
 
 def owner_filters(owner: str | None, cluster: str | None = None) -> list[dict[str, Any]]:

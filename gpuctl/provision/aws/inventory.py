@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl.errors import CloudError
-from gpuctl.provision.aws import access, store_iam
+from gpuctl.provision.aws import access, nodes, store_iam
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 from gpuctl.remote.ssh import forget_host_keys
 from gpuctl.retry import TimedOut, poll
@@ -30,9 +30,9 @@ def regions(aws: Aws) -> list[str]:
 
 
 def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
-    """Every live instance, security group, key pair and instance profile tagged for this owner and
-    cluster; with no cluster, every owner's in the account (see _resource). Never the checkpoint
-    bucket: it outlives every cluster (`gpuctl runs rm` empties it run by run)."""
+    """Every live instance, security group, key pair, placement group and instance profile tagged
+    for this owner and cluster; with no cluster, every owner's in the account (see _resource).
+    Never the checkpoint bucket: it outlives every cluster (`gpuctl runs rm` empties it run by run)."""
     aws = p.aws(region)
     names = [aws.region] if (region or cluster) else regions(aws)
     clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
@@ -55,6 +55,8 @@ def _discover_region(p: "AwsProvider", ec2: Any, region: str, cluster: str | Non
         out.append(_resource(p, "security-group", g["GroupId"], region, g))
     for k in call(ec2.describe_key_pairs, Filters=filters).get("KeyPairs", []):
         out.append(_resource(p, "key-pair", k["KeyName"], region, k))
+    for g in nodes.placement_groups(ec2, filters):
+        out.append(_resource(p, "placement-group", g["GroupName"], region, g))
     return out
 
 
@@ -126,6 +128,11 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
             _poll(lambda gid=r.id: _delete_group(ec2, gid), timeout, f"security group {r.id} to be free", progress,
                   "Rerun `gpuctl down` in a minute to finish.")
             progress(f"deleted security group {r.id}")
+        elif r.kind == "placement-group":
+            # Like a group, it is "in use" until its instances have terminated.
+            _poll(lambda name=r.id: nodes.delete_placement_group(ec2, name), timeout,
+                  f"placement group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")
+            progress(f"deleted placement group {r.id}")
         elif r.kind == "key-pair":
             call(ec2.delete_key_pair, KeyName=r.id)
             progress(f"deleted key pair {r.id}")

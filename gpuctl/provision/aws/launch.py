@@ -1,10 +1,6 @@
-"""RunInstances across zones and markets, safe by default.
-
-Every zone that offers the type is tried in turn (cheapest spot price first); capacity, quota and
-price-too-low answers move on to the next zone, anything else stops at once. Spot may fall back
-to on-demand. When every attempt fails, one error names each zone and its reason, and the hint
-names the quota to raise.
-"""
+"""One RunInstances request, safe by default: IMDSv2 required, encrypted gp3, the cluster's own
+group, key and instance profile, shutdown = terminate, gpuctl's tags at creation. The loop over
+zones, markets and nodes is nodes.py's."""
 
 from __future__ import annotations
 
@@ -13,17 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpuctl.errors import NoCapacityError
 from gpuctl.provision.aws.access import tag_spec
-from gpuctl.provision.aws.session import (
-    CAPACITY_CODES,
-    QUOTA_CODES,
-    Aws,
-    error_code,
-    error_message,
-    quota_hint,
-    translate,
-)
+from gpuctl.provision.aws.session import Aws, error_code, error_message
 
 
 @dataclass(frozen=True)
@@ -43,10 +30,22 @@ class LaunchPlan:
     user_data: str  # the script itself: boto3 base64-encodes RunInstances' UserData
     token_seed: str  # the same `up` retried reuses the same client tokens
     instance_profile: str = ""  # the cluster's (store_iam.py): its checkpoints' credentials; "" = none
+    nodes: int = 1  # all in one zone or none (nodes.py)
+    placement_group: str = ""  # a cluster placement group the nodes share; "" = none
+    wait_timeout_s: float = 900.0  # for the nodes of a zone that failed to end
 
 
-def run_params(plan: LaunchPlan, zone: str, market: str) -> dict[str, Any]:
-    """The RunInstances request for one attempt: every safety default is set here, in one place."""
+def client_token(plan: LaunchPlan, zone: str, market: str, node: int = 0, generation: int = 0) -> str:
+    """Idempotency: an `up` killed after sending a request and rerun gets the same instance back.
+    A node rolled back in a zone used its token up (EC2 keeps it a day): a later attempt there
+    asks with the next generation's."""
+    seed = f"{plan.token_seed}|{zone}|{market}|node{node}" + (f"|g{generation}" if generation else "")
+    return hashlib.sha256(seed.encode()).hexdigest()[:64]
+
+
+def run_params(plan: LaunchPlan, zone: str, market: str, node: int = 0, generation: int = 0) -> dict[str, Any]:
+    """The RunInstances request for one node in one attempt: every safety default is set here, in
+    one place."""
     params: dict[str, Any] = {
         "ImageId": plan.image_id,
         "InstanceType": plan.instance_type,
@@ -67,13 +66,15 @@ def run_params(plan: LaunchPlan, zone: str, market: str) -> dict[str, Any]:
             "DeviceName": plan.root_device,
             "Ebs": {"VolumeSize": plan.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True},
         }],
+        # The rank is tagged at creation, so that one read back (reuse, `status --all`) keeps it.
         "TagSpecifications": [
-            tag_spec("instance", plan.cluster, plan.owner),
-            tag_spec("volume", plan.cluster, plan.owner),
+            tag_spec("instance", plan.cluster, plan.owner, node),
+            tag_spec("volume", plan.cluster, plan.owner, node),
         ],
-        # Idempotency: an `up` killed after sending this and rerun gets the same instance back.
-        "ClientToken": hashlib.sha256(f"{plan.token_seed}|{zone}|{market}".encode()).hexdigest()[:64],
+        "ClientToken": client_token(plan, zone, market, node, generation),
     }
+    if plan.placement_group:
+        params["Placement"] = {"GroupName": plan.placement_group}
     if plan.instance_profile:
         params["IamInstanceProfile"] = {"Name": plan.instance_profile}
     if market == "spot":
@@ -93,7 +94,7 @@ def _profile_not_seen_yet(exc: BaseException) -> bool:
     return error_code(exc) == "InvalidParameterValue" and "iam instance profile" in error_message(exc).lower()
 
 
-def _run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
+def run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     """RunInstances, again while EC2 does not see a new instance profile yet (same request, same
     client token: a refused request made nothing)."""
     from botocore.exceptions import ClientError
@@ -108,29 +109,3 @@ def _run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], N
                      f"seconds to spread); again in {pause:g}s")
             time.sleep(pause)
     raise AssertionError("unreachable")
-
-
-def launch_one(aws: Aws, plan: LaunchPlan, progress: Callable[[str], None]) -> tuple[dict[str, Any], str]:
-    """Try zones (and markets) in order; return (the instance description, market used)."""
-    from botocore.exceptions import ClientError
-
-    markets = [plan.market] + (["on-demand"] if plan.market == "spot" and plan.fallback_on_demand else [])
-    failures: list[str] = []
-    quota = False
-    for market in markets:
-        for zone in plan.subnets:
-            progress(f"requesting {plan.instance_type} ({market}) in {zone}")
-            try:
-                res = _run_instances(aws, run_params(plan, zone, market), progress)
-                return res["Instances"][0], market
-            except ClientError as exc:
-                code = error_code(exc)
-                if code not in CAPACITY_CODES:
-                    raise translate(exc, "RunInstances") from exc
-                quota = quota or code in QUOTA_CODES
-                failures.append(f"{zone} {market}: {code}")
-                progress(f"{zone} {market}: {code}: {error_message(exc)[:120]}")
-    hint = "Try again later, another region (--region), or on-demand (--on-demand / --fallback-on-demand)."
-    if quota:
-        hint = quota_hint(plan.instance_type, plan.market) + " " + hint
-    raise NoCapacityError(f"no capacity for {plan.instance_type}: " + "; ".join(failures), hint)

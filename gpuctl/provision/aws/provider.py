@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 from gpuctl import billing, seams
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.provision import remote_spec
-from gpuctl.provision.aws import access, catalog, images, lifecycle
-from gpuctl.provision.aws.launch import LaunchPlan, launch_one
+from gpuctl.provision.aws import access, catalog, images, lifecycle, nodes
+from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.session import Aws, call, wait_for
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
 from gpuctl.remote import guard
@@ -67,7 +68,8 @@ class AwsProvider:
 
     def launch_question(self) -> str | None:
         s = self.spec
-        return (f"launch a {s.instance_type} ({s.market}) for cluster {s.name!r}, "
+        what = f"{s.nodes} x {s.instance_type} in one zone" if s.nodes > 1 else f"a {s.instance_type}"
+        return (f"launch {what} ({s.market}) for cluster {s.name!r}, "
                 f"billed until `gpuctl down` or the {s.max_hours:g} h hard cap")
 
     @property
@@ -88,16 +90,12 @@ class AwsProvider:
         # One on its way out (a spot instance EC2 is ending) is no instance to reuse.
         existing = [i for i in self.live_instances(aws.ec2(), spec.name) if i["State"]["Name"] != "shutting-down"]
         if existing:
-            if len(existing) > spec.nodes:
-                ids = ", ".join(i["InstanceId"] for i in existing)
-                raise CloudError(
-                    f"found {len(existing)} instances tagged for cluster {spec.name!r} where {spec.nodes} was asked: {ids} (a leak)",
-                    f"`gpuctl down {spec.name} -y` releases them all; then `gpuctl up` again.",
-                )
+            ranked = nodes.reusable(existing, spec.nodes, spec.name)
             cidr = self._ssh_source(progress)
-            progress(f"reusing {existing[0]['InstanceId']} ({existing[0]['State']['Name']}), found by its tags")
-            self._open_ssh(aws, existing[0]["VpcId"], cidr, progress)
-            return [self._record(aws, existing[0], spec, None, "recorded at launch")]
+            found = ", ".join(f"{i['InstanceId']} ({i['State']['Name']})" for i in ranked)
+            progress(f"reusing {found}, found by {'its' if len(ranked) == 1 else 'their'} tags")
+            self._open_ssh(aws, ranked[0]["VpcId"], cidr, progress)
+            return [self._record(aws, i, spec, None, "recorded at launch") for i in ranked]
 
         # Check everything that can be checked before creating anything.
         info = catalog.instance_type_info(aws, spec.instance_type)
@@ -140,6 +138,10 @@ class AwsProvider:
         key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
         progress(f"key pair {key_name} (private key {key_path}, 0600)")
         group = self._open_ssh(aws, vpc, cidr, progress)
+        placement = ""
+        if spec.placement == "cluster":
+            placement = nodes.ensure_placement_group(aws, spec.name, self.owner)
+            progress(f"placement group {placement} (strategy cluster: the nodes on one low-latency network)")
         plan = LaunchPlan(
             cluster=spec.name, owner=self.owner, instance_type=spec.instance_type, image_id=chosen.id,
             root_device=chosen.image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
@@ -147,25 +149,30 @@ class AwsProvider:
             fallback_on_demand=spec.fallback_on_demand, disk_gb=spec.disk_gb,
             user_data=hard_cap_script(spec.max_hours),
             token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}", instance_profile=profile,
+            nodes=spec.nodes, placement_group=placement, wait_timeout_s=spec.wait_timeout_s,
         )
-        inst, used = launch_one(aws, plan, progress)
-        iid = inst["InstanceId"]
-        progress(f"launched {iid} ({used}) in {inst['Placement']['AvailabilityZone']}")
-        inst = self.wait_running(aws, iid, progress)
-        zone = inst["Placement"]["AvailabilityZone"]
-        if used == "spot":
+        launched, used = nodes.launch_nodes(aws, plan, progress)
+        ids = [i["InstanceId"] for i in launched]
+        zone = launched[0]["Placement"]["AvailabilityZone"]
+        progress(f"launched {', '.join(ids)} ({used}) in {zone}")
+        insts = sorted(self.wait_running(aws, ids, progress), key=nodes.rank)
+        if used == "spot":  # every node is in the same zone: one price
             usd, source = spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
         else:
             usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
-        record = self._record(aws, inst, spec, usd, source, chosen)
         reference = catalog.ON_DEMAND_USD.get(spec.instance_type)
-        record = record.model_copy(update={
-            "price_steps": ((record.launched_at, record.usd_per_hour),),
-            "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
-        })
+        records = []
+        for inst in insts:
+            record = self._record(aws, inst, spec, usd, source, chosen)
+            records.append(record.model_copy(update={
+                "price_steps": ((record.launched_at, record.usd_per_hour),),
+                "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
+            }))
         if wait_ssh:
-            record = self._first_login(record, progress)
-        return [record]
+            # One login per node, at once: each waits for its own sshd and cloud-init.
+            with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
+                records = list(pool.map(lambda r: self._first_login(r, progress), records))
+        return records
 
     def _ssh_source(self, progress: Progress) -> str:
         cidr, open_world = access.ssh_cidr(self.spec.ssh_cidr)
@@ -180,12 +187,14 @@ class AwsProvider:
         progress(f"security group {group}: SSH from {cidr} only")
         return group
 
-    def wait_running(self, aws: Aws, iid: str, progress: Progress) -> dict[str, Any]:
-        progress(f"waiting for {iid} to run")
-        wait_for(aws.ec2(), "instance_running", self.spec.wait_timeout_s, what=f"{iid} to run",
-                 hint=f"{iid} may still start: `gpuctl status --all`; `gpuctl down -y` releases it.", InstanceIds=[iid])
-        inst = call(aws.ec2().describe_instances, InstanceIds=[iid])["Reservations"][0]["Instances"][0]
-        return inst
+    def wait_running(self, aws: Aws, ids: list[str], progress: Progress) -> list[dict[str, Any]]:
+        """Wait until every instance runs; their descriptions (addresses known by then)."""
+        names = ", ".join(ids)
+        progress(f"waiting for {names} to run")
+        wait_for(aws.ec2(), "instance_running", self.spec.wait_timeout_s, what=f"{names} to run",
+                 hint=f"{names} may still start: `gpuctl status --all`; `gpuctl down -y` releases them.", InstanceIds=ids)
+        res = call(aws.ec2().describe_instances, InstanceIds=ids)
+        return [i for r in res["Reservations"] for i in r["Instances"]]
 
     def _first_login(self, record: InstanceRecord, progress: Progress) -> InstanceRecord:
         """Log in once: proves SSH works with the cluster's key, pins the host key, and confirms
@@ -208,6 +217,7 @@ class AwsProvider:
                 chosen: images.Chosen | None = None) -> InstanceRecord:
         return InstanceRecord(
             id=inst["InstanceId"],
+            node=nodes.rank(inst),
             cluster=spec.name,
             state=inst["State"]["Name"],
             public_ip=inst.get("PublicIpAddress"),
