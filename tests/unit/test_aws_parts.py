@@ -99,6 +99,66 @@ def test_run_params_are_safe_for_both_markets():
     assert run_params(plan, "us-east-1a", "spot")["ClientToken"] == spot["ClientToken"]  # a retry reuses it
 
 
+def _plan(**changes):
+    base = dict(cluster="c", owner="o", instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
+                key_name="k", security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market="spot",
+                max_price=0.0, fallback_on_demand=False, disk_gb=50, user_data="#!/bin/bash", token_seed="t")
+    return LaunchPlan(**{**base, **changes})
+
+
+def test_run_params_of_each_node_carry_its_rank_its_own_token_and_the_placement_group():
+    plan = _plan(nodes=3, placement_group="gpuctl-c-0123abcd")
+    params = [run_params(plan, "us-east-1a", "spot", node) for node in range(3)]
+    for node, p in enumerate(params):
+        assert p["MinCount"] == p["MaxCount"] == 1
+        for spec in p["TagSpecifications"]:  # on the instance and its volume, at creation
+            assert {"Key": "gpuctl:node", "Value": str(node)} in spec["Tags"]
+        assert p["Placement"] == {"GroupName": "gpuctl-c-0123abcd"}
+        assert p["MetadataOptions"]["HttpTokens"] == "required" and p["BlockDeviceMappings"][0]["Ebs"]["Encrypted"]
+    assert len({p["ClientToken"] for p in params}) == 3
+    assert run_params(plan, "us-east-1a", "spot", 1)["ClientToken"] == params[1]["ClientToken"]  # a rerun: the same
+    assert run_params(plan, "us-east-1a", "spot", 1, generation=1)["ClientToken"] != params[1]["ClientToken"]
+    assert "Placement" not in run_params(_plan(), "us-east-1a", "spot")
+
+
+def test_a_client_token_used_by_a_rolled_back_node_is_replaced():
+    from types import SimpleNamespace
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from gpuctl.provision.aws import nodes
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    aws = SimpleNamespace(ec2=lambda region=None: ec2, region="us-east-1")
+    sent, seen = [], []
+    ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params["ClientToken"]))
+    with Stubber(ec2) as stub:
+        stub.add_client_error("run_instances", "IdempotentInstanceTerminated", "token of a terminated instance")
+        stub.add_response("run_instances", {"Instances": [{"InstanceId": "i-old", "State": {"Name": "terminated"}}]})
+        stub.add_response("run_instances", {"Instances": [{"InstanceId": "i-new", "State": {"Name": "pending"}}]})
+        (inst,), market = nodes.launch_nodes(aws, _plan(), seen.append)
+    assert inst["InstanceId"] == "i-new" and market == "spot" and len(set(sent)) == 3
+    assert sum("asking anew" in line for line in seen) == 2
+
+
+def test_reuse_takes_a_whole_cluster_by_rank_or_nothing():
+    from gpuctl.provision.aws import nodes
+
+    def inst(iid, rank=None):
+        return {"InstanceId": iid, "Tags": [] if rank is None else [{"Key": "gpuctl:node", "Value": str(rank)}]}
+
+    assert [i["InstanceId"] for i in nodes.reusable([inst("i-b", 1), inst("i-a", 0)], 2, "c")] == ["i-a", "i-b"]
+    assert nodes.reusable([inst("i-old")], 1, "c")[0]["InstanceId"] == "i-old"  # made before ranks: node 0
+    with pytest.raises(CloudError, match="where 1 was asked"):
+        nodes.reusable([inst("i-a", 0), inst("i-b", 1)], 1, "c")
+    with pytest.raises(CloudError, match="has 1 of its 2 nodes left") as info:
+        nodes.reusable([inst("i-b", 1)], 2, "c")
+    assert "gpuctl down c -y" in info.value.hint
+    with pytest.raises(CloudError):  # two claim rank 0: not a cluster gpuctl made
+        nodes.reusable([inst("i-a", 0), inst("i-b", 0)], 2, "c")
+
+
 class _FakeAws:
     """Just enough of session.Aws for catalog.on_demand_price: a real boto3 session and client."""
 
