@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from gpuctl.cli_common import CONTEXT, json_option, progress_sink, run_child, session
-from gpuctl.errors import RunFailedError
+from gpuctl.errors import GpuctlError, RunFailedError
 
 
 @click.command(context_settings=CONTEXT)
@@ -286,7 +286,11 @@ def _ended_badly(s, final, more: str = "") -> RunFailedError:
 
     node = final.failed_node
     if node:
-        click.echo(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}", err=True)
+        try:
+            click.echo(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}", err=True)
+        except GpuctlError:
+            pass  # the node does not answer: the error below still names it
+
     where, flag = (f" on node {node}", f" --node {node}") if node is not None else ("", "")
     return RunFailedError(f"run {final.run_id} {final.state}{where} (exit code {final.exit_code})",
                           f"See the whole log: gpuctl logs {final.run_id}{flag}" + (f"; {more}." if more else "."))

@@ -115,7 +115,7 @@ def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
     live = s.live_cluster_of(run)
     if live is not None:
         try:
-            group = nodes.of(s, live)[:max(run.nodes, 1)]
+            group = nodes.of_run(s, live, run)
             host = group[0].host
             expected = posixpath.join(host.root, "runs", run.run_id)
             if run.run_dir != expected:  # the ledger's path is deleted only where gpuctl itself puts runs

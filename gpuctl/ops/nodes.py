@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.ops import setup
 from gpuctl.ops.session import Progress, Session
 from gpuctl.remote import jobs
@@ -63,6 +63,16 @@ class Node:
 def of(s: Session, record: ClusterRecord) -> list[Node]:
     """The cluster's nodes, chief first."""
     return [Node(rank=i, inst=inst, host=host) for i, (inst, host) in enumerate(s.hosts(record))]
+
+
+def of_run(s: Session, record: ClusterRecord, run: RunRecord) -> list[Node]:
+    """The nodes a run runs on (the cluster's first `run.nodes`)."""
+    return of(s, record)[:max(run.nodes, 1)]
+
+
+def rate(group: list[Node]) -> float:
+    """$/h of these nodes together: what a run on them costs."""
+    return sum(n.inst.usd_per_hour for n in group)
 
 
 def each(nodes: list[Node], fn: Callable[[Node], T]) -> list[T]:
@@ -212,7 +222,23 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     return first.state, first.code, first.rank
 
 
-def stop_rest(nodes: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
+def stop(group: list[Node], run: RunRecord) -> list[int | None]:
+    """Stop the run's job on these nodes (nothing where it does not run); their exit codes."""
+    return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
+
+
+def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
     """Stop the nodes still running a run that has ended elsewhere."""
-    running = [n for n, st in zip(nodes, seen) if st.state == "running"]
-    each(running, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
+    stop([n for n, st in zip(group, seen) if st.state == "running"], run)
+
+
+def check_group(group: list[Node], keras: str, budget_usd: float) -> None:
+    """What a run on these nodes needs before anything starts: Keras 2 where it runs on several
+    (tf_keras on every node), and no per-run budget there (every node would have to stop at the
+    same batch, or the others wait for it forever)."""
+    if len(group) > 1 and budget_usd:
+        raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
+                          "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
+    if keras == "2":
+        chief = group[0].env
+        require_keras2(group, chief.tensorflow if chief is not None else None)

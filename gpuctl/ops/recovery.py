@@ -171,7 +171,7 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -
             progress(f"run {run.run_id} preempted: launching a replacement (try {attempt} of {settings.max_attempts})")
             try:
                 replace(s, cluster, progress, settings.fallback_on_demand)
-                return _resume_locked(s, s.ledger.cluster(cluster.id), run, ready, progress)
+                return resume_here(s, s.ledger.cluster(cluster.id), run, ready, progress)
             except (ProjectError, ConflictError):
                 raise  # no replacement can fix these
             except GpuctlError as exc:
@@ -217,15 +217,15 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
 
 
 def ready_to_resume(s: Session, run: RunRecord) -> tuple[Path, Path | None, dict[str, str]]:
-    """What a resume on a new instance needs from here, checked before anything is launched: the
-    project, its data, the `--env` values."""
+    """What a resume that starts the run anew (a new instance, several nodes) needs from here,
+    checked before anything is launched: the project, its data, the `--env` values."""
     project = Path(run.project)
     if not project.is_dir():
-        raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its project {project} is not here",
+        raise ProjectError(f"cannot resume run {run.run_id}: its project {project} is not here",
                            "Run gpuctl from the machine (and checkout) that started it.")
     data = Path(run.data) if run.data else None
     if data is not None and not data.is_dir():
-        raise ProjectError(f"cannot resume run {run.run_id} on a new instance: its data {data} is not here",
+        raise ProjectError(f"cannot resume run {run.run_id}: its data {data} is not here",
                            "Run gpuctl from the machine that started it, with its --data directory in place.")
     return project, data, runs.env_values(s, run.env_names)
 
@@ -237,17 +237,20 @@ def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluste
     restored from the store by the launcher; a new segment."""
     ready = ready or ready_to_resume(s, run)
     with s.cluster_lock(cluster or s.ledger.cluster(run.cluster_id), progress) as record:
-        return _resume_locked(s, record, run, ready, progress)
+        return resume_here(s, record, run, ready, progress)
 
 
-def _resume_locked(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[Path, Path | None, dict[str, str]],
-                   progress: Progress) -> RunRecord:
+def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[Path, Path | None, dict[str, str]],
+                progress: Progress) -> RunRecord:
+    """Start the run on this (locked) cluster's nodes as resumed: code and data pushed, each
+    node checked, a new segment; the launcher restores what a node lacks from the store."""
     project, data, secret_env = ready
     loaded = s.settings(project_dir=project)
     with s.working(record, "train"):
         each = nodes.prepare(s, record, project, data, progress)
+        nodes.check_group(each, nodes.keras_for(loaded.settings.train.keras, len(each)), run.budget_usd)
         inst, host = each[0].inst, each[0].host
-        rate = sum(n.inst.usd_per_hour for n in each)
+        rate = nodes.rate(each)
         now = time.time()
         run = run.model_copy(update={
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,

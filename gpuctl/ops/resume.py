@@ -53,33 +53,53 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
                 if spec.checkpoints == "instance" else "")
         raise NotFoundError(f"cannot resume run {run.run_id}: its cluster {run.cluster!r} is gone, and its "
                             "checkpoint with it", f"Start it anew: gpuctl train {run.project}{keep}")
+    if run.nodes > 1:
+        return _resume_nodes(s, run, cluster, progress)
     secret_env = runs.env_values(s, run.env_names)  # asked before anything moves
     with s.cluster_lock(cluster, progress) as record:
         if record.state != "up":
             raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
                                 f"Start run {run.run_id} anew with gpuctl train.")
-        each = nodes.of(s, record)[:max(run.nodes, 1)]
-        host, paths = each[0].host, jobs.JobPaths(run.run_dir)
+        _, host = s.host(record)
+        paths = jobs.JobPaths(run.run_dir)
         ckpt = _require_checkpoint(host, run, paths)
         with s.working(record, "train"):
             project = Path(run.project)
             if project.is_dir():
-                nodes.each(each, lambda n: runs.push_code(n.host, project, progress))
+                runs.push_code(host, project, progress)
             else:
                 progress(f"{project} is not here: resuming with the code already on {host.label}")
-            # Every worker restores from the chief's checkpoint (Keras reads CHECKPOINT/chief on each).
-            nodes.share_checkpoint(each, run, progress)
-            nodes.each(each, lambda n: _mark_resumed(n.host, n.paths(run)))
+            _mark_resumed(host, paths)
             now = time.time()
+            inst = s.host(record)[0]
             run = run.model_copy(update={"state": "running", "exit_code": None, "ended_at": None, "resumed_at": now,
-                                         "resumes": run.resumes + 1, "failed_node": None, "node_states": (),
-                                         "segments": run.segments + (runs.segment_on(each[0].inst, now,
-                                                                                     run.usd_per_hour),)})
-            for n in each:
-                jobs.restart_job(n.host, run.run_id, n.paths(run), secret_env)
+                                         "resumes": run.resumes + 1,
+                                         "segments": run.segments + (runs.segment_on(inst, now),)})
+            jobs.restart_job(host, run.run_id, paths, secret_env)
             s.ledger.put_run(run)
             progress(f"watchdog: {guards.install(s, s.settings(), record)}")
     s.ledger.event("resume", f"resumed from {ckpt}", cluster=record, run_id=run.run_id)
+    return run
+
+
+def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: Progress) -> RunRecord:
+    """A multi-node run on its own cluster: the chief's checkpoint copied to every node, then the
+    run started anew on all of them as resumed (fresh ports: the old ones may be taken by now)."""
+    from gpuctl.ops import recovery
+
+    ready = recovery.ready_to_resume(s, run)  # project, data and --env values: before anything moves
+    with s.cluster_lock(cluster, progress) as record:
+        if record.state != "up":
+            raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
+                                f"Start run {run.run_id} anew with gpuctl train.")
+        group = nodes.of_run(s, record, run)
+        ckpt = _require_checkpoint(group[0].host, run, jobs.JobPaths(run.run_dir))
+        with s.working(record, "train"):
+            # Every worker restores from the chief's checkpoint (Keras reads CHECKPOINT/chief on each).
+            nodes.share_checkpoint(group, run, progress)
+            nodes.each(group, lambda n: jobs.clear_ends(n.host, run.run_id, n.paths(run)))
+            run = recovery.resume_here(s, record, run, ready, progress)
+    s.ledger.event("resume", f"resumed from {ckpt} on {len(group)} nodes", cluster=record, run_id=run.run_id)
     return run
 
 
@@ -88,6 +108,13 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     copied inside the store when both clusters share one, else from its old host through here."""
     from gpuctl.ops import recovery
 
+    have, want = len(nodes.of(s, target)), max(run.nodes, 1)
+    if have != want:
+        # Its checkpoint is one of a Keras (2 on several nodes, 3 on one) the other count would not
+        # read: the run would start over, billed, as if resumed.
+        raise ConflictError(f"run {run.run_id} ran on {want} node(s); cluster {target.name!r} has {have}",
+                            f"Resume it on a cluster of {want} node(s) (`gpuctl up --nodes {want}`), or start it "
+                            f"anew: gpuctl train {run.project} --cluster {target.name}")
     source = s.ledger.cluster(run.cluster_id)
     theirs, ours = s.provider(source.spec).checkpoint_store(), s.provider(target.spec).checkpoint_store()
     if theirs is not None and ours is not None and _in_store(s, run) and \

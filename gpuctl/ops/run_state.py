@@ -21,6 +21,11 @@ from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 
 
 
+# How long a run may stay "starting" (its jobs being started, node after node) before a look at
+# its nodes counts: a gpuctl killed while starting it leaves a run that is then found lost.
+STARTING_S = 600.0
+
+
 def ending(run: RunRecord, state: str, at: float, code: int | None = None) -> RunRecord:
     """The run in a final state at `at`, its current segment closed with that reason."""
     segments = run.segments
@@ -61,7 +66,10 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         updated = ending(run, "lost", run.ended_at or min(ended, time.time()), run.exit_code)
         s.ledger.put_run(updated)
         return updated
-    each = nodes.of(s, cluster)[:max(run.nodes, 1)]
+    if run.state == "starting" and time.time() - (run.resumed_at or run.started_at) < STARTING_S:
+        # Its jobs are being started node after node: one not started yet is no lost node.
+        return run
+    each = nodes.of_run(s, cluster, run)
     seen = nodes.states(each, run)
     state, code, failed = nodes.verdict(seen)
     if state != "running" and any(n.state == "running" for n in seen):
@@ -200,12 +208,14 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
         run = refresh(s, run)
         if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
             continue
-        each = nodes.of(s, cluster)[:max(run.nodes, 1)]
+        each = nodes.of_run(s, cluster, run)
         host, paths = each[0].host, jobs.JobPaths(run.run_dir)
         if run.state not in FINAL_RUN_STATES:
-            code = nodes.each(each, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))[0]
+            codes = nodes.stop(each, run)
             ingest_epochs(s, host, run)
-            run = ending(run, "stopped", _ended_at(host, paths, run), code)
+            run = ending(run, "stopped", _ended_at(host, paths, run), codes[0])
+            if run.nodes > 1:
+                run = run.model_copy(update={"node_states": ("stopped",) * len(each)})
             s.ledger.put_run(run)
             stopped.append(run.run_id)
         for n in each:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
-from gpuctl.ops import guards, nodes, setup
+from gpuctl.ops import guards, nodes
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import guard, jobs, preflight
@@ -27,7 +27,6 @@ from gpuctl.types import (
     Segment,
     SyncResult,
     SyncStats,
-    TfEnv,
     TrainResult,
 )
 
@@ -147,10 +146,8 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
            secret_env: dict[str, str]) -> TrainResult:
     settings = loaded.settings
     first = nodes.of(s, record)
-    if len(first) > 1 and settings.train.budget_usd:
-        # Each node would have to stop at the same batch, or the others wait for it forever.
-        raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
-                          "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
+    if len(first) > 1 and settings.train.budget_usd:  # before the push
+        nodes.check_group(first, "3", settings.train.budget_usd)
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
@@ -166,11 +163,10 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
                               "Pass --allow-cpu to train on the CPU anyway, or `gpuctl down` and `gpuctl up` "
                               "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
     chief = each[0]
-    if nodes.keras_for(settings.train.keras, len(each)) == "2":
-        nodes.require_keras2(each, chief.env.tensorflow if chief.env else None)
+    nodes.check_group(each, nodes.keras_for(settings.train.keras, len(each)), settings.train.budget_usd)
     now = time.time()
     # The run is billed at every node's rate: its epochs cost seconds x their sum.
-    rate = sum(n.inst.usd_per_hour for n in each)
+    rate = nodes.rate(each)
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=now, usd_per_hour=rate,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
@@ -186,13 +182,6 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(each)} nodes" if len(each) > 1 else ""),
                    cluster=record, run_id=run_id)
     return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label)
-
-
-def python_for(s: Session, record: ClusterRecord, host: Host, progress: Progress, asked: str | None = None,
-               check: bool = False) -> tuple[TfEnv, str]:
-    """The host's TensorFlow environment (set up if need be) and the Python that runs the job."""
-    env, = [e for e in setup.ensure(s, record, progress, asked, check=check) if e.host == host.label]
-    return env, (env.report or {}).get("executable") or env.python
 
 
 def segment_on(inst: InstanceRecord, at: float, usd_per_hour: float | None = None) -> Segment:
@@ -239,7 +228,6 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
 
     commands = nodes.each(each, configure)
     s.ledger.put_run(run)
-    started: list[nodes.Node] = []
     try:
         for node, command, more in zip(each, commands, extra):
             paths = node.paths(run)
@@ -249,11 +237,13 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
             if node.data_dir:
                 env["GPUCTL_DATA_DIR"] = node.data_dir
             jobs.start_job(node.host, run.run_id, node.code_dir, command, env, paths, secret_env)
-            started.append(node)
     except BaseException:
-        # A run on some nodes only would wait for the others forever.
-        nodes.each(started, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
-        s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
+        # A run on some nodes only would wait for the others forever. Every node is stopped, not
+        # only those whose start returned: one may have started before its connection dropped.
+        try:
+            nodes.stop(each, run)
+        finally:
+            s.ledger.put_run(run.model_copy(update={"state": "failed", "ended_at": time.time()}))
         raise
     run = run.model_copy(update={"state": "running"})
     s.ledger.put_run(run)

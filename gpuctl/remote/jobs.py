@@ -126,11 +126,16 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
 def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[str, str] | None = None) -> None:
     """Run a job's own script again (train --resume): same command and environment, the same log
     (appended to); its old end marks and its dead pane go first."""
-    host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
-    host.run(["rm", "-f", paths.exitcode, paths.ended])
+    clear_ends(host, session, paths)
     if secret_env:
         _write_secrets(host, paths, secret_env)
     _new_session(host, session, paths)
+
+
+def clear_ends(host: Host, session: str, paths: JobPaths) -> None:
+    """Forget how a job ended (its dead pane, its exit code and end time) before it runs again."""
+    host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
+    host.run(["rm", "-f", paths.exitcode, paths.ended])
 
 
 def _write_secrets(host: Host, paths: JobPaths, secret_env: Mapping[str, str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -242,3 +243,66 @@ def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
     out = gpuctl("down", "-y")
     assert "nodes/1" in out.stdout + out.stderr
     assert not (tmp_path / "gpuctl-home" / "clusters" / "default").exists()
+
+
+def _local_two(gpuctl, name="two"):
+    gpuctl("up", "--provider", "local", "--nodes", "2", "--name", name)
+
+
+def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch):
+    """Node 1's job starts, then its connection drops (simulated: start_job raises after tmux has
+    it): the run is failed and no node is left running it, billed."""
+    from gpuctl.errors import RemoteError
+    from gpuctl.remote import jobs
+
+    _local_two(gpuctl)
+    real = jobs.start_job
+
+    def start_then_drop(host, session, *args, **kw):
+        real(host, session, *args, **kw)
+        if host.root.endswith("/nodes/1"):
+            raise RemoteError("connection to node 1 lost", "simulated")
+
+    monkeypatch.setattr(jobs, "start_job", start_then_drop)
+    err = gpuctl("train", EXAMPLE, "--", "--epochs", "50", code=7).stderr
+    assert "connection to node 1 lost" in err
+    run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
+    assert run["state"] == "failed"
+    time.sleep(1)
+    ps = subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", "a node still runs the failed run"
+
+
+def test_status_while_nodes_start_leaves_the_run_alone(gpuctl):
+    """A look while the jobs start node after node takes a node not started yet for no lost node
+    (it used to stop the chief that had started)."""
+    from gpuctl.ops.session import open_session
+
+    _local_two(gpuctl)
+    run_id = _run_id(gpuctl("train", EXAMPLE, "--wait", "--", "--epochs", "1", "--limit", "320"))
+    s = open_session()
+    try:
+        run = s.find_run(run_id)
+        s.ledger.put_run(run.model_copy(update={"run_id": "half-started", "state": "starting",
+                                                "started_at": time.time(), "ended_at": None}))
+    finally:
+        s.close()
+    assert _status(gpuctl, "half-started")["state"] == "starting"
+
+
+def test_resume_elsewhere_needs_as_many_nodes(gpuctl):
+    """A two-node run's checkpoint (Keras 2) would not be read by one node (Keras 3): refused
+    before anything moves, instead of a run that starts over as if resumed."""
+    from gpuctl.ops.session import open_session
+
+    _local_two(gpuctl)
+    run_id = _run_id(gpuctl("train", EXAMPLE, "--wait", "--", "--epochs", "1", "--limit", "320"))
+    gpuctl("up", "--provider", "local", "--name", "one")
+    s = open_session()
+    try:
+        s.ledger.put_run(s.find_run(run_id).model_copy(update={"state": "failed", "exit_code": 1}))
+    finally:
+        s.close()
+    err = gpuctl("train", "--resume", run_id, "--cluster", "one", code=5).stderr
+    assert "ran on 2 node(s); cluster 'one' has 1" in err and "up --nodes 2" in err
+    assert "half" not in err and _status(gpuctl, run_id)["state"] == "failed"
