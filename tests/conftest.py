@@ -116,32 +116,22 @@ class SshLab:
 @pytest.fixture(scope="session")
 def ssh_lab():
     """Two real sshd test hosts for the session (see tests/sshd.py)."""
-    base, key, tag = sshd.prepare("test-hosts")
-    hosts = [sshd.TestHost(i, base / f"h{i}", tag=tag) for i in (1, 2)]
-    try:
-        for h in hosts:
-            h.create(key.with_suffix(".pub").read_text())
-            h.start()
+    with sshd.running_lab("test-hosts", {1: "h1", 2: "h2"}) as (key, hosts):
         yield SshLab(key, hosts)
-    finally:
-        for h in hosts:
-            h.destroy()
-        import shutil
 
-        shutil.rmtree(base, ignore_errors=True)
+
+def use_hosts(hosts, monkeypatch) -> None:
+    """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl's remote side at them."""
+    sshd.fresh(hosts)
+    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
 
 
 @pytest.fixture
 def ssh(ssh_lab, monkeypatch):
     """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl at them."""
-    for h in ssh_lab.hosts:
-        if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
-            h.restart()
-        else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
-            h.run(sshd.CLEAN)
-    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
-    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
-    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
+    use_hosts(ssh_lab.hosts, monkeypatch)
     return ssh_lab
 
 

@@ -8,6 +8,7 @@ Traffic stays inside namespaces the tests create. Needs root (as CI and this wor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -328,6 +329,31 @@ class peers:
 
     def __exit__(self, *exc: object) -> None:
         self.PATH.write_text(self.before + "\n")
+
+
+@contextlib.contextmanager
+def running_lab(kind: str, names: dict[int, str]):
+    """(client key, hosts): a lab of test hosts (index -> name), started; destroyed at the end."""
+    base, key, tag = prepare(kind)
+    hosts = [TestHost(i, base / name, tag=tag) for i, name in names.items()]
+    try:
+        for h in hosts:
+            h.create(key.with_suffix(".pub").read_text())
+            h.start()
+        yield key, hosts
+    finally:
+        for h in hosts:
+            h.destroy()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def fresh(hosts) -> None:
+    """Each host as new: empty /srv and /tmp, no tmux server (restarted when it must be)."""
+    for h in hosts:
+        if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
+            h.restart()
+        else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
+            h.run(CLEAN)
 
 
 def cleanup_stale() -> None:

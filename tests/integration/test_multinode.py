@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import sshd
-from tests.conftest import REPO
+from tests.conftest import REPO, use_hosts
 from tests.integration.test_ssh import up_ssh
 
 pytestmark = pytest.mark.tf
@@ -42,32 +42,13 @@ class NodeLab:
 @pytest.fixture(scope="module")
 def node_lab():
     """Three sshd hosts that reach each other (forwarding on here while the module runs)."""
-    base, key, tag = sshd.prepare("node-hosts")
-    hosts = [sshd.TestHost(i, base / f"n{i}", tag=tag) for i in (5, 6, 7)]
-    try:
-        with sshd.peers():
-            for h in hosts:
-                h.create(key.with_suffix(".pub").read_text())
-                h.start()
-            yield NodeLab(key, hosts)
-    finally:
-        for h in hosts:
-            h.destroy()
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
+    with sshd.peers(), sshd.running_lab("node-hosts", {5: "n5", 6: "n6", 7: "n7"}) as (key, hosts):
+        yield NodeLab(key, hosts)
 
 
 @pytest.fixture
 def nodes(node_lab, monkeypatch):
-    for h in node_lab.hosts:
-        if h.proc is None or h.proc.poll() is not None:
-            h.restart()
-        else:
-            h.run(sshd.CLEAN)
-    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
-    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
-    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
+    use_hosts(node_lab.hosts, monkeypatch)
     return node_lab
 
 

@@ -26,7 +26,7 @@ from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.remote import ssh_resolve
 from gpuctl.remote.ssh import Endpoint, SshHost, known_hosts_path, tcp_reachable
 from tests import sshd
-from tests.conftest import REPO
+from tests.conftest import REPO, use_hosts
 
 
 class JumpLab:
@@ -71,14 +71,7 @@ def jump_lab():
 @pytest.fixture
 def lab(jump_lab, monkeypatch):
     """Both hosts running with fresh work dirs; gpuctl's remote settings point at them."""
-    for h in (jump_lab.bastion, jump_lab.box):
-        if h.proc is None or h.proc.poll() is not None:
-            h.restart()
-        else:
-            h.run(sshd.CLEAN)
-    monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
-    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
-    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
+    use_hosts((jump_lab.bastion, jump_lab.box), monkeypatch)
     return jump_lab
 
 
