@@ -81,17 +81,18 @@ def release(p: "AwsProvider", resources: list[Resource], progress: Progress) -> 
         _release_region(p, region, items, progress)
 
 
-def _delete_group(ec2: Any, gid: str) -> bool | None:
-    """True once the group is gone; None while its instances still hold it."""
+def delete_when_free(delete: Callable[..., Any], op: str, busy: str, gone: str, **kwargs: Any) -> bool | None:
+    """True once the resource is gone (deleted now, or already: AWS says `gone`); None while
+    something still holds it (AWS says `busy`), to be asked again."""
     from botocore.exceptions import ClientError
 
     try:
-        ec2.delete_security_group(GroupId=gid)
+        delete(**kwargs)
     except ClientError as exc:
-        if error_code(exc) == "DependencyViolation":
+        if error_code(exc) == busy:
             return None
-        if error_code(exc) != "InvalidGroup.NotFound":
-            raise translate(exc, "DeleteSecurityGroup") from exc
+        if error_code(exc) != gone:
+            raise translate(exc, op) from exc
     return True
 
 
@@ -125,12 +126,15 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.
-            _poll(lambda gid=r.id: _delete_group(ec2, gid), timeout, f"security group {r.id} to be free", progress,
-                  "Rerun `gpuctl down` in a minute to finish.")
+            _poll(lambda gid=r.id: delete_when_free(ec2.delete_security_group, "DeleteSecurityGroup",
+                                                    "DependencyViolation", "InvalidGroup.NotFound", GroupId=gid),
+                  timeout, f"security group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")
             progress(f"deleted security group {r.id}")
         elif r.kind == "placement-group":
             # Like a group, it is "in use" until its instances have terminated.
-            _poll(lambda name=r.id: nodes.delete_placement_group(ec2, name), timeout,
+            _poll(lambda name=r.id: delete_when_free(ec2.delete_placement_group, "DeletePlacementGroup",
+                                                     "InvalidPlacementGroup.InUse", "InvalidPlacementGroup.Unknown",
+                                                     GroupName=name), timeout,
                   f"placement group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")
             progress(f"deleted placement group {r.id}")
         elif r.kind == "key-pair":

@@ -162,17 +162,3 @@ def placement_groups(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, 
     """gpuctl's placement groups matching the tag filters (not those being deleted)."""
     states = {"Name": "state", "Values": ["pending", "available"]}
     return call(ec2.describe_placement_groups, Filters=filters + [states]).get("PlacementGroups", [])
-
-
-def delete_placement_group(ec2: Any, name: str) -> bool | None:
-    """True once the group is gone; None while instances still hold it."""
-    from botocore.exceptions import ClientError
-
-    try:
-        ec2.delete_placement_group(GroupName=name)
-    except ClientError as exc:
-        if error_code(exc) == "InvalidPlacementGroup.InUse":
-            return None
-        if error_code(exc) != "InvalidPlacementGroup.Unknown":
-            raise translate(exc, "DeletePlacementGroup") from exc
-    return True
