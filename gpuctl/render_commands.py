@@ -34,7 +34,9 @@ def up(result: UpResult) -> None:
         how = {"installed": f"installed by the setup step in {env.seconds:.0f} s", "ready": "gpuctl's env, ready",
                "found": "the image's own", "remote.python": "remote.python"}.get(env.how, env.how)
         click.echo(f"  TensorFlow {env.tensorflow or '?'} on {env.host}: {env.python} ({how})")
-    click.echo("Next: gpuctl train PROJECT   (e.g. gpuctl train examples/cifar10 -- --data digits --epochs 2)")
+    example = ("examples/multiworker" if len(result.instances) > 1 else
+               "examples/cifar10 -- --data digits --epochs 2")
+    click.echo(f"Next: gpuctl train PROJECT   (e.g. gpuctl train {example})")
 
 
 def _left_out(what: str, items: Sequence[str]) -> None:

@@ -46,7 +46,8 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
     compute = storage = savings = 0.0
     # A recovered cluster had several generations of instances: its uptime spans them all, its
     # rate is what runs now (or ran last).
-    live = [i for i in instances if i.state not in ENDED_STATES] or instances[-1:]
+    # Once all ended: the last generation's rate (every node of it, not one).
+    live = [i for i in instances if i.state not in ENDED_STATES] or instances[-max(c.spec.nodes, 1):]
     rate = sum(i.usd_per_hour for i in live)
     ends = [i.terminated_at or c.terminated_at or now for i in instances]
     uptime = max(ends) - min(i.launched_at for i in instances) if instances else 0.0

@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 
 from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.ops import setup
-from gpuctl.ops.session import Progress, Session
+from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, SyncStats, TfEnv
@@ -232,13 +232,17 @@ def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
     stop([n for n, st in zip(group, seen) if st.state == "running"], run)
 
 
-def check_group(group: list[Node], keras: str, budget_usd: float) -> None:
+def check_group(group: list[Node], keras: str, budget_usd: float, progress: Progress = quiet) -> None:
     """What a run on these nodes needs before anything starts: Keras 2 where it runs on several
     (tf_keras on every node), and no per-run budget there (every node would have to stop at the
     same batch, or the others wait for it forever)."""
     if len(group) > 1 and budget_usd:
         raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
                           "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
+    if keras == "3" and len(group) > 1:
+        progress(f"warning: train.keras = \"3\" on {len(group)} nodes: Keras 3's fit fails under "
+                 "MultiWorkerMirroredStrategy (keras#20585); leave train.keras at \"auto\" (Keras 2 here) unless "
+                 "the script trains without Keras fit")
     if keras == "2":
         chief = group[0].env
         require_keras2(group, chief.tensorflow if chief is not None else None)

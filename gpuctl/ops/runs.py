@@ -163,7 +163,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
                               "Pass --allow-cpu to train on the CPU anyway, or `gpuctl down` and `gpuctl up` "
                               "again with `remote.python` set to the Python that has TensorFlow with GPU support.")
     chief = each[0]
-    nodes.check_group(each, nodes.keras_for(settings.train.keras, len(each)), settings.train.budget_usd)
+    nodes.check_group(each, nodes.keras_for(settings.train.keras, len(each)), settings.train.budget_usd, progress)
     now = time.time()
     # The run is billed at every node's rate: its epochs cost seconds x their sum.
     rate = nodes.rate(each)

@@ -244,6 +244,13 @@ def spec_from_settings(settings: "Settings", usd_per_hour: float | None = None) 
     return provider_class(settings.provider).spec_from_settings(settings, usd_per_hour)
 
 
+def refuse_placement(settings: "Settings") -> None:
+    """A placement group is EC2's: machines that are already somewhere cannot be placed."""
+    if settings.aws.placement:
+        raise ConfigError(f"--placement {settings.aws.placement} is for aws clusters",
+                          "Leave it out here (or unset aws.placement): local and ssh machines are where they are.")
+
+
 def remote_spec(settings: "Settings") -> Any:
     """The `remote.*` settings as the spec carries them."""
     from gpuctl.types import RemoteSpec

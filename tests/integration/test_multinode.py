@@ -224,6 +224,22 @@ def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
     out = gpuctl("down", "-y")
     assert "nodes/1" in out.stdout + out.stderr
     assert not (tmp_path / "gpuctl-home" / "clusters" / "default").exists()
+    # Its rate stays the cluster's after down (it showed one node's).
+    cluster, = json.loads(gpuctl("status", "--json").stdout)["clusters"]
+    assert cluster["usd_per_hour"] == 3.0
+    # A placement group is EC2's: refused on local, nothing made.
+    assert "--placement cluster is for aws clusters" in gpuctl("up", "--provider", "local", "--nodes", "2",
+                                                               "--placement", "cluster", "--name", "pl", code=3).stderr
+    assert not (tmp_path / "gpuctl-home" / "clusters" / "pl").exists()
+
+
+def test_keras_3_on_several_nodes_is_the_users_call_with_a_warning(gpuctl, make_project, monkeypatch):
+    gpuctl("up", "--provider", "local", "--nodes", "2", "--name", "k3")
+    monkeypatch.setenv("GPUCTL_TRAIN__KERAS", "3")
+    res = gpuctl("train", make_project("env", {"train.py": SHOW_ENV}), "--wait")
+    assert "Keras 3's fit fails under MultiWorkerMirroredStrategy" in res.stderr
+    env = json.loads(re.search(r"ENV (.*)", res.stdout + res.stderr).group(1))
+    assert env["TF_USE_LEGACY_KERAS"] is None and json.loads(env["TF_CONFIG"])["task"]["index"] == 0
 
 
 def _local_two(gpuctl, name="two"):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
-from gpuctl.provision import MachinesThatStay, remote_spec
+from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -39,6 +39,7 @@ class LocalProvider(MachinesThatStay):
 
     @classmethod
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+        refuse_placement(s)
         rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
                            nodes=s.nodes,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
-from gpuctl.provision import MachinesThatStay, remote_spec
+from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import end_processes, kill_server
@@ -70,6 +70,7 @@ class SshProvider(MachinesThatStay):
         if s.nodes > 1 and s.nodes != len(s.ssh.hosts):
             raise ConfigError(f"--nodes {s.nodes} with {len(s.ssh.hosts)} --host: on ssh each host is one node",
                               "Pass one --host per node (and leave --nodes out).")
+        refuse_placement(s)
         rate = s.ssh.usd_per_hour if usd_per_hour is None else usd_per_hour
         return ClusterSpec(name=s.cluster, provider=cls.name, instance_type="ssh", usd_per_hour=rate,
                            hosts=tuple(s.ssh.hosts),
