@@ -338,7 +338,8 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
         with pytest.raises(NoCapacityError):
             nodes.launch_nodes(aws, plan("spot", nodes=2, placement_group=group), lambda _: None)
         ok("delete_placement_group")
-        nodes.delete_placement_group(ec2, group)
+        inventory.delete_when_free(ec2.delete_placement_group, "DeletePlacementGroup", "InvalidPlacementGroup.InUse",
+                                   "InvalidPlacementGroup.Unknown", GroupName=group)
         ok("terminate_instances")
         ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "terminated"}}]}]})
         ok("delete_security_group")
