@@ -168,7 +168,9 @@ class AwsProvider:
                 "price_steps": ((record.launched_at, record.usd_per_hour),),
                 "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
             }))
-        if wait_ssh:
+        if wait_ssh and len(records) == 1:  # in this thread: a caller's progress may use its own sqlite
+            records = [self._first_login(records[0], progress)]
+        elif wait_ssh:
             # One login per node, at once: each waits for its own sshd and cloud-init.
             with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
                 records = list(pool.map(lambda r: self._first_login(r, progress), records))
