@@ -43,7 +43,8 @@ def isolated(tmp_path, monkeypatch):
 
     clusters = home / "clusters"
     if clusters.is_dir():
-        for root in clusters.iterdir():
+        # A multi-node local cluster's other nodes have tmux servers of their own.
+        for root in (*clusters.glob("*/nodes/*"), *clusters.iterdir()):
             kill_server(LocalHost(root))
 
 
