@@ -14,7 +14,7 @@ import json
 import posixpath
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -97,12 +97,11 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
     def push(node: Node) -> Node:
         code, stats, code_dir, data_dir = runs.push_all(node.host, project, data,
                                                         lambda line: progress(label(node, nodes) + line))
-        return Node(rank=node.rank, inst=node.inst, host=node.host, code_dir=code_dir, data_dir=data_dir,
-                    code=code, data=stats)
+        return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
 
     nodes = each(nodes, push)
     envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check)}
-    return [Node(**{**node.__dict__, "env": envs[node.host.label]}) for node in nodes]
+    return [replace(node, env=envs[node.host.label]) for node in nodes]
 
 
 def keras_for(setting: str, nodes: int) -> str:
@@ -232,13 +231,18 @@ def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
     stop([n for n, st in zip(group, seen) if st.state == "running"], run)
 
 
-def check_group(group: list[Node], keras: str, budget_usd: float, progress: Progress = quiet) -> None:
-    """What a run on these nodes needs before anything starts: Keras 2 where it runs on several
-    (tf_keras on every node), and no per-run budget there (every node would have to stop at the
-    same batch, or the others wait for it forever)."""
+def refuse_budget(group: list[Node], budget_usd: float) -> None:
+    """No per-run budget on several nodes: every node would have to stop at the same batch, or
+    the others wait for it forever."""
     if len(group) > 1 and budget_usd:
         raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
                           "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
+
+
+def check_group(group: list[Node], keras: str, budget_usd: float, progress: Progress = quiet) -> None:
+    """What a run on these nodes needs before anything starts: no per-run budget on several,
+    tf_keras on every node where it runs Keras 2 (a warning where Keras 3 will fail)."""
+    refuse_budget(group, budget_usd)
     if keras == "3" and len(group) > 1:
         progress(f"warning: train.keras = \"3\" on {len(group)} nodes: Keras 3's fit fails under "
                  "MultiWorkerMirroredStrategy (keras#20585); leave train.keras at \"auto\" (Keras 2 here) unless "

@@ -146,8 +146,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
            secret_env: dict[str, str]) -> TrainResult:
     settings = loaded.settings
     first = nodes.of(s, record)
-    if len(first) > 1 and settings.train.budget_usd:  # before the push
-        nodes.check_group(first, "3", settings.train.budget_usd)
+    nodes.refuse_budget(first, settings.train.budget_usd)  # before the push
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)

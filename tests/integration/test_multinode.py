@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import sshd
-from tests.conftest import REPO, use_hosts
+from tests.conftest import REPO, SshLab, use_hosts
 from tests.integration.test_ssh import up_ssh
 
 pytestmark = pytest.mark.tf
@@ -33,17 +33,11 @@ print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 """
 
 
-class NodeLab:
-    def __init__(self, key, hosts):
-        self.key = key
-        self.hosts = hosts
-
-
 @pytest.fixture(scope="module")
 def node_lab():
     """Three sshd hosts that reach each other (forwarding on here while the module runs)."""
     with sshd.peers(), sshd.running_lab("node-hosts", {5: "n5", 6: "n6", 7: "n7"}) as (key, hosts):
-        yield NodeLab(key, hosts)
+        yield SshLab(key, hosts)
 
 
 @pytest.fixture
