@@ -57,9 +57,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         return _resume_nodes(s, run, cluster, progress)
     secret_env = runs.env_values(s, run.env_names)  # asked before anything moves
     with s.cluster_lock(cluster, progress) as record:
-        if record.state != "up":
-            raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
-                                f"Start run {run.run_id} anew with gpuctl train.")
+        _still_up(record, run)
         _, host = s.host(record)
         paths = jobs.JobPaths(run.run_dir)
         ckpt = _require_checkpoint(host, run, paths)
@@ -82,6 +80,13 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
     return run
 
 
+def _still_up(record: ClusterRecord, run: RunRecord) -> None:
+    """The cluster, now locked, was not released by a `down` while this command waited for it."""
+    if record.state != "up":
+        raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
+                            f"Start run {run.run_id} anew with gpuctl train.")
+
+
 def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: Progress) -> RunRecord:
     """A multi-node run on its own cluster: the chief's checkpoint copied to every node, then the
     run started anew on all of them as resumed (fresh ports: the old ones may be taken by now)."""
@@ -89,9 +94,7 @@ def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: 
 
     ready = recovery.ready_to_resume(s, run)  # project, data and --env values: before anything moves
     with s.cluster_lock(cluster, progress) as record:
-        if record.state != "up":
-            raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it",
-                                f"Start run {run.run_id} anew with gpuctl train.")
+        _still_up(record, run)
         group = nodes.of_run(s, record, run)
         ckpt = _require_checkpoint(group[0].host, run, jobs.JobPaths(run.run_dir))
         with s.working(record, "train"):
@@ -108,7 +111,8 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     copied inside the store when both clusters share one, else from its old host through here."""
     from gpuctl.ops import recovery
 
-    have, want = len(nodes.of(s, target)), max(run.nodes, 1)
+    group = nodes.of(s, target)
+    have, want = len(group), max(run.nodes, 1)
     if have != want:
         # Its checkpoint is one of a Keras (2 on several nodes, 3 on one) the other count would not
         # read: the run would start over, billed, as if resumed.
@@ -130,7 +134,6 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     _, old = s.host(live)
     paths = jobs.JobPaths(run.run_dir)
     _require_checkpoint(old, run, paths)
-    group = nodes.of(s, target)
     moved = run.model_copy(update={"run_dir": posixpath.join(group[0].host.root, "runs", run.run_id)})
     with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
         old.pull_tree(paths.outputs, Path(tmp) / "outputs")
