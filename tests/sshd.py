@@ -229,12 +229,19 @@ class TestHost:
                 out.append(int(pid))
         return out
 
+    def _others_alive(self) -> bool:
+        """Whether another host of this test run (any lab) still has its namespace."""
+        names = _run("ip", "netns", "list", check=False).stdout.split()
+        return any(n.startswith(f"gpuctl-{self.tag}-") and n != self.ns for n in names)
+
     def destroy(self) -> None:
         self.stop()
-        if not self.behind:
-            _run("ip", "addr", "del", f"{self.services_ip}/32", "dev", "lo", check=False)
         _run("ip", "link", "del", self.veth, check=False)
         _run("ip", "netns", "del", self.ns, check=False)  # takes a behind-host's veth pair with it
+        if not self.behind and not self._others_alive():
+            # Shared by every lab of this test run: a lab torn down early (the node lab) must not
+            # take it from one still in use (the session's hosts reach IMDS and moto there).
+            _run("ip", "addr", "del", f"{self.services_ip}/32", "dev", "lo", check=False)
         if self.behind:
             _run("ip", "route", "del", "unreachable", self._rejected_net, check=False)
         shutil.rmtree(self.base, ignore_errors=True)
