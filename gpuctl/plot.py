@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuctl.errors import ConfigError
-from gpuctl.types import CostReport
+from gpuctl.results import CostReport
 
 
 def check_target(path: Path) -> Path:

@@ -14,8 +14,8 @@ from rich.console import Console
 from gpuctl.render import Col, clock, console, duration, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.types import (DownResult, ExecResult, GuardCheck, GuardReport, Inventory, PullResult, SettingValue,
-                              SshConfigResult, SyncResult, TrainResult, UpResult)
+    from gpuctl.results import DownResult, ExecResult, GuardCheck, GuardReport, Inventory, PullResult, SshConfigResult, SyncResult, TrainResult, UpResult
+    from gpuctl.types import SettingValue
 
 
 def up(result: UpResult) -> None:

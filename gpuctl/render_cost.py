@@ -25,7 +25,7 @@ from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metri
 if TYPE_CHECKING:
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
-    from gpuctl.types import CostReport, RunCost, SegmentCost, StatusReport
+    from gpuctl.results import CostReport, RunCost, SegmentCost, StatusReport
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 

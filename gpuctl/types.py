@@ -20,12 +20,12 @@ FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempt
 ENDED_STATES = frozenset({"terminated", "shutting-down"})
 
 
-class _Frozen(BaseModel):
+class Frozen(BaseModel):
     # No inf or nan crosses a layer: JSON has no spelling for them, and the ledger must read back what it wrote.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class RemoteSpec(_Frozen):
+class RemoteSpec(Frozen):
     """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
 
     python: str = ""
@@ -35,7 +35,7 @@ class RemoteSpec(_Frozen):
     wheelhouse: str = ""
 
 
-class ClusterSpec(_Frozen):
+class ClusterSpec(Frozen):
     """What the user asked for; providers turn it into instances."""
 
     name: str
@@ -82,7 +82,7 @@ class ClusterSpec(_Frozen):
     version: int = 2
 
 
-class InstanceRecord(_Frozen):
+class InstanceRecord(Frozen):
     """One machine of a cluster as the provider reports it."""
 
     id: str
@@ -124,7 +124,7 @@ class InstanceRecord(_Frozen):
     periods: tuple[tuple[float, Optional[float]], ...] = ()
 
 
-class Resource(_Frozen):
+class Resource(Frozen):
     """Something a provider created for gpuctl, found by its tags (or files), not by memory."""
 
     provider: str
@@ -135,7 +135,7 @@ class Resource(_Frozen):
     state: Optional[str] = None
 
 
-class ClusterRecord(_Frozen):
+class ClusterRecord(Frozen):
     """One `up` of a cluster. The id is its identity: names are the handle users type and are
     reused after `down`; instances, runs and events hang off the id."""
 
@@ -149,7 +149,7 @@ class ClusterRecord(_Frozen):
     spec: ClusterSpec
 
 
-class Segment(_Frozen):
+class Segment(Frozen):
     """One stretch of a run on one instance; a resume or a recovery starts the next one."""
 
     instance_id: str
@@ -161,7 +161,7 @@ class Segment(_Frozen):
     end: Optional[str] = None  # why it ended: a final run state (preempted, lost, failed, ...)
 
 
-class RunRecord(_Frozen):
+class RunRecord(Frozen):
     run_id: str
     cluster: str  # the cluster's name, for display
     cluster_id: int = 0  # the cluster it ran on (the ledger fills it from its own column)
@@ -191,7 +191,7 @@ class RunRecord(_Frozen):
     failed_node: Optional[int] = None
 
 
-class EpochReport(_Frozen):
+class EpochReport(Frozen):
     """One line of the payload's epochs.jsonl: the cost and speed of one finished epoch."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -212,13 +212,13 @@ class EpochReport(_Frozen):
     metrics: dict[str, Any] = {}
 
 
-class SettingValue(_Frozen):
+class SettingValue(Frozen):
     key: str
     value: Any
     source: str
 
 
-class SyncStats(_Frozen):
+class SyncStats(Frozen):
     files_total: int
     files_copied: int
     bytes_copied: int
@@ -227,198 +227,8 @@ class SyncStats(_Frozen):
     skipped: tuple[str, ...] = ()  # "path: why" for each link or special file not pushed (sync.scan)
 
 
-class CommandResult(_Frozen):
+class CommandResult(Frozen):
     argv: tuple[str, ...]
     returncode: int
     stdout: str
     stderr: str
-
-
-# --- results of the use cases in ops.py, rendered by the CLI --------------------------------------
-
-
-class TfEnv(_Frozen):
-    """The Python (and TensorFlow) a host's runs use, and how gpuctl came by it."""
-
-    host: str
-    python: str
-    # remote.python: as set, nothing checked or installed; ready: gpuctl's env, made earlier (or
-    # baked into the image); found: an image's own TF of that version (a DLAMI); installed: by
-    # the setup step just now; local: this machine's own Python.
-    how: Literal["remote.python", "ready", "found", "installed", "local"]
-    tensorflow: Optional[str] = None  # the version installed (or imported, with the preflight)
-    seconds: float = 0.0  # the install's time, when it ran
-    report: Optional[dict[str, Any]] = None  # the preflight's JSON, when it ran
-
-
-class UpResult(_Frozen):
-    cluster: ClusterRecord
-    instances: tuple[InstanceRecord, ...]
-    reused: bool = False
-    tensorflow: tuple[TfEnv, ...] = ()  # what each host's runs will use (empty: found at the first train)
-
-
-class TrainResult(_Frozen):
-    run: RunRecord
-    code_sync: SyncStats
-    data_sync: Optional[SyncStats] = None
-    session: str
-    host: str = "local"
-
-
-class SyncResult(_Frozen):
-    code: SyncStats
-    data: Optional[SyncStats] = None
-    code_dir: str
-    data_dir: Optional[str] = None
-
-
-class PullResult(_Frozen):
-    run_id: str
-    dest: str
-    files: int
-    skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/pull.py)
-
-
-class ExecResult(_Frozen):
-    host: str
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class ClusterCost(_Frozen):
-    id: int = 0
-    name: str
-    provider: str
-    state: str
-    uptime_s: float
-    usd_per_hour: float
-    usd: float  # compute + storage
-    compute_usd: float = 0.0
-    storage_usd: float = 0.0
-    spot_savings_usd: Optional[float] = None  # against the on-demand price of the same type
-    idle_usd: Optional[float] = None  # uptime dollars not spent in epochs
-
-
-class ClusterStatus(ClusterCost):
-    is_default: bool
-    instances: int
-    guard: Optional[dict[str, Any]] = None  # the watchdog's latest state.json
-    note: Optional[str] = None  # e.g. why its instances ended
-
-
-class SegmentCost(Segment):
-    """A run's stretch on one instance, as the reports show it."""
-
-    seconds: float = 0.0
-    usd: float = 0.0  # what the instance cost while the run was on it (0 where EC2 does not bill it)
-    free: bool = False  # a spot instance EC2 interrupted in its first hour: not billed (billing.py)
-    lost_s: float = 0.0  # work after the last checkpointed epoch, done again on the next instance
-    lost_usd: float = 0.0
-    waited_s: float = 0.0  # from the end of the stretch before it to its start (a recovery's wait)
-
-
-class RunStatus(_Frozen):
-    run_id: str
-    cluster: str
-    state: RunState
-    exit_code: Optional[int] = None
-    epoch: int = 0
-    epochs_planned: Optional[int] = None
-    metrics: dict[str, Any] = {}
-    elapsed_s: float
-    usd: float
-    log_tail: Optional[str] = None  # last lines of the log, for failed and lost runs
-    tensorflow: Optional[str] = None
-    image: Optional[str] = None
-    resumable: bool = False  # failed, stopped or lost, on a cluster still up: `train --resume` may continue it
-    segments: tuple[SegmentCost, ...] = ()  # where it ran (more than one after a resume or a recovery)
-    node_states: tuple[str, ...] = ()  # a multi-node run: each node's state, node 0 first
-    failed_node: Optional[int] = None
-
-
-class StatusReport(_Frozen):
-    clusters: tuple[ClusterStatus, ...]
-    runs: tuple[RunStatus, ...]
-
-
-class EpochRow(_Frozen):
-    epoch: int
-    seconds: float
-    examples: Optional[int] = None
-    examples_per_s: Optional[float] = None
-    epoch_cost_usd: float
-    cumulative_usd: float
-    metrics: dict[str, Any] = {}
-
-
-class RunCost(_Frozen):
-    run_id: str
-    cluster: str
-    state: RunState
-    instance_type: Optional[str] = None
-    market: Optional[str] = None
-    usd_per_hour: float
-    epochs_done: int
-    epochs_planned: Optional[int] = None
-    epochs: tuple[EpochRow, ...]
-    mean_epoch_s: Optional[float] = None
-    mean_epoch_usd: Optional[float] = None
-    spent_usd: float
-    projected_remaining_usd: Optional[float] = None
-    projected_total_usd: Optional[float] = None
-    examples_per_s: Optional[float] = None  # mean over the epochs
-    usd_per_million_examples: Optional[float] = None
-    projected_finish_at: Optional[float] = None  # when the planned epochs would be done
-    tensorflow: Optional[str] = None
-    image: Optional[str] = None
-    segments: tuple[SegmentCost, ...] = ()
-    instances_usd: Optional[float] = None  # every instance it used, while it was on them
-    lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars
-    lost_usd: float = 0.0
-    waited_s: float = 0.0  # between instances (recovery)
-
-
-class CostReport(_Frozen):
-    clusters: tuple[ClusterCost, ...]
-    runs: tuple[RunCost, ...]
-    total_usd: float
-
-
-class DownResult(_Frozen):
-    cluster: str
-    already_down: bool = False
-    stopped_runs: tuple[str, ...] = ()
-    released_instances: tuple[str, ...] = ()
-    released: tuple[Resource, ...] = ()
-
-
-class Inventory(_Frozen):
-    """`status --all`: every resource each provider can find, and what the ledger knows of it."""
-
-    resources: tuple[Resource, ...]
-    ledger_clusters: tuple[str, ...]  # live clusters in the ledger
-    notes: tuple[str, ...] = ()  # providers that could not be searched, and why
-
-
-class SshConfigResult(_Frozen):
-    path: str
-    hosts: tuple[str, ...]
-    included_from: Optional[str] = None
-
-
-class GuardCheck(_Frozen):
-    """One dry look by the watchdog's own code on one host (`guard show --check`): what it sees,
-    what it would decide now, and whether what firing needs is there. As the host reports it."""
-    host: str
-    result: dict[str, Any]
-
-
-class GuardReport(_Frozen):
-    cluster: str
-    config: dict[str, Any]
-    state: dict[str, Any]
-    # Budgets of the cluster's live runs (train --budget), beside the cluster's uptime budget.
-    run_budgets: dict[str, float] = {}
-    checks: tuple[GuardCheck, ...] = ()

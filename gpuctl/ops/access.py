@@ -16,8 +16,9 @@ from gpuctl.errors import RemoteError
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
+from gpuctl.results import SshConfigResult
 from gpuctl.retry import TimedOut, poll
-from gpuctl.types import ClusterRecord, SshConfigResult
+from gpuctl.types import ClusterRecord
 
 TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
 

@@ -15,16 +15,8 @@ from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.ops import guards, run_state, setup
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class, spec_from_settings
-from gpuctl.types import (
-    ENDED_STATES,
-    ClusterRecord,
-    ClusterSpec,
-    DownResult,
-    Inventory,
-    Resource,
-    TfEnv,
-    UpResult,
-)
+from gpuctl.results import DownResult, Inventory, TfEnv, UpResult
+from gpuctl.types import ENDED_STATES, ClusterRecord, ClusterSpec, Resource
 
 
 def _rate(usd_per_hour: float | None) -> float | None:

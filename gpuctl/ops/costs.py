@@ -14,20 +14,9 @@ from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
-from gpuctl.types import (
-    ENDED_STATES,
-    ClusterCost,
-    ClusterRecord,
-    ClusterStatus,
-    CostReport,
-    EpochReport,
-    EpochRow,
-    RunCost,
-    RunRecord,
-    RunStatus,
-    SegmentCost,
-    StatusReport,
-)
+from gpuctl.results import (ClusterCost, ClusterStatus, CostReport, EpochRow, RunCost, RunStatus, SegmentCost,
+                            StatusReport)
+from gpuctl.types import ENDED_STATES, ClusterRecord, EpochReport, RunRecord
 
 
 class CostWithImages(CostReport):

@@ -16,8 +16,9 @@ from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat
 from gpuctl.remote.host import Host
 from gpuctl.retry import TimedOut, poll
-from gpuctl.settings import LoadedSettings
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, GuardCheck, GuardReport, InstanceRecord
+from gpuctl.settings_load import LoadedSettings
+from gpuctl.results import GuardCheck, GuardReport
+from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, InstanceRecord
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 

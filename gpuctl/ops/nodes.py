@@ -23,7 +23,8 @@ from gpuctl.ops import setup
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
-from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, SyncStats, TfEnv
+from gpuctl.results import TfEnv
+from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, SyncStats
 
 T = TypeVar("T")
 SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit

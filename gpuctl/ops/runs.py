@@ -17,18 +17,9 @@ from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (t
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import guard, jobs, preflight
 from gpuctl.remote.host import Host
-from gpuctl.settings import PROJECT_FILE, LoadedSettings
-from gpuctl.types import (
-    ClusterRecord,
-    ExecResult,
-    InstanceRecord,
-    PullResult,
-    RunRecord,
-    Segment,
-    SyncResult,
-    SyncStats,
-    TrainResult,
-)
+from gpuctl.results import ExecResult, PullResult, SyncResult, TrainResult
+from gpuctl.settings_load import PROJECT_FILE, LoadedSettings
+from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, Segment, SyncStats
 
 LAUNCHER = "gpuctl_run.py"
 

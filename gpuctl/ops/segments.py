@@ -6,7 +6,8 @@ the wait between instances."""
 from __future__ import annotations
 
 from gpuctl import billing
-from gpuctl.types import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord, SegmentCost
+from gpuctl.results import SegmentCost
+from gpuctl.types import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
 
 CUT_SHORT = ("preempted", "lost", "failed", "stopped")
 

@@ -24,7 +24,7 @@ from gpuctl.errors import (
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import Host
-from gpuctl.settings import LoadedSettings, load_settings
+from gpuctl.settings_load import LoadedSettings, load_settings
 from gpuctl.state import Ledger, gpuctl_home
 from gpuctl.types import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 

@@ -20,8 +20,9 @@ from gpuctl.payloads.gpuctl_setup import matches
 from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
 from gpuctl.remote.host import Host
+from gpuctl.results import TfEnv
 from gpuctl.settings import TESTED_TENSORFLOW
-from gpuctl.types import ClusterRecord, TfEnv
+from gpuctl.types import ClusterRecord
 
 
 def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:

@@ -10,11 +10,11 @@ from botocore.exceptions import ClientError, NoCredentialsError
 
 from gpuctl.errors import CloudError, ConfigError, ExitCode
 from gpuctl.provision.aws import catalog
-from gpuctl.retry import TimedOut, poll
-from gpuctl.remote.ssh import tcp_reachable as port_open
 from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
+from gpuctl.remote.ssh import tcp_reachable as port_open
+from gpuctl.retry import TimedOut, poll
 
 
 def client_error(code, message, op="RunInstances"):
@@ -210,7 +210,7 @@ def test_unknown_type_not_in_table_says_unknown(tmp_path):
 
 
 def test_config_error_for_bad_cidr_setting(tmp_path):
-    from gpuctl.settings import load_settings
+    from gpuctl.settings_load import load_settings
 
     with pytest.raises(ConfigError, match="aws.ssh_cidr"):
         load_settings(env={"GPUCTL_AWS__SSH_CIDR": "1.2.3.4/33"}, cwd=tmp_path)

@@ -24,9 +24,9 @@ from rich.console import Console
 
 from gpuctl import render, render_commands, render_cost
 from gpuctl.render import Col, fit, usd
-from gpuctl.types import (ClusterCost, ClusterRecord, ClusterSpec, ClusterStatus, CostReport, EpochRow, ExecResult,
-                          GuardReport, InstanceRecord, Inventory, Resource, RunCost, RunStatus, SettingValue,
-                          StatusReport, UpResult)
+from gpuctl.results import (ClusterCost, ClusterStatus, CostReport, EpochRow, ExecResult, GuardReport, Inventory,
+                            RunCost, RunStatus, StatusReport, UpResult)
+from gpuctl.types import ClusterRecord, ClusterSpec, InstanceRecord, Resource, SettingValue
 
 IDS = ["cifar10-resnet-20261130-142233-ab12", "cifar10-resnet-20261130-153012-cd34", "digits-mlp-20261201-080000-0e0f"]
 CLUSTER = "lab-gpu-box-a100"

@@ -2,12 +2,12 @@
 (with did-you-mean), malformed TOML, a negative rate, a negative budget, a bad enum value, an
 absolute entry path, an unknown provider, a bad cluster name."""
 
+import pytest
 import tomllib
 
-import pytest
-
 from gpuctl.errors import ConfigError
-from gpuctl.settings import KNOWN_KEYS, Settings, load_settings
+from gpuctl.settings import KNOWN_KEYS, Settings
+from gpuctl.settings_load import load_settings
 from tests.conftest import REPO
 
 

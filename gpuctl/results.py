@@ -1,0 +1,195 @@
+"""Frozen pydantic models that the use cases (gpuctl/ops/) return and the CLI renders."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+
+from gpuctl.types import Frozen, ClusterRecord, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
+
+
+class TfEnv(Frozen):
+    """The Python (and TensorFlow) a host's runs use, and how gpuctl came by it."""
+
+    host: str
+    python: str
+    # remote.python: as set, nothing checked or installed; ready: gpuctl's env, made earlier (or
+    # baked into the image); found: an image's own TF of that version (a DLAMI); installed: by
+    # the setup step just now; local: this machine's own Python.
+    how: Literal["remote.python", "ready", "found", "installed", "local"]
+    tensorflow: Optional[str] = None  # the version installed (or imported, with the preflight)
+    seconds: float = 0.0  # the install's time, when it ran
+    report: Optional[dict[str, Any]] = None  # the preflight's JSON, when it ran
+
+
+class UpResult(Frozen):
+    cluster: ClusterRecord
+    instances: tuple[InstanceRecord, ...]
+    reused: bool = False
+    tensorflow: tuple[TfEnv, ...] = ()  # what each host's runs will use (empty: found at the first train)
+
+
+class TrainResult(Frozen):
+    run: RunRecord
+    code_sync: SyncStats
+    data_sync: Optional[SyncStats] = None
+    session: str
+    host: str = "local"
+
+
+class SyncResult(Frozen):
+    code: SyncStats
+    data: Optional[SyncStats] = None
+    code_dir: str
+    data_dir: Optional[str] = None
+
+
+class PullResult(Frozen):
+    run_id: str
+    dest: str
+    files: int
+    skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/pull.py)
+
+
+class ExecResult(Frozen):
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class ClusterCost(Frozen):
+    id: int = 0
+    name: str
+    provider: str
+    state: str
+    uptime_s: float
+    usd_per_hour: float
+    usd: float  # compute + storage
+    compute_usd: float = 0.0
+    storage_usd: float = 0.0
+    spot_savings_usd: Optional[float] = None  # against the on-demand price of the same type
+    idle_usd: Optional[float] = None  # uptime dollars not spent in epochs
+
+
+class ClusterStatus(ClusterCost):
+    is_default: bool
+    instances: int
+    guard: Optional[dict[str, Any]] = None  # the watchdog's latest state.json
+    note: Optional[str] = None  # e.g. why its instances ended
+
+
+class SegmentCost(Segment):
+    """A run's stretch on one instance, as the reports show it."""
+
+    seconds: float = 0.0
+    usd: float = 0.0  # what the instance cost while the run was on it (0 where EC2 does not bill it)
+    free: bool = False  # a spot instance EC2 interrupted in its first hour: not billed (billing.py)
+    lost_s: float = 0.0  # work after the last checkpointed epoch, done again on the next instance
+    lost_usd: float = 0.0
+    waited_s: float = 0.0  # from the end of the stretch before it to its start (a recovery's wait)
+
+
+class RunStatus(Frozen):
+    run_id: str
+    cluster: str
+    state: RunState
+    exit_code: Optional[int] = None
+    epoch: int = 0
+    epochs_planned: Optional[int] = None
+    metrics: dict[str, Any] = {}
+    elapsed_s: float
+    usd: float
+    log_tail: Optional[str] = None  # last lines of the log, for failed and lost runs
+    tensorflow: Optional[str] = None
+    image: Optional[str] = None
+    resumable: bool = False  # failed, stopped or lost, on a cluster still up: `train --resume` may continue it
+    segments: tuple[SegmentCost, ...] = ()  # where it ran (more than one after a resume or a recovery)
+    node_states: tuple[str, ...] = ()  # a multi-node run: each node's state, node 0 first
+    failed_node: Optional[int] = None
+
+
+class StatusReport(Frozen):
+    clusters: tuple[ClusterStatus, ...]
+    runs: tuple[RunStatus, ...]
+
+
+class EpochRow(Frozen):
+    epoch: int
+    seconds: float
+    examples: Optional[int] = None
+    examples_per_s: Optional[float] = None
+    epoch_cost_usd: float
+    cumulative_usd: float
+    metrics: dict[str, Any] = {}
+
+
+class RunCost(Frozen):
+    run_id: str
+    cluster: str
+    state: RunState
+    instance_type: Optional[str] = None
+    market: Optional[str] = None
+    usd_per_hour: float
+    epochs_done: int
+    epochs_planned: Optional[int] = None
+    epochs: tuple[EpochRow, ...]
+    mean_epoch_s: Optional[float] = None
+    mean_epoch_usd: Optional[float] = None
+    spent_usd: float
+    projected_remaining_usd: Optional[float] = None
+    projected_total_usd: Optional[float] = None
+    examples_per_s: Optional[float] = None  # mean over the epochs
+    usd_per_million_examples: Optional[float] = None
+    projected_finish_at: Optional[float] = None  # when the planned epochs would be done
+    tensorflow: Optional[str] = None
+    image: Optional[str] = None
+    segments: tuple[SegmentCost, ...] = ()
+    instances_usd: Optional[float] = None  # every instance it used, while it was on them
+    lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars
+    lost_usd: float = 0.0
+    waited_s: float = 0.0  # between instances (recovery)
+
+
+class CostReport(Frozen):
+    clusters: tuple[ClusterCost, ...]
+    runs: tuple[RunCost, ...]
+    total_usd: float
+
+
+class DownResult(Frozen):
+    cluster: str
+    already_down: bool = False
+    stopped_runs: tuple[str, ...] = ()
+    released_instances: tuple[str, ...] = ()
+    released: tuple[Resource, ...] = ()
+
+
+class Inventory(Frozen):
+    """`status --all`: every resource each provider can find, and what the ledger knows of it."""
+
+    resources: tuple[Resource, ...]
+    ledger_clusters: tuple[str, ...]  # live clusters in the ledger
+    notes: tuple[str, ...] = ()  # providers that could not be searched, and why
+
+
+class SshConfigResult(Frozen):
+    path: str
+    hosts: tuple[str, ...]
+    included_from: Optional[str] = None
+
+
+class GuardCheck(Frozen):
+    """One dry look by the watchdog's own code on one host (`guard show --check`): what it sees,
+    what it would decide now, and whether what firing needs is there. As the host reports it."""
+    host: str
+    result: dict[str, Any]
+
+
+class GuardReport(Frozen):
+    cluster: str
+    config: dict[str, Any]
+    state: dict[str, Any]
+    # Budgets of the cluster's live runs (train --budget), beside the cluster's uptime budget.
+    run_budgets: dict[str, float] = {}
+    checks: tuple[GuardCheck, ...] = ()
