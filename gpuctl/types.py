@@ -152,7 +152,8 @@ class ClusterRecord(Frozen):
 class Segment(Frozen):
     """One stretch of a run on one instance; a resume or a recovery starts the next one."""
 
-    instance_id: str
+    instance_id: str  # the chief's, on several nodes
+    node_ids: tuple[str, ...] = ()  # the other nodes' instances, by rank (1, 2, ...)
     zone: Optional[str] = None
     market: str = "on-demand"
     usd_per_hour: float = 0.0

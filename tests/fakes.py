@@ -90,7 +90,8 @@ class FakeProvider:
 
     @classmethod
     def reset(cls) -> None:
-        cls.world = {"instances": {}, "hosts": {}, "fail_launch": None, "leave_on_failure": False, "ended": {}}
+        cls.world = {"instances": {}, "hosts": {}, "fail_launch": None, "leave_on_failure": False, "ended": {},
+                     "interrupted": set()}
 
     @classmethod
     def spec_from_settings(cls, settings, usd_per_hour=None) -> ClusterSpec:
@@ -144,4 +145,4 @@ class FakeProvider:
         return None
 
     def was_interrupted(self, instance) -> bool:
-        return False
+        return instance.id in self.world["interrupted"] and instance.state == "terminated"

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpuctl.errors import ConfigError, RemoteError
+from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.ops import setup
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 from gpuctl.results import TfEnv
-from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, SyncStats
+from gpuctl.types import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 
 T = TypeVar("T")
 SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
@@ -62,8 +62,12 @@ class Node:
 
 
 def of(s: Session, record: ClusterRecord) -> list[Node]:
-    """The cluster's nodes, chief first."""
-    return [Node(rank=i, inst=inst, host=host) for i, (inst, host) in enumerate(s.hosts(record))]
+    """The cluster's nodes, chief first; a node whose machine ended is missing, not renumbered."""
+    pairs = s.hosts(record)
+    ranks = [inst.node for inst, _ in pairs]
+    if len(set(ranks)) != len(ranks):  # hosts recorded before nodes had ranks (ssh): in their order
+        ranks = list(range(len(pairs)))
+    return [Node(rank=r, inst=inst, host=host) for r, (inst, host) in zip(ranks, pairs)]
 
 
 def of_run(s: Session, record: ClusterRecord, run: RunRecord) -> list[Node]:
@@ -212,12 +216,15 @@ def states(nodes: list[Node], run: RunRecord) -> list[NodeState]:
 def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     """(the run's state, its exit code, the node that ended it) from its nodes' states: succeeded
     when all did; else, once any ended otherwise, the one that ended first decides (the others
-    failed because it did)."""
+    failed because it did). A node stopped by a spot notice decides whenever there is one: its
+    peers fail when it leaves, sometimes before it has finished leaving, and a preempted run is
+    resumed where a failed one is not."""
     if all(n.state == "succeeded" for n in seen):
         return "succeeded", 0, None
     bad = [n for n in seen if n.state not in ("running", "succeeded")]
     if not bad:
         return "running", None, None
+    bad = [n for n in bad if n.state == "preempted"] or bad
     first = min(bad, key=lambda n: (n.ended_at is None, n.ended_at or 0.0, n.rank))
     return first.state, first.code, first.rank
 
@@ -225,6 +232,23 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
 def stop(group: list[Node], run: RunRecord) -> list[int | None]:
     """Stop the run's job on these nodes (nothing where it does not run); their exit codes."""
     return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
+
+
+def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | None:
+    """A machine of the run's nodes that ended under it, as the ledger knows (an interruption, a
+    guard): one node of several gone ends the run, however the others look."""
+    if run.nodes < 2 or not run.segments:
+        return None
+    ids = {run.segments[-1].instance_id, *run.segments[-1].node_ids}
+    return next((i for i in s.ledger.instances(record.id) if i.id in ids and i.state in ENDED_STATES), None)
+
+
+def stop_quietly(s: Session, record: ClusterRecord, run: RunRecord) -> None:
+    """Stop the run's job on its nodes that answer (the peers of a node that is gone)."""
+    try:
+        stop(of_run(s, record, run), run)
+    except GpuctlError:
+        pass  # the run is over either way; `down` ends these machines
 
 
 def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:

@@ -43,11 +43,12 @@ def enabled(s: Session, cluster: ClusterRecord, asked: bool | None = None) -> bo
 
 
 def instances_now(s: Session, run: RunRecord) -> list[InstanceRecord]:
-    """The instance(s) the run is on, as its provider says now (recorded in the ledger); [] when
-    the provider cannot be asked (not a reason to launch or end anything)."""
+    """The instances the run is on (every node's), as its provider says now (recorded in the
+    ledger); [] when the provider cannot be asked (not a reason to launch or end anything)."""
     cluster = s.ledger.cluster(run.cluster_id)
-    current = run.segments[-1].instance_id if run.segments else None
-    mine = [i for i in s.ledger.instances(cluster.id) if current in (None, i.id)]
+    # A worker's machine taken away ends the run as surely as the chief's.
+    current = {run.segments[-1].instance_id, *run.segments[-1].node_ids} if run.segments else None
+    mine = [i for i in s.ledger.instances(cluster.id) if current is None or i.id in current]
     try:
         fresh = s.provider(cluster.spec).reconcile(mine) if mine else []
     except GpuctlError:
@@ -68,6 +69,8 @@ def mark_preempted(s: Session, run: RunRecord, inst: InstanceRecord) -> RunRecor
     if run.state in FINAL_RUN_STATES and run.state != "lost":
         return run
     ended = run_state.ending(run, "preempted", inst.terminated_at or time.time(), run.exit_code)
+    if run.nodes > 1:
+        ended = ended.model_copy(update={"failed_node": inst.node})
     s.ledger.put_run(ended)
     s.ledger.event("run-preempted", inst.state_reason or "instance taken away", run_id=run.run_id,
                    cluster=s.ledger.cluster(run.cluster_id))
@@ -149,7 +152,13 @@ def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generat
                 raise
             return s.find_run(run.run_id)
         return mark_preempted(s, s.find_run(run.run_id), inst)
-    return s.find_run(run.run_id)
+    ended = s.find_run(run.run_id)
+    if ended.state == "lost":
+        # Found with no machine left (or, on several nodes, one gone) by a look that asked the
+        # ledger, not the provider: the provider says whether it was taken.
+        inst = taken_away(s, ended)
+        return mark_preempted(s, ended, inst) if inst is not None else ended
+    return ended
 
 
 def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:
@@ -257,7 +266,7 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
             "failed_node": None, "node_states": (),
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
-            "segments": run.segments + (runs.segment_on(inst, now, rate),)})
+            "segments": run.segments + (runs.segment_on([n.inst for n in each], now, rate),)})
         run = runs.launch_job(s, loaded, record, run, each, secret_env, resumed=True)
     s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)
     progress(f"run {run.run_id} resumed on {inst.id}{f' in {inst.zone}' if inst.zone else ''}")

@@ -72,7 +72,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
             inst = s.host(record)[0]
             run = run.model_copy(update={"state": "running", "exit_code": None, "ended_at": None, "resumed_at": now,
                                          "resumes": run.resumes + 1,
-                                         "segments": run.segments + (runs.segment_on(inst, now),)})
+                                         "segments": run.segments + (runs.segment_on([inst], now),)})
             jobs.restart_job(host, run.run_id, paths, secret_env)
             s.ledger.put_run(run)
             progress(f"watchdog: {guards.install(s, s.settings(), record)}")

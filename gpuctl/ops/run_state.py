@@ -69,6 +69,17 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     if run.state == "starting" and time.time() - (run.resumed_at or run.started_at) < STARTING_S:
         # Its jobs are being started node after node: one not started yet is no lost node.
         return run
+    gone = nodes.gone(s, cluster, run)
+    if gone is not None:
+        # Its peers wait for it in vain, billed; a follower asks the provider whether the machine
+        # was taken (then the run is preempted and recovered).
+        nodes.stop_quietly(s, cluster, run)
+        lost = ending(run.model_copy(update={"failed_node": gone.node}), "lost",
+                      min(gone.terminated_at or time.time(), time.time()), run.exit_code)
+        s.ledger.put_run(lost)
+        s.ledger.event("run-lost", f"node {gone.node}'s machine {gone.id} ended ({gone.state})", cluster=cluster,
+                       run_id=run.run_id)
+        return lost
     each = nodes.of_run(s, cluster, run)
     seen = nodes.states(each, run)
     state, code, failed = nodes.verdict(seen)
@@ -137,8 +148,9 @@ def _read_log(s: Session, run: RunRecord, offset: int, node: int = 0) -> bytes:
     cluster = s.live_cluster_of(run)
     if cluster is not None:
         try:
-            one = nodes.of(s, cluster)[node]
-            data = one.host.read_bytes(one.paths(run).log, offset)
+            one = next((n for n in nodes.of(s, cluster) if n.rank == node), None)
+            # A node whose machine ended has only what was archived of its log.
+            data = one.host.read_bytes(one.paths(run).log, offset) if one is not None else None
         except GpuctlError:
             if not archived_log(s, run.run_id, node).exists():
                 raise

@@ -162,7 +162,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
                     tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
-                    data=str(data) if data else None, segments=(segment_on(chief.inst, now, rate),), nodes=len(each))
+                    data=str(data) if data else None, segments=(segment_on([n.inst for n in each], now, rate),), nodes=len(each))
     # train --down counts runs that end after this moment (the instance's clock): taken before the
     # job starts, so a script that fails at once still ends the spend after the grace.
     down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
@@ -174,9 +174,10 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label)
 
 
-def segment_on(inst: InstanceRecord, at: float, usd_per_hour: float | None = None) -> Segment:
-    """A run's stretch on this instance (the chief of several: `usd_per_hour` is all of theirs), from `at`."""
-    return Segment(instance_id=inst.id, zone=inst.zone, market=inst.market,
+def segment_on(group: list[InstanceRecord], at: float, usd_per_hour: float | None = None) -> Segment:
+    """A run's stretch on these instances, chief first (`usd_per_hour`: all of theirs), from `at`."""
+    inst = group[0]
+    return Segment(instance_id=inst.id, node_ids=tuple(i.id for i in group[1:]), zone=inst.zone, market=inst.market,
                    usd_per_hour=inst.usd_per_hour if usd_per_hour is None else usd_per_hour, started_at=at)
 
 

@@ -67,3 +67,10 @@ def test_the_node_that_ended_first_decides():
     assert nodes.verdict(seen) == ("failed", 137, 1)
     assert nodes.verdict([S(0, "running"), S(1, "lost")]) == ("lost", None, 1)
     assert nodes.verdict([S(0, "preempted", 75, 3.0), S(1, "stopped", 143, 4.0)]) == ("preempted", 75, 0)
+
+
+def test_a_node_stopped_by_a_spot_notice_decides_even_after_its_peer_failed():
+    # The worker heard the notice and left at a batch end; the chief's collective failed (t=12)
+    # before the worker's launcher had finished leaving (t=13): the run is preempted (resumed).
+    seen = [S(0, "failed", 1, 12.0), S(1, "preempted", 75, 13.0)]
+    assert nodes.verdict(seen) == ("preempted", 75, 1)

@@ -140,7 +140,8 @@ class SshProvider(MachinesThatStay):
                 host.close()
 
         with ThreadPoolExecutor(max_workers=8) as pool:  # many hosts: checked in parallel
-            records = list(pool.map(check, endpoints))
+            # Every --host is a node, ranked in the order given (node 0, the chief, first).
+            records = [r.model_copy(update={"node": i}) for i, r in enumerate(pool.map(check, endpoints))]
         self._registry().mkdir(parents=True, exist_ok=True)
         (self._registry() / f"{spec.name}.json").write_text(json.dumps([r.model_dump() for r in records]))
         return records

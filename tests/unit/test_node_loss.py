@@ -1,0 +1,78 @@
+"""A node of a multi-node run whose machine is taken away (fake provider and hosts, tests/fakes.py):
+the provider is asked about every node's machine, not only the chief's; a node gone ends the run
+(lost, then preempted when the provider says it took the machine), naming the node; and the
+run's segments remember every node's instance."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpuctl import provision
+from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs
+from gpuctl.ops.session import Session
+from gpuctl.types import RunRecord
+from tests.fakes import FakeProvider
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setitem(provision.PROVIDERS, "fake", "tests.fakes:FakeProvider")
+    FakeProvider.reset()
+    return FakeProvider.world
+
+
+def two_nodes(tmp_path):
+    s = Session(tmp_path / "home", env={"GPUCTL_PROVIDER": "fake", "HOME": str(tmp_path / "user")})
+    c = clusters.up(s).cluster
+    (chief,) = s.ledger.instances(c.id)
+    worker = chief.model_copy(update={"id": "f-worker", "node": 1})
+    s.ledger.put_instance(c.id, worker)
+    run = RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py", state="running",
+                    started_at=time.time() - 60, usd_per_hour=72.0, run_dir="/fake/runs/r", nodes=2,
+                    segments=(runs.segment_on([chief, worker], time.time() - 60, 72.0),))
+    s.ledger.put_run(run)
+    return s, c, chief, worker
+
+
+def test_a_segment_remembers_every_nodes_instance(fake, tmp_path):
+    s, _, chief, worker = two_nodes(tmp_path)
+    (seg,) = s.ledger.run("r").segments
+    assert (seg.instance_id, seg.node_ids, seg.usd_per_hour) == (chief.id, (worker.id,), 72.0)
+
+
+def test_a_worker_taken_away_is_found_and_the_run_preempted_on_that_node(fake, tmp_path):
+    s, _, chief, worker = two_nodes(tmp_path)
+    run = s.ledger.run("r")
+    assert recovery.taken_away(s, run) is None
+    fake["ended"][worker.id] = time.time() - 5
+    fake["interrupted"].add(worker.id)
+    gone = recovery.taken_away(s, run)  # the chief's machine is fine: only the worker's tells
+    assert gone is not None and gone.id == worker.id
+    ended = recovery.mark_preempted(s, run, gone)
+    assert (ended.state, ended.failed_node, ended.segments[-1].end) == ("preempted", 1, "preempted")
+
+
+def test_a_worker_whose_machine_ended_ends_the_run_lost_however_the_chief_looks(fake, tmp_path):
+    s, c, chief, worker = two_nodes(tmp_path)
+    fake["ended"][worker.id] = time.time() - 5  # a guard's poweroff, say: not the provider's taking
+    (shown,) = costs.status(s).runs  # status asks the provider, the ledger learns the worker ended
+    assert (shown.state, shown.failed_node) == ("lost", 1)
+    run = s.ledger.run("r")
+    assert run.ended_at == pytest.approx(fake["ended"][worker.id])
+    assert any("run-lost" in e[3] and "node 1" in e[4] for e in s.ledger.events(c.id))
+    # The chief was told to stop (its peer is gone: it would wait, billed).
+    assert any("tmux" in " ".join(cmd) for cmd in fake["hosts"][chief.id].commands)
+    assert nodes.gone(s, c, run).id == worker.id
+
+
+def test_a_lost_run_becomes_preempted_once_the_provider_says_it_took_the_machine(fake, tmp_path):
+    s, c, _, worker = two_nodes(tmp_path)
+    fake["ended"][worker.id] = time.time() - 5
+    fake["interrupted"].add(worker.id)
+    clusters.reconcile_live(s)
+    lost = run_state.refresh(s, s.ledger.run("r"))
+    assert lost.state == "lost"
+    inst = recovery.taken_away(s, lost)
+    assert inst is not None and recovery.mark_preempted(s, lost, inst).state == "preempted"
