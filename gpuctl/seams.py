@@ -9,17 +9,25 @@ import os
 ENDPOINTS = "GPUCTL_TEST_ENDPOINTS"
 
 
-def endpoint_override(ip: str) -> str | None:
-    """Where to SSH instead of `ip`, from GPUCTL_TEST_ENDPOINTS="IP=HOST[:PORT],..." (IP may be *).
+def endpoint_override(ip: str, node: int = 0) -> str | None:
+    """Where to SSH instead of `ip`, from GPUCTL_TEST_ENDPOINTS="KEY=HOST[:PORT],..." where KEY is
+    an IP, `node:N` (the cluster's node of rank N) or `*`; the last match wins.
 
     moto's instances have made-up IP addresses; the end-to-end tests map them to real sshd test
     hosts. Unset (always, outside the tests), every instance is reached at its own address."""
     target = None
     for pair in filter(None, os.environ.get(ENDPOINTS, "").split(",")):
         key, _, value = pair.partition("=")
-        if key in (ip, "*"):
+        if key in (ip, "*", f"node:{node}"):
             target = value
     return target
+
+
+def private_address(ip: str | None, node: int) -> str | None:
+    """The address the other nodes reach an instance at, where the tests map it to a test host
+    (moto's private addresses lead nowhere); None outside the tests."""
+    target = endpoint_override(ip or "", node)
+    return target.rpartition("@")[2].split(":")[0] if target else None
 
 
 S3_ENDPOINT = "GPUCTL_TEST_S3_ENDPOINT"

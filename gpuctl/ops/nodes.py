@@ -98,6 +98,10 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
     from gpuctl.ops import runs  # runs starts jobs through here: imported when used
 
     nodes = of(s, record)
+    missing = sorted(set(range(max(record.spec.nodes, len(nodes)))) - {n.rank for n in nodes})
+    if missing:  # its machine ended (an interruption nobody followed, a guard): a run needs them all
+        raise RemoteError(f"cluster {record.name!r} lacks node {missing[0]}: its machine has ended",
+                          f"Release it and start again: `gpuctl down {record.name} -y`, then `gpuctl up`.")
 
     def push(node: Node) -> Node:
         code, stats, code_dir, data_dir = runs.push_all(node.host, project, data,

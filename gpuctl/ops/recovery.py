@@ -179,7 +179,7 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -
                                     f"{run.run_id}", f"Resume it when you want it: gpuctl train --resume {run.run_id}")
             progress(f"run {run.run_id} preempted: launching a replacement (try {attempt} of {settings.max_attempts})")
             try:
-                replace(s, cluster, progress, settings.fallback_on_demand)
+                replace(s, cluster, progress, settings.fallback_on_demand, machines_taken(current))
                 return resume_here(s, s.ledger.cluster(cluster.id), run, ready, progress)
             except (ProjectError, ConflictError):
                 raise  # no replacement can fix these
@@ -193,9 +193,21 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -
                         + "; ".join(tries), f"Resume it when capacity returns: gpuctl train --resume {run.run_id}")
 
 
-def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_demand: bool) -> list[InstanceRecord]:
-    """End what is left of the cluster's instances (an interrupted one has two minutes at most),
-    then launch new ones with its spec; the cluster is up again with them, guarded."""
+def machines_taken(run: RunRecord) -> set[str] | None:
+    """The machines of a multi-node run that the provider is taking: those whose node stopped on
+    a notice (or was found taken); None on one node (its machine is)."""
+    if run.nodes < 2 or not run.segments:
+        return None
+    ids = (run.segments[-1].instance_id, *run.segments[-1].node_ids)
+    ranks = {r for r, state in enumerate(run.node_states) if state == "preempted"} | {run.failed_node}
+    return {ids[r] for r in ranks if r is not None and r < len(ids)}
+
+
+def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_demand: bool,
+            taken: set[str] | None = None) -> list[InstanceRecord]:
+    """End what is left of the cluster's instances (one the provider is taking, in `taken`, has
+    two minutes at most), then launch new ones with its spec; the cluster is up again with them,
+    guarded."""
     known = s.ledger.instances(cluster.id)
     # A launch token of its own per generation: EC2 keeps a RunInstances client token for a day
     # and would answer a replacement with the instance it replaces.
@@ -205,7 +217,7 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     provider = s.provider(spec)
     left = [i for i in known if i.state not in ENDED_STATES]
     if left:
-        for inst in provider.end_interrupted(left, progress):
+        for inst in provider.end_interrupted(left, progress, taken):
             s.ledger.put_instance(cluster.id, inst)
     if cluster.state != "up":
         try:

@@ -83,10 +83,11 @@ class Provider(Protocol):
         """Whether the provider took this ended instance away (a spot interruption, or it vanished)
         rather than the user or a guard ending it: what recovery answers by replacing it."""
 
-    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]"
-                        ) -> "list[InstanceRecord]":
-        """End what is left of interrupted instances before a replacement is launched, the cheapest
-        way the provider allows; the instances as they are then (ended)."""
+    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]",
+                        taken: "set[str] | None" = None) -> "list[InstanceRecord]":
+        """End what is left of a cluster's instances before a replacement is launched, the cheapest
+        way the provider allows; the instances as they are then (ended). `taken`: the ids the
+        provider is taking away (None: all of them); the others are ended at once."""
 
     def interruption_notice(self) -> "dict[str, Any] | None":
         """What the watchdog polls for a notice that the instance is about to be taken away
@@ -217,8 +218,8 @@ class MachinesThatStay:
     def interruption_notice(self) -> None:
         return None
 
-    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]"
-                        ) -> "list[InstanceRecord]":
+    def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]",
+                        taken: "set[str] | None" = None) -> "list[InstanceRecord]":
         return instances  # never interrupted: recovery does not run here
 
 

@@ -76,3 +76,26 @@ def test_a_lost_run_becomes_preempted_once_the_provider_says_it_took_the_machine
     assert lost.state == "lost"
     inst = recovery.taken_away(s, lost)
     assert inst is not None and recovery.mark_preempted(s, lost, inst).state == "preempted"
+
+
+def test_only_the_machines_of_nodes_that_heard_the_notice_wait_for_ec2(fake, tmp_path):
+    s, _, chief, worker = two_nodes(tmp_path)
+    run = s.ledger.run("r")
+    assert recovery.machines_taken(run.model_copy(update={"nodes": 1})) is None  # one node: its machine
+    preempted = run.model_copy(update={"state": "preempted", "node_states": ("failed", "preempted"), "failed_node": 1})
+    assert recovery.machines_taken(preempted) == {worker.id}
+    both = preempted.model_copy(update={"node_states": ("preempted", "preempted")})
+    assert recovery.machines_taken(both) == {chief.id, worker.id}
+
+
+def test_a_cluster_missing_a_node_runs_nothing(fake, tmp_path):
+    from gpuctl.errors import RemoteError
+
+    s, c, _, worker = two_nodes(tmp_path)
+    third = worker.model_copy(update={"id": "f-third", "node": 2})
+    s.ledger.put_instance(c.id, third)
+    fake["ended"][worker.id] = time.time()
+    clusters.reconcile_live(s)
+    with pytest.raises(RemoteError, match="lacks node 1"):
+        nodes.prepare(s, c, tmp_path, None, lambda line: None)
+    assert [n.rank for n in nodes.of(s, c)] == [0, 2]  # not renumbered: node 2 is still node 2

@@ -145,3 +145,16 @@ def test_a_failing_notice_handler_is_logged_and_tried_again(imds):
                             sleep=sleep)
     assert len(calls) == 2  # failed once, handled at the next poll, then never again
     assert any("handling the interruption notice failed (KeyError" in line for line in log)
+
+
+def test_a_multi_node_segment_bills_each_node_by_its_own_end():
+    # Node 1's machine EC2 took in its first hour (free); the chief's gpuctl ended (billed).
+    seg = Segment(instance_id="i-0", node_ids=("i-1",), market="spot", usd_per_hour=0.72, started_at=T0,
+                  ended_at=T0 + 100, end="preempted")
+    instances = {"i-0": _inst("i-0", T0 - 60, T0 + 110, "Client.UserInitiatedShutdown"),
+                 "i-1": _inst("i-1", T0 - 60, T0 + 130, SPOT_REASON)}
+    (a,) = segment_costs(_run((seg,), state="preempted", ended_at=T0 + 100), [], instances, now=T0 + 1000)
+    assert not a.free and a.usd == pytest.approx(100 * 0.36 / 3600)
+    instances["i-0"] = _inst("i-0", T0 - 60, T0 + 110, SPOT_REASON)  # both taken by EC2: free
+    (a,) = segment_costs(_run((seg,), state="preempted", ended_at=T0 + 100), [], instances, now=T0 + 1000)
+    assert a.free and a.usd == 0

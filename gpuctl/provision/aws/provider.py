@@ -223,7 +223,8 @@ class AwsProvider:
             cluster=spec.name,
             state=inst["State"]["Name"],
             public_ip=inst.get("PublicIpAddress"),
-            private_ip=inst.get("PrivateIpAddress"),
+            private_ip=(seams.private_address(inst.get("PublicIpAddress"), nodes.rank(inst))
+                        or inst.get("PrivateIpAddress")),
             zone=inst.get("Placement", {}).get("AvailabilityZone"),
             market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
             usd_per_hour=usd if usd is not None else 0.0,
@@ -249,7 +250,7 @@ class AwsProvider:
     def endpoint(self, instance: InstanceRecord) -> Endpoint:
         """Where to SSH: the instance's public IP, port 22 (the tests redirect it: gpuctl.seams)."""
         host, port = instance.public_ip or "", 22
-        target = seams.endpoint_override(host)
+        target = seams.endpoint_override(host, instance.node)
         if target:
             ep = Endpoint.parse(target, default_user=instance.ssh_user or "ubuntu")
             host, port = ep.host, ep.port
@@ -279,13 +280,16 @@ class AwsProvider:
         reason = instance.state_reason or ""
         return instance.state in ENDED_STATES and reason.startswith(billing.SPOT_INTERRUPTION_REASON)
 
-    def end_interrupted(self, instances: list[InstanceRecord], progress: Progress = _quiet) -> list[InstanceRecord]:
+    def end_interrupted(self, instances: list[InstanceRecord], progress: Progress = _quiet,
+                        taken: set[str] | None = None) -> list[InstanceRecord]:
         """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
         if we do (billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
-        then is terminated."""
-        left = instances
-        young = [i for i in left if i.market == "spot" and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
-        ended: list[InstanceRecord] = []
+        then is terminated, and at once a node EC2 is not taking (`taken`: those it is)."""
+        young = [i for i in instances if i.market == "spot" and (taken is None or i.id in taken)
+                 and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
+        # The other nodes are ended at once: waiting for EC2 would only bill them longer.
+        ended = self._end([i for i in instances if i not in young], progress)
+        left = young
         if young:
             progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed "
                      f"when EC2 ends it; up to {EC2_GRACE_S:.0f} s)")
@@ -298,13 +302,16 @@ class AwsProvider:
                     continue
                 ended += [i for i in fresh if i.state in ENDED_STATES]
                 left = [i for i in fresh if i.state not in ENDED_STATES]
-        if left:
-            from gpuctl.types import Resource
+        return ended + self._end(left, progress)
 
-            self.release([Resource(provider=self.name, kind="instance", id=i.id, region=i.region, cluster=i.cluster)
-                          for i in left], progress)
-            ended += self.reconcile(left)
-        return ended
+    def _end(self, instances: list[InstanceRecord], progress: Progress) -> list[InstanceRecord]:
+        if not instances:
+            return []
+        from gpuctl.types import Resource
+
+        self.release([Resource(provider=self.name, kind="instance", id=i.id, region=i.region, cluster=i.cluster)
+                       for i in instances], progress)
+        return self.reconcile(instances)
 
     def interruption_notice(self) -> dict[str, Any] | None:
         """Spot instances hear of their interruption two minutes ahead through IMDSv2
