@@ -161,6 +161,11 @@ class Segment(Frozen):
     ended_at: Optional[float] = None
     end: Optional[str] = None  # why it ended: a final run state (preempted, lost, failed, ...)
 
+    @property
+    def instance_ids(self) -> tuple[str, ...]:
+        """Every node's instance, by rank (the chief's first)."""
+        return (self.instance_id, *self.node_ids)
+
 
 class RunRecord(Frozen):
     run_id: str

@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.ops import setup
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.remote import jobs
+from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
 from gpuctl.results import TfEnv
 from gpuctl.types import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
@@ -202,6 +202,11 @@ class NodeState:
     ended_at: float | None
 
 
+def notice_file(host: Host) -> str:
+    """Where the node's watchdog records a spot interruption notice (the launcher reads it)."""
+    return posixpath.join(guard.guard_dir(host), "notice.json")
+
+
 def _look(node: Node, run: RunRecord) -> NodeState:
     paths = node.paths(run)
     state, code = jobs.job_state(node.host, run.run_id, paths)
@@ -217,6 +222,25 @@ def states(nodes: list[Node], run: RunRecord) -> list[NodeState]:
     return each(nodes, lambda n: _look(n, run))
 
 
+def with_gone(seen: list[NodeState], gone: InstanceRecord | None) -> list[NodeState]:
+    """The nodes' states with the one whose machine ended (`gone`, which cannot be asked) counted
+    as lost then; as succeeded when every other node succeeded (its machine was powered off
+    after its job, as `down_after_run` does)."""
+    if gone is None:
+        return seen
+    state = "succeeded" if all(n.state == "succeeded" for n in seen) else "lost"
+    return sorted([*seen, NodeState(gone.node, state, None, gone.terminated_at)], key=lambda n: n.rank)
+
+
+def with_notices(group: list[Node], seen: list[NodeState]) -> list[NodeState]:
+    """A node whose machine heard a spot notice is preempted however its job ended (its peers'
+    failure may have ended it first), and `leaving` while its job still runs (it stops at a batch
+    end and saves): its machine is going, and a preempted run is resumed where a failed one is not."""
+    heard = dict(zip((n.rank for n in group), each(group, lambda n: bool(n.host.read_bytes(notice_file(n.host))))))
+    return [replace(n, state="leaving" if n.state == "running" else "preempted") if heard.get(n.rank) else n
+            for n in seen]
+
+
 def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     """(the run's state, its exit code, the node that ended it) from its nodes' states: succeeded
     when all did; else, once any ended otherwise, the one that ended first decides (the others
@@ -225,11 +249,11 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     resumed where a failed one is not."""
     if all(n.state == "succeeded" for n in seen):
         return "succeeded", 0, None
-    bad = [n for n in seen if n.state not in ("running", "succeeded")]
-    if not bad:
-        return "running", None, None
-    bad = [n for n in bad if n.state == "preempted"] or bad
-    first = min(bad, key=lambda n: (n.ended_at is None, n.ended_at or 0.0, n.rank))
+    bad = [n for n in seen if n.state not in ("running", "leaving", "succeeded")]
+    preempted = [n for n in bad if n.state == "preempted"]
+    if not bad or (not preempted and any(n.state == "leaving" for n in seen)):
+        return "running", None, None  # a node leaving on a notice is waited for: it decides
+    first = min(preempted or bad, key=lambda n: (n.ended_at is None, n.ended_at or 0.0, n.rank))
     return first.state, first.code, first.rank
 
 
@@ -243,21 +267,15 @@ def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | 
     guard): one node of several gone ends the run, however the others look."""
     if run.nodes < 2 or not run.segments:
         return None
-    ids = {run.segments[-1].instance_id, *run.segments[-1].node_ids}
+    ids = run.segments[-1].instance_ids
     return next((i for i in s.ledger.instances(record.id) if i.id in ids and i.state in ENDED_STATES), None)
 
 
-def stop_quietly(s: Session, record: ClusterRecord, run: RunRecord) -> None:
-    """Stop the run's job on its nodes that answer (the peers of a node that is gone)."""
-    try:
-        stop(of_run(s, record, run), run)
-    except GpuctlError:
-        pass  # the run is over either way; `down` ends these machines
-
-
 def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
-    """Stop the nodes still running a run that has ended elsewhere."""
-    stop([n for n, st in zip(group, seen) if st.state == "running"], run)
+    """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
+    it is saving the run's checkpoint)."""
+    running = {n.rank for n in seen if n.state == "running"}
+    stop([n for n in group if n.rank in running], run)
 
 
 def refuse_budget(group: list[Node], budget_usd: float) -> None:

@@ -47,7 +47,7 @@ def instances_now(s: Session, run: RunRecord) -> list[InstanceRecord]:
     ledger); [] when the provider cannot be asked (not a reason to launch or end anything)."""
     cluster = s.ledger.cluster(run.cluster_id)
     # A worker's machine taken away ends the run as surely as the chief's.
-    current = {run.segments[-1].instance_id, *run.segments[-1].node_ids} if run.segments else None
+    current = run.segments[-1].instance_ids if run.segments else None
     mine = [i for i in s.ledger.instances(cluster.id) if current is None or i.id in current]
     try:
         fresh = s.provider(cluster.spec).reconcile(mine) if mine else []
@@ -68,7 +68,11 @@ def mark_preempted(s: Session, run: RunRecord, inst: InstanceRecord) -> RunRecor
     """A running run whose instance the provider took: preempted when the instance ended."""
     if run.state in FINAL_RUN_STATES and run.state != "lost":
         return run
-    ended = run_state.ending(run, "preempted", inst.terminated_at or time.time(), run.exit_code)
+    segments = run.segments
+    if run.state == "lost" and segments and segments[-1].end == "lost":
+        segments = segments[:-1] + (segments[-1].model_copy(update={"ended_at": None, "end": None}),)
+    ended = run_state.ending(run.model_copy(update={"segments": segments}), "preempted",
+                             inst.terminated_at or time.time(), run.exit_code)
     if run.nodes > 1:
         ended = ended.model_copy(update={"failed_node": inst.node})
     s.ledger.put_run(ended)
@@ -147,18 +151,28 @@ def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generat
         yield from run_state.logs(s, run.run_id, follow=True, poll_s=poll_s, raw=raw, check=check)
     except (Interrupted, GpuctlError) as exc:
         inst = taken_away(s, run)
-        if inst is None:
-            if isinstance(exc, GpuctlError):
-                raise
-            return s.find_run(run.run_id)
-        return mark_preempted(s, s.find_run(run.run_id), inst)
+        if inst is not None:
+            return mark_preempted(s, s.find_run(run.run_id), inst)
+        if isinstance(exc, GpuctlError):
+            return _node_gone(s, run, exc)
+        return s.find_run(run.run_id)
     ended = s.find_run(run.run_id)
-    if ended.state == "lost":
-        # Found with no machine left (or, on several nodes, one gone) by a look that asked the
-        # ledger, not the provider: the provider says whether it was taken.
+    if ended.state == "lost" and ended.nodes > 1:
+        # One node's machine gone, found by a look at the ledger: the provider says whether it
+        # took it (a look before the provider had said so found only "lost").
         inst = taken_away(s, ended)
         return mark_preempted(s, ended, inst) if inst is not None else ended
     return ended
+
+
+def _node_gone(s: Session, run: RunRecord, exc: GpuctlError) -> RunRecord:
+    """After SSH failed: a node of several whose machine ended otherwise (a guard, the console)
+    ends the run (a look without it finds it so, and stops its peers); else the error stands."""
+    cluster = s.ledger.cluster(run.cluster_id)
+    if run.nodes < 2 or nodes.gone(s, cluster, run) is None:
+        raise exc
+    s.forget_hosts(cluster)  # the connection that failed, and the host it was to
+    return run_state.refresh(s, s.find_run(run.run_id))
 
 
 def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:
@@ -198,8 +212,10 @@ def machines_taken(run: RunRecord) -> set[str] | None:
     a notice (or was found taken); None on one node (its machine is)."""
     if run.nodes < 2 or not run.segments:
         return None
-    ids = (run.segments[-1].instance_id, *run.segments[-1].node_ids)
-    ranks = {r for r, state in enumerate(run.node_states) if state == "preempted"} | {run.failed_node}
+    ids = run.segments[-1].instance_ids
+    if len(ids) < run.nodes:  # recorded before segments named every node: wait as for one node
+        return None
+    ranks = {r for r, state in enumerate(run.node_states) if state in ("preempted", "leaving")} | {run.failed_node}
     return {ids[r] for r in ranks if r is not None and r < len(ids)}
 
 

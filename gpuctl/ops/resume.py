@@ -45,7 +45,8 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
 
         ready = recovery.ready_to_resume(s, run)  # before anything is launched
         with s.cluster_lock(s.ledger.cluster(run.cluster_id), progress) as record:
-            recovery.replace(s, record, progress, s.settings().settings.recover.fallback_on_demand)
+            recovery.replace(s, record, progress, s.settings().settings.recover.fallback_on_demand,
+                             recovery.machines_taken(run))
         return recovery.resume_on_new(s, run, progress, ready=ready)
     if cluster is None:
         spec = s.ledger.cluster(run.cluster_id).spec
@@ -166,11 +167,13 @@ def _in_store(s: Session, run: RunRecord) -> bool:
 
 
 def _instance_ended(s: Session, run: RunRecord) -> bool:
-    """Whether the provider says the run's instance ended (not merely that SSH failed once)."""
+    """Whether the provider says the run's instance ended (not merely that SSH failed once); on
+    several nodes, any node's: the run needs them all."""
     from gpuctl.ops import recovery
 
     fresh = recovery.instances_now(s, run)
-    return bool(fresh) and all(i.state in ENDED_STATES for i in fresh)
+    ended = [i.state in ENDED_STATES for i in fresh]
+    return bool(fresh) and (any(ended) if run.nodes > 1 else all(ended))
 
 
 def _host_answers(s: Session, cluster) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -69,26 +70,24 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     if run.state == "starting" and time.time() - (run.resumed_at or run.started_at) < STARTING_S:
         # Its jobs are being started node after node: one not started yet is no lost node.
         return run
-    gone = nodes.gone(s, cluster, run)
-    if gone is not None:
-        # Its peers wait for it in vain, billed; a follower asks the provider whether the machine
-        # was taken (then the run is preempted and recovered).
-        nodes.stop_quietly(s, cluster, run)
-        lost = ending(run.model_copy(update={"failed_node": gone.node}), "lost",
-                      min(gone.terminated_at or time.time(), time.time()), run.exit_code)
-        s.ledger.put_run(lost)
-        s.ledger.event("run-lost", f"node {gone.node}'s machine {gone.id} ended ({gone.state})", cluster=cluster,
-                       run_id=run.run_id)
-        return lost
     each = nodes.of_run(s, cluster, run)
-    seen = nodes.states(each, run)
+    # A node whose machine ended under the run is known by the ledger only (it cannot be asked).
+    gone = nodes.gone(s, cluster, run)
+    seen = nodes.with_gone(nodes.states(each, run), gone)
     state, code, failed = nodes.verdict(seen)
+    if state not in ("running", "succeeded") and run.nodes > 1:
+        # Before the run is called failed, or its nodes stopped: one whose machine heard a spot
+        # notice is leaving anyway (and may be saving the checkpoint).
+        seen = nodes.with_notices(each, seen)
+        state, code, failed = nodes.verdict(seen)
     if state != "running" and any(n.state == "running" for n in seen):
         # One node ended the run: the others would wait for it (billed) until TensorFlow gives up.
         nodes.stop_rest(each, run, seen)
-        seen = nodes.states(each, run)
+        seen = [replace(n, state="stopped") if n.state == "running" else n for n in seen]
     host, paths = each[0].host, jobs.JobPaths(run.run_dir)
-    epochs = ingest_epochs(s, host, run)
+    # The chief's reports are the run's (a worker's own, where the chief is gone, are not).
+    chief_here = each[0].rank == 0
+    epochs = ingest_epochs(s, host, run) if chief_here else []
     update: dict[str, Any] = {}
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
@@ -104,7 +103,9 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     if update:
         run = run.model_copy(update=update)
         if state in FINAL_RUN_STATES and "state" in update:
-            run = ending(run, state, _ended_at(host, paths, run), code)
+            gone_at = gone.terminated_at if gone is not None else None
+            at = _ended_at(host, paths, run) if chief_here else min(time.time(), gone_at or time.time())
+            run = ending(run, state, at, code)
         s.ledger.put_run(run)
         if "state" in update and state in FINAL_RUN_STATES:
             where = f" on node {run.failed_node}" if run.failed_node is not None else ""

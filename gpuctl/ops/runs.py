@@ -15,7 +15,7 @@ from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
 from gpuctl.ops import guards, nodes
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.remote import guard, jobs, preflight
+from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import Host
 from gpuctl.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.settings_load import PROJECT_FILE, LoadedSettings
@@ -204,7 +204,7 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
             # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
             "checkpoint_dir": nodes.checkpoint_dir(paths) if settings.train.checkpoint == "auto" else None,
             # Where the watchdog records a spot interruption notice (the job then stops as preempted).
-            "notice_file": posixpath.join(guard.guard_dir(node.host), "notice.json"),
+            "notice_file": nodes.notice_file(node.host),
             # The run's files also go to the store after each epoch, where the store outlives the instance.
             "store": {"target": target.model_dump(), "key_prefix": target.run_prefix(run.run_id),
                       # The instance's credentials (its role) come from this metadata service.

@@ -19,7 +19,7 @@ def segment_costs(run: RunRecord, epochs: list[EpochReport], instances: dict[str
     for n, seg in enumerate(run.segments):
         end = seg.ended_at or (run.ended_at if run.state in FINAL_RUN_STATES and run.ended_at else now)
         seconds = max(0.0, end - seg.started_at)
-        group = [instances.get(i) for i in (seg.instance_id, *seg.node_ids)]
+        group = [instances.get(i) for i in seg.instance_ids]
         frees = [inst is not None and billing.interruption_is_free(inst.market, inst.state_reason, inst.launched_at,
                                                                    inst.terminated_at) for inst in group]
         free = all(frees)

@@ -15,6 +15,7 @@ S3 in moto reached by the hosts, and real TensorFlow running an unmodified Keras
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -35,10 +36,18 @@ def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
     """The first instance is the first host, every later one the second; both reach the IMDS and S3
     at the lab's services address, and accept the cluster's key once it exists (cloud-init)."""
     h0, h1 = ssh.hosts
+    with spot_world(monkeypatch, imds, moto_server, isolated, (h0, h1)):
+        monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={h0.ip}")
+        yield h0, h1
+
+
+@contextlib.contextmanager
+def spot_world(monkeypatch, imds, moto_server, isolated, hosts):
+    """Settings and seams for spot instances played by `hosts`: they reach the IMDS and S3 at the
+    lab's services address, and accept the cluster's key once `up` made it (cloud-init)."""
     monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
-    monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={h0.ip}")
-    monkeypatch.setenv("GPUCTL_AWS__IMDS_ENDPOINT", imds.url(h0))
-    monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", f"http://{h0.services_ip}:{urlparse(moto_server).port}")
+    monkeypatch.setenv("GPUCTL_AWS__IMDS_ENDPOINT", imds.url(hosts[0]))
+    monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", f"http://{hosts[0].services_ip}:{urlparse(moto_server).port}")
     imds.role("gpuctl-instance-role")  # boto3 on the hosts reads its credentials here, as on EC2
     from gpuctl.ops import recovery
     from gpuctl.provision.aws import provider
@@ -46,7 +55,7 @@ def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
     monkeypatch.setattr(provider, "EC2_POLL_S", 0.5)
     monkeypatch.setattr(recovery, "CHECK_INSTANCES_S", 2.0)
     monkeypatch.setattr(recovery, "RETRY_S", 0.0)
-    saved = [(h, (h.base / "authorized_keys").read_text()) for h in (h0, h1)]
+    saved = [(h, (h.base / "authorized_keys").read_text()) for h in hosts]
 
     def install():
         deadline = time.monotonic() + 60
@@ -58,9 +67,11 @@ def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
             (h.base / "authorized_keys").write_text(text + pub)
 
     threading.Thread(target=install, daemon=True).start()
-    yield h0, h1
-    for h, text in saved:
-        (h.base / "authorized_keys").write_text(text)
+    try:
+        yield
+    finally:
+        for h, text in saved:
+            (h.base / "authorized_keys").write_text(text)
 
 
 def up_first(gpuctl, aws, monkeypatch, h0, h1):

@@ -99,3 +99,36 @@ def test_a_cluster_missing_a_node_runs_nothing(fake, tmp_path):
     with pytest.raises(RemoteError, match="lacks node 1"):
         nodes.prepare(s, c, tmp_path, None, lambda line: None)
     assert [n.rank for n in nodes.of(s, c)] == [0, 2]  # not renumbered: node 2 is still node 2
+
+
+def test_a_lost_segment_becomes_preempted_with_the_run(fake, tmp_path):
+    s, c, _, worker = two_nodes(tmp_path)
+    fake["ended"][worker.id] = time.time() - 5
+    fake["interrupted"].add(worker.id)
+    clusters.reconcile_live(s)
+    lost = run_state.refresh(s, s.ledger.run("r"))
+    assert lost.segments[-1].end == "lost"
+    preempted = recovery.mark_preempted(s, lost, recovery.taken_away(s, lost))
+    # What counts recoveries (and status, cost) reads the segment's end.
+    assert preempted.segments[-1].end == "preempted" and preempted.segments[-1].ended_at is not None
+
+
+def test_a_follower_whose_ssh_failed_finds_a_node_gone_otherwise_and_ends_the_run(fake, tmp_path):
+    from gpuctl.errors import RemoteError
+
+    s, c, _, worker = two_nodes(tmp_path)
+    run = s.ledger.run("r")
+    with pytest.raises(RemoteError):  # SSH failed, nothing ended: the error stands
+        recovery._node_gone(s, run, RemoteError("no answer"))
+    fake["ended"][worker.id] = time.time() - 5  # powered off by its guard: not taken by the provider
+    assert recovery.taken_away(s, run) is None  # (the ledger learns it ended)
+    assert recovery._node_gone(s, run, RemoteError("no answer")).state == "lost"
+
+
+def test_machines_taken_by_node_state_and_for_segments_recorded_before_node_ids(fake, tmp_path):
+    s, _, chief, worker = two_nodes(tmp_path)
+    run = s.ledger.run("r")
+    leaving = run.model_copy(update={"node_states": ("leaving", "preempted"), "failed_node": 1})
+    assert recovery.machines_taken(leaving) == {chief.id, worker.id}
+    old = run.model_copy(update={"segments": (run.segments[0].model_copy(update={"node_ids": ()}),)})
+    assert recovery.machines_taken(old) is None  # unknown: every young spot machine waits, as before

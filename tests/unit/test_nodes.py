@@ -4,6 +4,7 @@ and how the nodes' states make the run's."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,34 @@ def test_a_node_stopped_by_a_spot_notice_decides_even_after_its_peer_failed():
     # before the worker's launcher had finished leaving (t=13): the run is preempted (resumed).
     seen = [S(0, "failed", 1, 12.0), S(1, "preempted", 75, 13.0)]
     assert nodes.verdict(seen) == ("preempted", 75, 1)
+
+
+def test_a_node_leaving_on_a_notice_is_waited_for_and_never_stopped(tmp_path, monkeypatch):
+    # The chief failed for want of its peer; the worker heard the notice and is still saving.
+    group = [_node(tmp_path, r) for r in (0, 1)]
+    notice = Path(nodes.notice_file(group[1].host))
+    notice.parent.mkdir(parents=True)
+    notice.write_text('{"action": "terminate"}')
+    seen = nodes.with_notices(group, [S(0, "failed", 1, 12.0), S(1, "running")])
+    assert [n.state for n in seen] == ["failed", "leaving"]
+    assert nodes.verdict(seen) == ("running", None, None)  # not failed: it decides when it ends
+    # It ended, whatever its exit: its machine is going, so the run is preempted on it.
+    ended = nodes.with_notices(group, [S(0, "failed", 1, 12.0), S(1, "failed", 1, 14.0)])
+    assert nodes.verdict(ended) == ("preempted", 1, 1)
+    # A node leaving on its notice is never stopped by gpuctl (it may be saving the checkpoint).
+    stopped = []
+    monkeypatch.setattr(nodes, "stop", lambda g, run: stopped.extend(n.rank for n in g))
+    nodes.stop_rest(group, None, [S(0, "leaving"), S(1, "preempted", 75, 3.0)])
+    nodes.stop_rest(group, None, [S(0, "running"), S(1, "preempted", 75, 3.0)])
+    assert stopped == [0]
+
+
+def test_a_node_whose_machine_ended_counts_as_lost_unless_the_rest_succeeded():
+    from gpuctl.types import InstanceRecord
+
+    gone = InstanceRecord(id="i-1", node=1, cluster="c", state="terminated", launched_at=0.0, terminated_at=9.0,
+                          workdir="/w")
+    assert nodes.verdict(nodes.with_gone([S(0, "failed", 1, 12.0)], gone)) == ("lost", None, 1)
+    # Each node powered its machine off after its job (down_after_run): the run succeeded.
+    assert nodes.verdict(nodes.with_gone([S(0, "succeeded", 0, 8.0)], gone)) == ("succeeded", 0, None)
+    assert nodes.with_gone([S(0, "running")], None) == [S(0, "running")]
