@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-
-from gpuctl.types import Frozen, ClusterRecord, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
+from gpuctl.types import ClusterRecord, Frozen, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
 
 
 class TfEnv(Frozen):

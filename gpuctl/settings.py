@@ -18,7 +18,6 @@ from pydantic import (
 )
 
 
-
 class _Section(BaseModel):
     # inf and nan are refused everywhere: a price or budget of inf would be stored and break every report.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
