@@ -258,8 +258,16 @@ def install_fit_hook(tf, checkpoint_dir=None):
                     kwargs["callbacks"] = with_checkpoint(self, list(kwargs.get("callbacks") or []), checkpoint_dir,
                                                           backup_cls, callback_base)
                 gpuctl_report.STATE["in_fit"] = True
+                reassert_sigterm()
                 try:
                     history = original(self, x, y, batch_size, *args, **kwargs)
+                except Exception as exc:
+                    if not gpuctl_report.STATE.get("preempted"):
+                        raise
+                    # Several nodes: this one left at its batch end, its peers went on, and the
+                    # next collective failed between them. The notice is why, not the error.
+                    log("training stopped on the notice (%s from the other workers)" % type(exc).__name__)
+                    raise Preempted(PREEMPTED_EXIT) from None
                 finally:
                     gpuctl_report.STATE["in_fit"] = False
                 if gpuctl_report.STATE.get("preempted"):
@@ -296,7 +304,25 @@ def install_sigterm(notice_file=None):
             return  # a second word of the same notice (a restarted watchdog): the stop is under way
         raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(143)
 
+    _SIGTERM["handler"] = on_term
     signal.signal(signal.SIGTERM, on_term)
+
+
+_SIGTERM = {"handler": None}
+
+
+def reassert_sigterm():
+    """Put gpuctl's SIGTERM handler back: MultiWorkerMirroredStrategy's coordination service
+    installs TensorFlow's own (C-level: it only records the signal), after the launcher's, and a
+    spot notice or `gpuctl down` would then go unheard until the SIGKILL."""
+    if _SIGTERM["handler"] is None:
+        return
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, _SIGTERM["handler"])
+    except ValueError:
+        pass  # fit called outside the main thread: signals reach the main thread only anyway
 
 
 def main(argv):

@@ -137,3 +137,31 @@ def test_each_fit_checkpoints_after_every_epoch_unless_it_cannot(tmp_path, keras
     assert not (ckpt / "fit-1").exists() or keras == "keras2"  # tf_keras restores into unbuilt models
     if keras == "keras3":
         assert "no checkpoints for this fit: the model is not built before fit" in proc.stderr
+
+
+@pytest.mark.parametrize("keras", sorted(KERAS))
+def test_a_notice_stops_fit_even_past_a_library_sigterm_handler_and_a_peers_error(tmp_path, keras):
+    # MultiWorkerMirroredStrategy's coordination service installs TensorFlow's own SIGTERM handler
+    # (it only records the signal), and after this worker leaves at its batch end the next
+    # collective fails between it and its peers: the run must still end as preempted.
+    notice = tmp_path / "notice.json"
+    script = """
+    import os, signal
+    signal.signal(signal.SIGTERM, lambda *a: None)  # a library's own, installed after gpuctl's
+    class Leave(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2 and not os.path.exists(os.environ["NOTICE"]):
+                open(os.environ["NOTICE"], "w").write('{"action": "terminate"}')
+                os.kill(os.getpid(), signal.SIGTERM)  # what the watchdog does on the notice
+        def on_epoch_end(self, epoch, logs=None):
+            if self.model.stop_training:
+                raise RuntimeError("Collective ops is aborted by: a peer left")
+    model.fit(x, y, batch_size=10, epochs=3, verbose=0, callbacks=[Leave()])
+    print("after fit: not reached")
+    """
+    proc, reports, _ = run_payload(tmp_path, script, env_extra={**KERAS[keras], "NOTICE": str(notice)},
+                                   cfg_extra={"notice_file": str(notice)})
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    assert "training stopped on the notice (RuntimeError" in proc.stderr
+    assert "after fit" not in proc.stdout and (tmp_path / "run" / "preempted.json").exists()
+    assert reports == []  # the cut epoch is not a finished one

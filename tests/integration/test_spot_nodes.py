@@ -54,8 +54,9 @@ def test_a_worker_interrupted_mid_run_is_replaced_with_its_chief_and_the_run_fin
     wait_for("epoch 2 in S3", lambda: "epochs.jsonl" in stored_keys(aws, run_id)
              and len(a0.run(f"cat /srv/gpuctl/runs/{run_id}/epochs.jsonl").stdout.splitlines()) >= 2, timeout=240)
     imds.interrupt(a1)  # the worker's host alone
-    assert wait_for("the worker's exit", lambda: a1.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
-                    .stdout.strip(), timeout=60) == "75"
+    code = wait_for("the worker's exit", lambda: a1.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
+                    .stdout.strip(), timeout=60)
+    assert code == "75", a1.run(f"tail -n 30 /srv/gpuctl/guard/*.log /srv/gpuctl/runs/{run_id}/output.log").stdout
     spot_terminate(worker["InstanceId"])  # EC2, a while after its notice
     a1.stop()
     res = finished(thread, out, 400)
