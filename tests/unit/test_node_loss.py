@@ -73,9 +73,12 @@ def test_a_lost_run_becomes_preempted_once_the_provider_says_it_took_the_machine
     fake["interrupted"].add(worker.id)
     clusters.reconcile_live(s)
     lost = run_state.refresh(s, s.ledger.run("r"))
-    assert lost.state == "lost"
+    assert (lost.state, lost.segments[-1].end) == ("lost", "lost")
     inst = recovery.taken_away(s, lost)
-    assert inst is not None and recovery.mark_preempted(s, lost, inst).state == "preempted"
+    preempted = recovery.mark_preempted(s, lost, inst)
+    # What counts recoveries (and status, cost) reads the segment's end.
+    assert (preempted.state, preempted.segments[-1].end) == ("preempted", "preempted")
+    assert preempted.segments[-1].ended_at is not None
 
 
 def test_only_the_machines_of_nodes_that_heard_the_notice_wait_for_ec2(fake, tmp_path):
@@ -99,18 +102,6 @@ def test_a_cluster_missing_a_node_runs_nothing(fake, tmp_path):
     with pytest.raises(RemoteError, match="lacks node 1"):
         nodes.prepare(s, c, tmp_path, None, lambda line: None)
     assert [n.rank for n in nodes.of(s, c)] == [0, 2]  # not renumbered: node 2 is still node 2
-
-
-def test_a_lost_segment_becomes_preempted_with_the_run(fake, tmp_path):
-    s, c, _, worker = two_nodes(tmp_path)
-    fake["ended"][worker.id] = time.time() - 5
-    fake["interrupted"].add(worker.id)
-    clusters.reconcile_live(s)
-    lost = run_state.refresh(s, s.ledger.run("r"))
-    assert lost.segments[-1].end == "lost"
-    preempted = recovery.mark_preempted(s, lost, recovery.taken_away(s, lost))
-    # What counts recoveries (and status, cost) reads the segment's end.
-    assert preempted.segments[-1].end == "preempted" and preempted.segments[-1].ended_at is not None
 
 
 def test_a_follower_whose_ssh_failed_finds_a_node_gone_otherwise_and_ends_the_run(fake, tmp_path):
