@@ -314,11 +314,12 @@ _SIGTERM = {"handler": None}
 def reassert_sigterm():
     """Put gpuctl's SIGTERM handler back: MultiWorkerMirroredStrategy's coordination service
     installs TensorFlow's own (C-level: it only records the signal), after the launcher's, and a
-    spot notice or `gpuctl down` would then go unheard until the SIGKILL."""
-    if _SIGTERM["handler"] is None:
-        return
+    spot notice or `gpuctl down` would then go unheard until the SIGKILL. A handler the script set
+    itself (Python knows of it) is left alone."""
     import signal
 
+    if _SIGTERM["handler"] is None or signal.getsignal(signal.SIGTERM) is not _SIGTERM["handler"]:
+        return
     try:
         signal.signal(signal.SIGTERM, _SIGTERM["handler"])
     except ValueError:

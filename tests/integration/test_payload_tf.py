@@ -146,8 +146,8 @@ def test_a_notice_stops_fit_even_past_a_library_sigterm_handler_and_a_peers_erro
     # collective fails between it and its peers: the run must still end as preempted.
     notice = tmp_path / "notice.json"
     script = """
-    import os, signal
-    signal.signal(signal.SIGTERM, lambda *a: None)  # a library's own, installed after gpuctl's
+    import ctypes, os, signal
+    ctypes.CDLL(None).signal(signal.SIGTERM, 1)  # a library's own (SIG_IGN), in C, after gpuctl's
     class Leave(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 2 and not os.path.exists(os.environ["NOTICE"]):
