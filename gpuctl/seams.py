@@ -23,13 +23,6 @@ def endpoint_override(ip: str, node: int = 0) -> str | None:
     return target
 
 
-def private_address(ip: str | None, node: int) -> str | None:
-    """The address the other nodes reach an instance at, where the tests map it to a test host
-    (moto's private addresses lead nowhere); None outside the tests."""
-    target = endpoint_override(ip or "", node)
-    return target.rpartition("@")[2].split(":")[0] if target else None
-
-
 S3_ENDPOINT = "GPUCTL_TEST_S3_ENDPOINT"
 
 

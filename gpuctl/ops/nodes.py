@@ -262,13 +262,19 @@ def stop(group: list[Node], run: RunRecord) -> list[int | None]:
     return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
 
 
+def run_instances(s: Session, cluster_id: int, run: RunRecord) -> list[InstanceRecord]:
+    """The ledger's records of the machines the run is on now (every node's); every machine of
+    its cluster while it has no segment."""
+    ids = run.segments[-1].instance_ids if run.segments else None
+    return [i for i in s.ledger.instances(cluster_id) if ids is None or i.id in ids]
+
+
 def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | None:
     """A machine of the run's nodes that ended under it, as the ledger knows (an interruption, a
     guard): one node of several gone ends the run, however the others look."""
     if run.nodes < 2 or not run.segments:
         return None
-    ids = run.segments[-1].instance_ids
-    return next((i for i in s.ledger.instances(record.id) if i.id in ids and i.state in ENDED_STATES), None)
+    return next((i for i in run_instances(s, record.id, run) if i.state in ENDED_STATES), None)
 
 
 def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:

@@ -46,9 +46,7 @@ def instances_now(s: Session, run: RunRecord) -> list[InstanceRecord]:
     """The instances the run is on (every node's), as its provider says now (recorded in the
     ledger); [] when the provider cannot be asked (not a reason to launch or end anything)."""
     cluster = s.ledger.cluster(run.cluster_id)
-    # A worker's machine taken away ends the run as surely as the chief's.
-    current = run.segments[-1].instance_ids if run.segments else None
-    mine = [i for i in s.ledger.instances(cluster.id) if current is None or i.id in current]
+    mine = nodes.run_instances(s, cluster.id, run)  # a worker's machine taken ends the run as the chief's
     try:
         fresh = s.provider(cluster.spec).reconcile(mine) if mine else []
     except GpuctlError:

@@ -19,7 +19,7 @@ from gpuctl.provision.aws.session import Aws, call, wait_for
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
-from gpuctl.remote.ssh import Endpoint, SshHost
+from gpuctl.remote.ssh import Endpoint, SshHost, split_target
 from gpuctl.settings import Settings
 from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord
 
@@ -217,14 +217,15 @@ class AwsProvider:
 
     def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
                 chosen: images.Chosen | None = None) -> InstanceRecord:
+        # Where the tests map an instance to a test host, its peers reach it at that host's address.
+        mapped = seams.endpoint_override(inst.get("PublicIpAddress") or "", nodes.rank(inst))
         return InstanceRecord(
             id=inst["InstanceId"],
             node=nodes.rank(inst),
             cluster=spec.name,
             state=inst["State"]["Name"],
             public_ip=inst.get("PublicIpAddress"),
-            private_ip=(seams.private_address(inst.get("PublicIpAddress"), nodes.rank(inst))
-                        or inst.get("PrivateIpAddress")),
+            private_ip=split_target(mapped)[1] if mapped else inst.get("PrivateIpAddress"),
             zone=inst.get("Placement", {}).get("AvailabilityZone"),
             market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
             usd_per_hour=usd if usd is not None else 0.0,
