@@ -1,7 +1,8 @@
 """The command line: parse with Click, call one use case in gpuctl.ops, render with gpuctl.render.
 
 This module holds the group and the one place that maps errors to `Error:`/`Hint:` lines and exit
-codes (`GpuctlGroup.invoke`); the commands are in cli_clusters.py, cli_runs.py and cli_images.py.
+codes (`GpuctlGroup.invoke`); the commands are in cli_clusters.py, cli_runs.py, cli_access.py,
+cli_plan.py and cli_images.py.
 `gpuctl --help` must stay fast: at import time these modules load only click and gpuctl.errors;
 pydantic (settings, types), rich (render) and the use cases are imported inside the commands.
 """
@@ -14,7 +15,7 @@ from typing import Any, NoReturn
 
 import click
 
-from gpuctl import __version__, cli_clusters, cli_images, cli_runs
+from gpuctl import __version__, cli_access, cli_clusters, cli_images, cli_plan, cli_runs
 from gpuctl.cli_common import CONTEXT
 from gpuctl.errors import ExitCode, GpuctlError
 
@@ -56,8 +57,11 @@ def _traceback() -> None:
 
 def _print_error(exc: GpuctlError) -> None:
     # Plain text, not rich markup: messages quote settings like `[aws] region` and must print as is.
-    click.echo(click.style("Error:", fg="red", bold=True) + " " + exc.message, err=True)
-    click.echo(click.style("Hint:", bold=True) + " " + exc.hint, err=True)
+    # Without control sequences: a message may quote what an instance said (an untrusted host).
+    from gpuctl.untrusted import one_line
+
+    click.echo(click.style("Error:", fg="red", bold=True) + " " + one_line(exc.message, 2000), err=True)
+    click.echo(click.style("Hint:", bold=True) + " " + one_line(exc.hint, 2000), err=True)
 
 
 class GpuctlGroup(click.Group):
@@ -99,7 +103,9 @@ class GpuctlGroup(click.Group):
         except Exception as exc:  # a bug: say so in one line, traceback only on request
             if debug:
                 _traceback()
-            click.echo(f"Error: internal error: {type(exc).__name__}: {exc}", err=True)
+            from gpuctl.untrusted import one_line
+
+            click.echo(f"Error: internal error: {type(exc).__name__}: {one_line(exc, 2000)}", err=True)
             click.echo("Hint: rerun with --debug and report the traceback.", err=True)
             ctx.exit(int(ExitCode.INTERNAL))
 
@@ -128,9 +134,9 @@ def cli(debug: bool) -> None:
 
 
 for _command in (cli_clusters.up, cli_clusters.down, cli_clusters.status, cli_clusters.cost, cli_clusters.guard,
-                 cli_clusters.config, cli_runs.train, cli_runs.sync, cli_runs.pull, cli_runs.logs, cli_runs.exec_,
-                 cli_runs.ssh_, cli_runs.attach, cli_runs.ssh_config, cli_runs.tensorboard, cli_runs.runs, cli_runs.watch,
-                 cli_images.image):
+                 cli_clusters.config, cli_runs.train, cli_runs.sync, cli_runs.pull, cli_runs.logs, cli_access.exec_,
+                 cli_access.ssh_, cli_access.attach, cli_access.ssh_config, cli_access.tensorboard, cli_runs.runs,
+                 cli_runs.watch, cli_runs.stop, cli_plan.plan, cli_images.image):
     cli.add_command(_command)
 
 

@@ -72,23 +72,32 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
 
 
 @click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--cluster", help="Only this cluster (by name: its earlier, released namesakes too) and its runs.")
 @click.option("--all", "everything", is_flag=True,
-              help="Search every provider (every enabled AWS region) for gpuctl's resources, ledger or not.")
+              help="Everything: clusters released over a week ago too, and every provider searched (every "
+                   "enabled AWS region) for gpuctl's resources, ledger or not.")
 @json_option
 @click.pass_context
-def status(ctx: click.Context, everything: bool, as_json: bool) -> None:
-    """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far."""
-    from gpuctl import render, render_commands
-
-    if everything:
-        from gpuctl.ops import clusters
-
-        inv = clusters.inventory(session(ctx))
-        return render.emit_json(inv) if as_json else render_commands.inventory(inv)
-    from gpuctl import render_cost
+def status(ctx: click.Context, run: str | None, cluster: str | None, everything: bool, as_json: bool) -> None:
+    """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far (RUN: that run
+    and its cluster; a unique prefix or suffix of its id will do). Clusters released over a week
+    ago are left out unless --all."""
+    from gpuctl import render, render_cost
     from gpuctl.ops import costs
 
-    report = costs.status(session(ctx))
+    if everything and (run is not None or cluster is not None):
+        raise click.UsageError("--all searches everything: give no RUN or --cluster with it")
+    if everything:
+        from gpuctl import render_commands
+
+        every = costs.everything(session(ctx))
+        if as_json:
+            return render.emit_json(every)
+        render_cost.status(every)
+        click.echo("\nEvery provider's gpuctl resources, ledger or not:")
+        return render_commands.inventory(every)
+    report = costs.status(session(ctx), run, cluster)
     return render.emit_json(report) if as_json else render_cost.status(report)
 
 
@@ -140,31 +149,37 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
               help="With --all: also what another gpuctl install (a lost home, a colleague) made in the account.")
 @click.option("--force", is_flag=True, help="Release the cluster even if its hosts do not answer (their gpuctl "
               "jobs may then run on).")
+@click.option("--pull", is_flag=True, help="Pull every run of the cluster first (into --dest), then release; a "
+              "failed pull stops the release unless --force.")
+@click.option("--dest", type=click.Path(path_type=Path), default=Path("gpuctl-runs"), show_default=True,
+              help="With --pull: the local directory to put the runs' directories in.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
-def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, force: bool, yes: bool,
-         as_json: bool) -> None:
+def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, force: bool, pull: bool,
+         dest: Path, yes: bool, as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
     from gpuctl import render, render_commands
-    from gpuctl.ops import clusters
+    from gpuctl.ops import release
 
     if everything and name:
         raise click.UsageError("give a cluster NAME or --all, not both")
     if any_owner and not everything:
         raise click.UsageError("--any-owner goes with --all")
+    if pull and everything:
+        raise click.UsageError("--pull goes with one cluster, not --all")
     s = session(ctx)
     if everything:
         whose = ", whichever gpuctl install made it" if any_owner else ""
         confirm(yes, f"release everything gpuctl created, in every provider and region{whose}")
         with progress_sink() as progress:
-            result = clusters.down_all(s, progress, any_owner)
+            result = release.down_all(s, progress, any_owner)
     else:
-        target = clusters.down_target(s, name)
+        target = release.down_target(s, name)
         if target is not None:
-            confirm(yes, f"release cluster {target!r} and stop its jobs")
+            confirm(yes, release.down_question(s, target))
         with progress_sink() as progress:
-            result = clusters.down(s, name, progress, force=force)
+            result = release.down(s, name, progress, force=force, pull_to=dest if pull else None)
     if as_json:
         return render.emit_json(result)
     render_commands.down(result, everything)

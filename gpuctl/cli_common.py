@@ -20,6 +20,7 @@ def session(ctx: click.Context, **flags: Any):
     from gpuctl.ops.session import open_session
 
     s = open_session(flags)
+    s.on_wait = lambda line: click.echo(line, err=True)
     ctx.call_on_close(s.close)
     return s
 
@@ -32,23 +33,35 @@ def progress_sink():
 
 
 def confirm(yes: bool, question: str) -> None:
+    """The one place gpuctl asks before it spends or destroys; "n" says so and exits 1."""
     if yes:
         return
     if not sys.stdin.isatty():
         raise ConfirmationRequired(f"refusing to {question} without confirmation")
     if not click.confirm(question[0].upper() + question[1:] + "?", default=False):
-        raise click.exceptions.Exit(ExitCode.USAGE)
+        click.echo("Nothing done.")
+        raise click.exceptions.Exit(ExitCode.DECLINED)
 
 
 def run_child(argv: list[str], cwd: str | None = None) -> int:
     """Run ssh/tmux/a shell in the foreground; its exit status, as a shell would report it."""
+    import signal
     import subprocess
 
     try:
-        code = subprocess.call(argv, cwd=cwd)
+        child = subprocess.Popen(argv, cwd=cwd)
     except OSError as exc:  # gpuctl's own failure, so gpuctl's code (7), never a child's 126/127
         raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}",
                           f"Install {os.path.basename(argv[0])} or put it on PATH.") from exc
+    # A SIGTERM or SIGHUP for gpuctl ends its child too: an `ssh -N -L` left behind would hold the
+    # port (and the connection) with nobody to end it. Ctrl-C reaches both through the terminal.
+    forward = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum))
+               for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, old in forward.items():
+            signal.signal(sig, old)
     return 128 - code if code < 0 else code  # killed by signal N: 128+N, as shells say
 
 

@@ -1,21 +1,36 @@
-"""Commands about runs and hosts: train, sync, pull, logs, exec, ssh, attach, ssh-config, tensorboard.
-
-exec, ssh, attach and tensorboard exit with the child's (the remote command's) status; gpuctl's own
-failures in them raise GpuctlError before the child runs, so they keep gpuctl's exit codes.
-"""
+"""Commands about runs: train, sync, pull, logs, watch, stop, runs rm. Those that reach a host's
+shell (exec, ssh, attach, ssh-config, tensorboard) are cli_access.py."""
 
 from __future__ import annotations
 
-import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
-from gpuctl.cli_common import CONTEXT, json_option, progress_sink, run_child, session
+from gpuctl.cli_common import CONTEXT, json_option, progress_sink, session
 from gpuctl.errors import GpuctlError, RunFailedError
 
 
-@click.command(context_settings=CONTEXT)
+class ScriptArgsCommand(click.Command):
+    """`train PROJECT --epochs 3`: Click knows no --epochs; say that script arguments go after `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # Click consumes `args` while it parses
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            import shlex
+
+            where = given.index(exc.option_name) if exc.option_name in given else len(given)
+            ours, theirs = given[:where], given[where:]
+            raise click.UsageError(
+                f"no such option: {exc.option_name}\nHint: script arguments go after --: "
+                f"gpuctl {ctx.info_name} {shlex.join([*ours, '--', *theirs])}", ctx) from None
+
+
+@click.command(cls=ScriptArgsCommand, context_settings=CONTEXT)
 @click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--resume", "resume_run", metavar="RUN",
@@ -27,11 +42,16 @@ from gpuctl.errors import GpuctlError, RunFailedError
 @click.option("--budget", type=float, help="Stop this run once its own epochs cost this many dollars (setting "
               "`train.budget_usd`; the cluster's uptime budget is `guard set --budget`).")
 @click.option("--allow-cpu", is_flag=True, help="Start even where TensorFlow sees no GPU.")
+@click.option("--recheck", is_flag=True, help="Check the host's TensorFlow and GPUs afresh, not the answer kept "
+              "from an earlier train in the same environment.")
 @click.option("--env", "env_names", multiple=True, metavar="NAME",
               help="Pass this environment variable from here to the job (repeatable). Its value is never "
                    "recorded; script ARGS are (in the ledger), so pass secrets this way.")
 @click.option("--down/--no-down", "down_after", default=None,
               help="Shut down a grace period after the run ends, success or failure (setting `guards.down_after_run`).")
+@click.option("--gpus", type=int, metavar="N", help="GPUs of a node the run waits for in the cluster's queue "
+              "(default: all of a node; a node without GPU has one slot).")
+@click.option("--now", "now", is_flag=True, help="Start at once, beside the runs on the cluster, without queueing.")
 @click.option("--wait", is_flag=True, help="Follow the log and exit with the run's status (with --json: the log on "
               "stderr, the ended run as JSON).")
 @click.option("--recover/--no-recover", default=None, help="With --wait: when the spot instance is interrupted, "
@@ -39,8 +59,9 @@ from gpuctl.errors import GpuctlError, RunFailedError
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_run: str | None, cluster: str | None,
-          data: Path | None, entry: str | None, budget: float | None, allow_cpu: bool, env_names: tuple[str, ...],
-          down_after: bool | None, wait: bool, recover: bool | None, as_json: bool) -> None:
+          data: Path | None, entry: str | None, budget: float | None, allow_cpu: bool, recheck: bool,
+          env_names: tuple[str, ...], down_after: bool | None, gpus: int | None, now: bool, wait: bool,
+          recover: bool | None, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`.
     `train --resume RUN` continues a run from its checkpoint instead."""
     from gpuctl import render, render_commands
@@ -52,7 +73,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     if resume_run is not None:
         given = [o for o, v in (("PATH", path), ("ARGS", args), ("--data", data),
                                 ("--entry", entry), ("--budget", budget), ("--env", env_names),
-                                ("--down/--no-down", down_after is not None)) if v]
+                                ("--down/--no-down", down_after is not None), ("--gpus", gpus), ("--now", now),
+                                ("--recheck", recheck)) if v]
         if given:
             raise click.UsageError(f"--resume runs the run as it was: {', '.join(given)} cannot change it")
         from gpuctl.ops import resume
@@ -66,7 +88,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     else:
         with progress_sink() as progress:
             result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
-                                progress=progress, down_after_run=down_after, env_names=env_names)
+                                progress=progress, down_after_run=down_after, env_names=env_names,
+                                gpus=gpus, now=now, recheck=recheck)
         run = result.run
     if as_json and not wait:
         return render.emit_json(result if result is not None else run)
@@ -76,10 +99,10 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
         return
     from gpuctl.ops import recovery
 
-    with progress_sink() as progress:
+    with _detach_on_ctrl_c(ctx, s, run.run_id), progress_sink() as progress:
         for chunk in recovery.follow(s, run.run_id, progress, recover=recover):
             click.echo(chunk, nl=False, err=as_json)  # with --json, stdout holds the JSON alone
-    final = runs.wait(s, run.run_id)
+        final = runs.wait(s, run.run_id)
     if as_json:
         render.emit_json(result.model_copy(update={"run": final}) if result is not None else final)
     if final.state != "succeeded":
@@ -110,105 +133,18 @@ def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None,
 @click.argument("run", required=False)
 @click.option("--dest", type=click.Path(path_type=Path), default=Path("gpuctl-runs"), show_default=True,
               help="Local directory to put the run's directory in.")
-@click.pass_context
-def pull(ctx: click.Context, run: str | None, dest: Path) -> None:
-    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance."""
-    from gpuctl import render_commands
-    from gpuctl.ops import runs
-
-    render_commands.pulled(runs.pull(session(ctx), run, dest))
-
-
-@click.command("exec", context_settings=CONTEXT)
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--cluster", help="Cluster (default: the default cluster).")
 @json_option
 @click.pass_context
-def exec_(ctx: click.Context, command: tuple[str, ...], cluster: str | None, as_json: bool) -> None:
-    """Run a command on every host of the cluster, in parallel: gpuctl exec -- nvidia-smi
-
-    Exits with the worst exit status of the hosts (also with --json).
-    """
+def pull(ctx: click.Context, run: str | None, dest: Path, as_json: bool) -> None:
+    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance. What it
+    leaves out (links leading out of the run, FIFOs, devices) is listed (`skipped` in --json)."""
     from gpuctl import render, render_commands
     from gpuctl.ops import runs
 
-    results = runs.exec_command(session(ctx), command, cluster=cluster)
+    result = runs.pull(session(ctx), run, dest)
     if as_json:
-        render.emit_json(results)
-    else:
-        render_commands.exec_output(results)
-    codes = [128 - r.returncode if r.returncode < 0 else r.returncode for r in results]
-    worst = max(codes, default=0)
-    if worst:
-        ctx.exit(worst)
-
-
-@click.command("ssh", context_settings=CONTEXT)
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@click.option("--cluster", help="Cluster (default: the default cluster).")
-@click.pass_context
-def ssh_(ctx: click.Context, command: tuple[str, ...], cluster: str | None) -> None:
-    """A shell on the cluster's first host (or run COMMAND there), with gpuctl's key and host key checks.
-
-    Exits with the remote command's status.
-    """
-    from gpuctl.ops import access
-
-    ctx.exit(access.shell(session(ctx), cluster, list(command) or None, run_child))
-
-
-@click.command(context_settings=CONTEXT)
-@click.argument("run", required=False)
-@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
-@click.pass_context
-def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
-    """Attach to a run's live tmux session (detach with Ctrl-b d; the run keeps going)."""
-    import shlex
-
-    from gpuctl.ops import access
-
-    if print_only:
-        click.echo(shlex.join(access.attach_command(session(ctx), run)[0]))
-        return
-
-    def in_terminal(argv: list[str], cwd: str | None) -> int:
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            from gpuctl.errors import ConfigError
-
-            raise ConfigError("attach needs a terminal (tmux draws the run's screen there)",
-                              "Run it in a terminal, follow the output with `gpuctl logs -f`, or print the "
-                              "command with `gpuctl attach --print`.")
-        return run_child(argv, cwd)
-
-    ctx.exit(access.attach(session(ctx), run, in_terminal))
-
-
-@click.command("ssh-config", context_settings=CONTEXT)
-@click.option("--install", is_flag=True, help="Also add an Include line for it to ~/.ssh/config.")
-@click.pass_context
-def ssh_config(ctx: click.Context, install: bool) -> None:
-    """Write an ssh config for the live clusters, so plain `ssh CLUSTER` works."""
-    from gpuctl import render_commands
-    from gpuctl.ops import access
-
-    render_commands.ssh_config(access.ssh_config(session(ctx), install=install), install)
-
-
-@click.command(context_settings=CONTEXT)
-@click.option("--cluster", help="Cluster (default: the default cluster).")
-@click.option("--port", type=click.IntRange(1, 65535), default=6006, show_default=True,
-              help="Local port to open TensorBoard on.")
-@click.pass_context
-def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
-    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""
-    from gpuctl.ops import access
-
-    argv, url = access.tensorboard(session(ctx), cluster, port)
-    click.echo(f"TensorBoard: {url}   (nothing is opened to the internet; Ctrl-C to stop forwarding)")
-    try:
-        ctx.exit(run_child(argv) if argv else 0)
-    except KeyboardInterrupt:
-        ctx.exit(0)
+        return render.emit_json(result)
+    render_commands.pulled(result)
 
 
 @click.command(context_settings=CONTEXT)
@@ -220,14 +156,28 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
 @click.option("--tf", "tensorflow", metavar="VERSION", help="With --setup: that version's (default: the cluster's).")
 @click.option("--cluster", help="With --guard or --setup: the cluster (default: the default cluster).")
 @click.option("--raw", is_flag=True, help="Every line, TensorFlow's start-up chatter included.")
+@click.option("--plain", is_flag=True, help="Strip terminal control sequences (colours, cursor moves, window "
+              "titles) and resolve carriage returns, for a log you do not trust or want as plain text.")
 @click.option("--node", type=click.IntRange(0), default=0, show_default=True,
               help="A multi-node run: that node's output (0 is the chief).")
 @click.option("--recover/--no-recover", default=None, help="With -f: replace an interrupted spot instance and "
               "resume the run (setting `recover.enabled`; default: on for spot clusters).")
 @click.pass_context
 def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, setup_log: bool, tensorflow: str | None,
-         cluster: str | None, raw: bool, node: int, recover: bool | None) -> None:
-    """Print a run's output (default: the latest run)."""
+         cluster: str | None, raw: bool, plain: bool, node: int, recover: bool | None) -> None:
+    """Print a run's output (default: the latest run).
+
+    The output is the job's own, byte for byte, control sequences included (as `attach` shows
+    it): colours and progress bars work, and so would any escape sequence the instance wrote.
+    --plain strips them. Every other command shows what came from an instance without them.
+    """
+    if plain:
+        from gpuctl.untrusted import clean
+
+        def echo(text: str, nl: bool = True, err: bool = False) -> None:
+            click.echo(clean(text), nl=nl, err=err)
+    else:
+        echo = click.echo
     if guard_log and setup_log:
         raise click.UsageError("--guard and --setup are two different logs: pass one")
     if node and (guard_log or setup_log):
@@ -237,24 +187,30 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
 
         s = session(ctx)
         for host, text in setup.setup_log(s, s.resolve_cluster(cluster), tensorflow):
-            click.echo(f"== {host}", err=True)
-            click.echo(text, nl=False)
+            echo(f"== {host}", err=True)
+            echo(text, nl=False)
         return
     if guard_log:
         from gpuctl.ops import guards
 
-        click.echo(guards.decisions(session(ctx), cluster), nl=False)
+        echo(guards.decisions(session(ctx), cluster), nl=False)
         return
     from gpuctl.ops import recovery, runs
 
-    if not follow or node:  # another node's output only: following the chief's drives recovery
-        for chunk in runs.logs(session(ctx), run, follow=follow, raw=raw, node=node):
-            click.echo(chunk, nl=False)
-        return
     s = session(ctx)
-    with progress_sink() as progress:  # following drives recovery too (recover.enabled)
-        for chunk in recovery.follow(s, s.find_run(run).run_id, progress, recover=recover, raw=raw):
-            click.echo(chunk, nl=False)
+    if not follow:
+        for chunk in runs.logs(s, run, raw=raw, node=node):
+            echo(chunk, nl=False)
+        return
+    run_id = s.find_run(run).run_id
+    with _detach_on_ctrl_c(ctx, s, run_id):
+        if node:  # another node's output only: following the chief's drives recovery
+            for chunk in runs.logs(s, run_id, follow=True, raw=raw, node=node):
+                echo(chunk, nl=False)
+            return
+        with progress_sink() as progress:  # following drives recovery too (recover.enabled)
+            for chunk in recovery.follow(s, run_id, progress, recover=recover, raw=raw):
+                echo(chunk, nl=False)
 
 
 @click.command(context_settings=CONTEXT)
@@ -273,10 +229,48 @@ def watch(ctx: click.Context, run: str | None, detach: bool) -> None:
         found, pid, log = recovery.detach(s, run)
         click.echo(f"Watching run {found.run_id} in the background (pid {pid}); its decisions: {log}")
         return
-    with progress_sink() as progress:
+    with _detach_on_ctrl_c(ctx, s, s.find_run(run).run_id), progress_sink() as progress:
         final = recovery.watch(s, run, progress)
     if final.state != "succeeded":
         raise _ended_badly(s, final)
+
+
+@contextmanager
+def _detach_on_ctrl_c(ctx: click.Context, s, run_id: str) -> Iterator[None]:
+    """Ctrl-C while following a run only stops following (as `sky logs` does): say that the run
+    goes on billing, where, and how to stop it; exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from gpuctl import render_commands
+        from gpuctl.errors import ExitCode
+        from gpuctl.types import FINAL_RUN_STATES
+
+        run = s.ledger.run(run_id)
+        if run is None or run.state in FINAL_RUN_STATES:
+            raise  # nothing goes on: the plain "Interrupted."
+        render_commands.detached(run)
+        ctx.exit(int(ExitCode.INTERRUPTED))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--cluster", help="Without RUN: that cluster's latest running run (default: the default cluster).")
+@click.option("--all", "every", is_flag=True, help="Every running run of the cluster.")
+@json_option
+@click.pass_context
+def stop(ctx: click.Context, run: str | None, cluster: str | None, every: bool, as_json: bool) -> None:
+    """Stop a run (default: the latest running one) and keep the cluster up: SIGTERM, then SIGKILL
+    after a grace period, on every node. The run ends `stopped`; `train --resume RUN` continues it."""
+    from gpuctl import render, render_commands
+    from gpuctl.ops import stop as stop_ops
+
+    if run and every:
+        raise click.UsageError("RUN names one run; --all stops every running run of --cluster: pass one")
+    result = stop_ops.stop(session(ctx), run, cluster=cluster, every=every)
+    if as_json:
+        return render.emit_json(result)
+    render_commands.stopped(result)
 
 
 def _ended_badly(s, final, more: str = "") -> RunFailedError:
@@ -284,10 +278,17 @@ def _ended_badly(s, final, more: str = "") -> RunFailedError:
     shows its last lines first, since only the chief's log was followed."""
     from gpuctl.ops import runs
 
+    from gpuctl.ops import nodes
+
     node = final.failed_node
+    late = nodes.did_not_start(final)
+    if late is not None:  # nothing of its own to show: its job never began there
+        return late
     if node:
         try:
-            click.echo(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}", err=True)
+            from gpuctl.untrusted import clean
+
+            click.echo(clean(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}"), err=True)
         except GpuctlError:
             pass  # the node does not answer: the error below still names it
 

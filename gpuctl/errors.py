@@ -1,7 +1,7 @@
 """The one error tree of gpuctl. Every error a user can cause carries an exit code and a hint.
 
 The CLI maps these to `Error:` / `Hint:` lines and the exit code in exactly one place
-(`gpuctl.cli.main`); nothing else prints errors or calls sys.exit.
+(`gpuctl.cli.GpuctlGroup.invoke`); nothing else prints errors or calls sys.exit.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Documented process exit codes (README "Exit codes"); a test pins the numbers."""
+    """Documented process exit codes (docs/cli.md "Errors and exit codes"); a test pins the numbers."""
 
     OK = 0
     INTERNAL = 1  # a bug in gpuctl: rerun with --debug and report it
+    DECLINED = 1  # the user answered no to a confirmation: nothing was done
     USAGE = 2  # bad command line (Click's own code)
     CONFIG = 3  # a bad setting in a file, env var or flag
     NOT_FOUND = 4  # unknown cluster or run
@@ -65,6 +66,12 @@ class ProjectError(GpuctlError):
 class RemoteError(GpuctlError):
     exit_code = ExitCode.REMOTE
     default_hint = "Run `gpuctl status`; rerun with --debug for the full command output."
+
+
+class RemoteTimeout(RemoteError):
+    """A command on the host ran past its deadline: the host answered once but does not now (a
+    hung tmux, a host whose packets stopped). Unlike a host that never answered, `down` releases
+    the cluster anyway and names the jobs it could not confirm gone."""
 
 
 class RunFailedError(GpuctlError):

@@ -6,9 +6,10 @@ matplotlib is an optional extra (`pip install 'gpuctl[plot]'`), imported only he
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gpuctl.errors import ConfigError
-from gpuctl.results import CostReport
+from gpuctl.results import CostReport, PlanReport
 
 
 def check_target(path: Path) -> Path:
@@ -31,6 +32,16 @@ def check_target(path: Path) -> Path:
 
 def plot(report: CostReport, path: Path) -> int:
     """Write the PNG; the number of runs drawn."""
+    import matplotlib.pyplot as plt
+
+    fig, drawn = figure(report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
+
+
+def figure(report: CostReport) -> "tuple[Any, int]":
+    """The matplotlib figure and the number of runs drawn (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -55,9 +66,34 @@ def plot(report: CostReport, path: Path) -> int:
     by_time.set(title="Cumulative cost over training time", xlabel="minutes of training", ylabel="US dollars")
     for ax in (by_epoch, by_time):
         ax.grid(alpha=0.3)
+        # Dollars start at zero: autoscaling from the first epoch's cost makes small spend look steep.
+        ax.set_ylim(bottom=0)
     if runs:
         by_epoch.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
+    return fig, len(runs)
+
+
+def plan_plot(report: PlanReport, path: Path) -> int:
+    """`gpuctl plan --plot`: projected dollars against hours, one point per machine measured; the
+    number of points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if r.projected_usd is not None and r.projected_s is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ax.scatter([r.projected_s / 3600.0], [r.projected_usd], s=40)
+        ax.annotate(f"{r.label}{' (fastest)' if r.fastest else ''}", (r.projected_s / 3600.0, r.projected_usd),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set(title=f"{report.epochs} epochs of {Path(report.project).name}, projected from the probes",
+           xlabel="hours", ylabel="US dollars")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)  # dollars start at zero, as in `cost --plot`
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return len(runs)
+    return len(rows)

@@ -25,6 +25,8 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+from gpuctl.untrusted import clean
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -144,6 +146,7 @@ def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple
 def table(out: Console, cols: Sequence[Col], rows: Sequence[Sequence[str]], note: bool = True) -> list[str]:
     """Print rows under cols, fitted to out.width by the width rule (module docstring); the headers
     of the columns it hid, also named in a note below the table unless `note` is False."""
+    rows = [[cell(c) for c in row] for row in rows]
     plan = fit(cols, rows, out.width)
     if plan is None:
         stacked(out, cols, rows)
@@ -204,8 +207,25 @@ def stacked(out: Console, cols: Sequence[Col], rows: Sequence[Sequence[str]]) ->
 
 
 def say(out: Console, *parts: str | tuple[str, str]) -> None:
-    """A line of prose: plain strings and (text, style) pairs, word-wrapped, never read as markup."""
-    out.print(Text.assemble(*parts))
+    """A line of prose: plain strings and (text, style) pairs, word-wrapped, never read as markup
+    and without control sequences (a part may hold what an instance wrote)."""
+    out.print(Text.assemble(*(clean(p) if isinstance(p, str) else (clean(p[0]), p[1]) for p in parts)))
+
+
+def notes(lines: Sequence[str]) -> None:
+    """What a command found on an instance and did not believe, on stderr: one line each."""
+    for line in lines:
+        click.echo(cell(f"note: {line}"), err=True)
+
+
+def cell(text: str) -> str:
+    """A table cell: one line, no control sequences."""
+    return clean(text).replace("\n", " ").replace("\t", " ")
+
+
+def text_block(out: Console, text: str) -> None:
+    """Lines of an instance's text (a log's tail) as they are, less control sequences; no markup, no wrapping."""
+    out.out(clean(text), highlight=False)
 
 
 # --- the progress sink --------------------------------------------------------------------------
@@ -235,7 +255,7 @@ class Progress:
     def __call__(self, line: str) -> None:
         if self.broken:
             return
-        line = line.rstrip()
+        line = " ".join(clean(line).splitlines()).rstrip()  # a progress line may quote the instance
         try:
             self._terminal(line) if self.tty else self._plain(line)
         except OSError:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Sequence
 import click
 from rich.console import Console
 
-from gpuctl.render import Col, clock, console, duration, say, table, usd
+from gpuctl.render import Col, cell, clock, console, duration, notes, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.results import DownResult, ExecResult, GuardCheck, GuardReport, Inventory, PullResult, SshConfigResult, SyncResult, TrainResult, UpResult
-    from gpuctl.types import SettingValue
+    from gpuctl.results import DownResult, ExecResult, StopResult, GuardCheck, GuardReport, Inventory, PullResult, SshConfigResult, SyncResult, TrainResult, UpResult
+    from gpuctl.types import RunRecord, SettingValue
 
 
 def up(result: UpResult) -> None:
@@ -33,7 +33,7 @@ def up(result: UpResult) -> None:
     for env in result.tensorflow:
         how = {"installed": f"installed by the setup step in {env.seconds:.0f} s", "ready": "gpuctl's env, ready",
                "found": "the image's own", "remote.python": "remote.python"}.get(env.how, env.how)
-        click.echo(f"  TensorFlow {env.tensorflow or '?'} on {env.host}: {env.python} ({how})")
+        click.echo(cell(f"  TensorFlow {env.tensorflow or '?'} on {env.host}: {env.python} ({how})"))
     example = ("examples/multiworker" if len(result.instances) > 1 else
                "examples/cifar10 -- --data digits --epochs 2")
     click.echo(f"Next: gpuctl train PROJECT   (e.g. gpuctl train {example})")
@@ -44,7 +44,7 @@ def _left_out(what: str, items: Sequence[str]) -> None:
     if items:
         items = sorted(items)
         more = f" (+{len(items) - 5} more; --json lists them all)" if len(items) > 5 else ""
-        click.echo(f"warning: {what} ({len(items)}): {'; '.join(items[:5])}{more}", err=True)
+        click.echo(cell(f"warning: {what} ({len(items)}): {'; '.join(items[:5])}{more}"), err=True)
 
 
 def train_started(result: TrainResult, to_stderr: bool) -> None:
@@ -55,8 +55,18 @@ def train_started(result: TrainResult, to_stderr: bool) -> None:
                        f"sent in {st.seconds:.2f}s.", err=to_stderr)
             _left_out(f"{label} entries not pushed", st.skipped)
     run = result.run
-    click.echo(f"Run {run.run_id} started on {run.cluster} ({result.host}, tmux session {result.session}).",
-               err=to_stderr)
+    if run.state == "queued":
+        from gpuctl.render_cost import ordinal
+
+        place = f" ({ordinal(run.queue_position)} in line)" if run.queue_position else ""
+        free = (f"{run.gpus} GPU(s) are free" if result.node_gpus != 0 else
+                "the node's one slot is free (no GPU there: its runs go one at a time)")
+        click.echo(f"Run {run.run_id} queued on {run.cluster}{place}: it starts on the instance when {free}, "
+                   f"whether or not this laptop is on ({result.host}, tmux session {result.session}).", err=to_stderr)
+    else:
+        beside = " beside the runs already there (--now)" if run.now else ""
+        click.echo(f"Run {run.run_id} started on {run.cluster}{beside} ({result.host}, tmux session {result.session}).",
+                   err=to_stderr)
     if not to_stderr:
         click.echo(f"Follow it: gpuctl logs -f {run.run_id}")
 
@@ -84,6 +94,37 @@ def down(result: DownResult, everything: bool) -> None:
         f"{len(result.released)} resource(s), {len(result.released_instances)} of them instances or work dirs; "
         f"stopped {len(result.stopped_runs)} run(s). Reports stay: gpuctl cost"
     )
+    if result.unconfirmed_runs:
+        click.echo(f"Not confirmed stopped before the release ({result.unconfirmed_why}): "
+                   f"{', '.join(result.unconfirmed_runs)}; their last epochs and logs may be missing.")
+
+
+def stopped(result: StopResult) -> None:
+    if result.already_ended is not None:
+        run = result.already_ended
+        click.echo(f"Run {run.run_id} already ended ({run.state}); nothing to stop.")
+        return
+    if not result.stopped:
+        click.echo(f"No run is running on cluster {result.cluster!r}; nothing to stop.")
+        return
+    for run in result.stopped:
+        if run.run_id in result.dequeued:  # it never started: no signal, no checkpoint to resume from
+            click.echo(f"Took run {run.run_id} out of cluster {result.cluster!r}'s queue before it started; "
+                       "it cost nothing. To run it after all, train it again.")
+            continue
+        click.echo(f"Stopped run {run.run_id} on cluster {result.cluster!r} (SIGTERM, then SIGKILL after "
+                   f"{result.grace_s:g} s; exit code {run.exit_code}). Resume it: gpuctl train --resume {run.run_id}")
+    click.echo(f"Cluster {result.cluster!r} stays up (billed until `gpuctl down`).")
+
+
+def detached(run: RunRecord) -> None:
+    """Ctrl-C while following a run: it goes on (and bills); say where, and how to end it."""
+    if run.state == "queued":  # it waits on the instance, at no cost of its own yet
+        click.echo(f"Detached: run {run.run_id} stays queued on cluster {run.cluster!r} and starts there when "
+                   f"its GPUs are free; take it out with: gpuctl stop {run.run_id}", err=True)
+        return
+    click.echo(f"Detached: run {run.run_id} keeps running on cluster {run.cluster!r} at "
+               f"{usd(run.usd_per_hour)}/h; stop it with: gpuctl stop {run.run_id}", err=True)
 
 
 def exec_output(results: Sequence[ExecResult]) -> None:
@@ -175,6 +216,7 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
         say(out, f"FIRED: {fired['reason']} at {clock(fired['at'], '%H:%M:%S')}: {fired['detail']} -> {fired['action']}")
     for check in report.checks:
         _guard_check(out, check, cfg)
+    notes(report.notes)
 
 
 def _guard_check(out: Console, check: GuardCheck, cfg: dict) -> None:

@@ -2,9 +2,9 @@
 
 Under the width rule of render.py (money and ids whole), each table drops columns in this order:
 - status clusters: provider, uptime, state (kept: cluster, $/h, $ so far)
-- status runs: image, TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ so far)
+- status runs: image, TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ on instance)
 - cost clusters: provider, state, $ spot saved, uptime, $ storage, $ idle, $ compute, $/h (kept: cluster, $)
-- cost runs: finish, ex/s, mean epoch, $/M ex, cluster, state, epochs (kept: run, $ spent, $ projected)
+- cost runs: finish, ex/s, mean epoch, $/M ex, cluster, state, epochs (kept: run, $ epochs, $ projected)
 - epoch tables: examples, seconds, ex/s, metrics (which wraps first) (kept: epoch, $ epoch, $ cumulative)
 - compare: runs side by side while they fit; else one row per run, dropping image, ex/s, TF, epochs,
   $/M ex, epoch time, market, type, $/h (kept: run, $/epoch, projected)
@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Sequence, TextIO
 
 from rich.console import Console
 
-from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, num, say, table, usd
+from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
+from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, notes, num, say, table, text_block, usd
 
 if TYPE_CHECKING:
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
-    from gpuctl.results import CostReport, RunCost, SegmentCost, StatusReport
+    from gpuctl.results import CostReport, RunCost, SegmentCost, StatusAll, StatusReport
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 
@@ -37,9 +38,20 @@ def _labels(clusters: tuple) -> dict[int, str]:
     return {c.id: c.name if names.count(c.name) == 1 else f"{c.name}#{c.id}" for c in clusters}
 
 
-def status(report: StatusReport, out: Console | None = None, now: float | None = None) -> None:
+def status(report: StatusReport | StatusAll, out: Console | None = None, now: float | None = None) -> None:
     out = out or console()
+    try:
+        _status(report, out, now)
+    finally:
+        if not hasattr(report, "resources"):  # `status --all` says its notes under its inventory
+            notes(report.notes)
+
+
+def _status(report: StatusReport, out: Console, now: float | None) -> None:
     now = time.time() if now is None else now
+    hidden = getattr(report, "hidden_clusters", 0)
+    if hidden:
+        say(out, f"{hidden} cluster(s) released over a week ago not shown: `gpuctl status --all` shows them.")
     if not report.clusters:
         say(out, "No clusters. Start one with: gpuctl up")
         return
@@ -52,6 +64,9 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
         g = c.guard or {}
         if c.note:
             say(out, f"  {label[c.id]}: {c.note}")
+        if c.setup_failed:
+            say(out, f"  {label[c.id]}: setup failed: {c.setup_failed}; fix that and run `gpuctl up` again (it sets the "
+                     f"cluster up again with today's settings), or `gpuctl down {c.name}`")
         if g.get("error"):
             say(out, f"  {label[c.id]}: watchdog not reachable: {g['error']}")
             continue
@@ -73,20 +88,23 @@ def status(report: StatusReport, out: Console | None = None, now: float | None =
         return
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state"), Col("TF", drop=2), Col("image", drop=1),
-            Col("epoch", True, drop=6), Col("elapsed", True, drop=4), Col("$ so far", True),
+            Col("epoch", True, drop=6), Col("elapsed", True, drop=4), Col("$ on instance", True),
             Col("last metrics", wrap=True, drop=3)]
     rows = []
     for r in report.runs:
         state = r.state + (f" ({r.exit_code})" if r.state == "failed" else "")
+        if r.state == "queued" and r.queue_position:
+            state = f"queued ({ordinal(r.queue_position)})"
         rows.append((r.run_id, r.cluster, state, r.tensorflow or "-", _image_id(r.image),
                      f"{r.epoch}/{r.epochs_planned or '?'}", duration(r.elapsed_s), usd(r.usd), metrics(r.metrics)))
     table(out, cols, rows)
+    say(out, RUN_DOLLARS_STATUS)
     for r in report.runs:
         if r.log_tail:
             out.print()
             node = f" on node {r.failed_node}" if r.failed_node is not None else ""
             say(out, (r.run_id, "bold"), f" {r.state}{node}; last lines of its log{node and ' there'}:")
-            out.out(r.log_tail, highlight=False)  # out(): the user's log as is, no markup, no wrapping
+            text_block(out, r.log_tail)
         if r.node_states:
             say(out, f"  {r.run_id}: nodes: " + ", ".join(f"{i} {st}" for i, st in enumerate(r.node_states)))
         story = history(r.segments, r.state)
@@ -134,6 +152,13 @@ def segments(r: RunCost, out: Console) -> None:
 def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None:
     """Clusters, runs, and epoch tables (every run's if `detailed`, else the RECENT_RUNS newest)."""
     out = out or console()
+    notes(report.notes)
+    stored = getattr(report, "images", None), getattr(report, "checkpoints", None)
+    if not report.clusters and not report.runs and not any(
+            s is not None and (getattr(s, "images", None) or getattr(s, "runs", None)) for s in stored):
+        # A fresh home: an empty header row tells a newcomer nothing; say what to do first.
+        out.print("No runs yet. Start one with: gpuctl up, then gpuctl train PROJECT", markup=False, highlight=False)
+        return
     cols = [Col("cluster"), Col("provider", drop=1), Col("state", drop=2), Col("uptime", True, drop=4),
             Col("$/h", True, drop=8), Col("$ compute", True, drop=7), Col("$ storage", True, drop=5),
             Col("$", True), Col("$ idle", True, drop=6), Col("$ spot saved", True, drop=3)]
@@ -148,14 +173,16 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
             Col("mean epoch", True, drop=3), Col("ex/s", True, drop=2), Col("$/M ex", True, drop=4),
-            Col("$ spent", True), Col("$ projected", True), Col("finish", True, drop=1)]
+            Col("$ epochs", True), Col("$ projected", True), Col("finish", True, drop=1)]
     rows = []
     for r in report.runs:
         finish = clock(r.projected_finish_at) if r.projected_finish_at else "-"
+        spent = usd(r.spent_usd) + (" wall" if r.spent_from == "wall time" else "")
         rows.append((r.run_id, r.cluster, r.state, f"{r.epochs_done}/{r.epochs_planned or '?'}",
                      duration(r.mean_epoch_s), num(r.examples_per_s), usd(r.usd_per_million_examples),
-                     usd(r.spent_usd), usd(r.projected_total_usd), finish))
+                     spent, usd(r.projected_total_usd), finish))
     table(out, cols, rows)
+    say(out, RUN_DOLLARS_COST)
     shown = report.runs if detailed else report.runs[-RECENT_RUNS:]
     hidden: list[str] = []
     for r in shown:
@@ -170,6 +197,13 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     say(out, f"Total across clusters: {usd(report.total_usd)}")
     images(getattr(report, "images", None), out)
     checkpoints(getattr(report, "checkpoints", None), out)
+
+
+# The two run dollars count different things and differ for one run: say so under each table.
+RUN_DOLLARS_STATUS = ("($ on instance: the run's whole time on its instances x their $/h, start-up included; "
+                      "`gpuctl cost` counts its reported epochs only)")
+RUN_DOLLARS_COST = ("($ epochs: the run's reported epochs only, or its whole time on its instances where it "
+                    "reported none (marked wall); `gpuctl status` counts its whole time, start-up included)")
 
 
 def images(storage: ImageStorage | None, out: Console) -> None:
@@ -199,7 +233,12 @@ def epochs(r: RunCost, out: Console) -> list[str]:
     say(out, (r.run_id, "bold"), f" on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs "
                                  f"at {usd(r.usd_per_hour)}/h")
     if not r.epochs:
-        say(out, "  no epoch reported yet")
+        if r.spent_from == "wall time":
+            say(out, f"  no epoch reported{' yet' if r.state in ('starting', 'queued', 'running') else ''}: its "
+                     f"{duration(r.wall_s)} on the instance cost {usd(r.spent_usd)} (a custom training loop reports "
+                     "its epochs with gpuctl_report's `epoch`: docs/training.md)")
+        else:
+            say(out, "  no epoch reported yet")
         return []
     cols = [Col("epoch", True), Col("seconds", True, drop=2), Col("examples", True, drop=1),
             Col("ex/s", True, drop=3), Col("$ epoch", True), Col("$ cumulative", True),

@@ -34,6 +34,7 @@ class TrainResult(Frozen):
     data_sync: Optional[SyncStats] = None
     session: str
     host: str = "local"
+    node_gpus: Optional[int] = None  # the chief node's GPUs (0: none, one slot), as the queue counts them
 
 
 class SyncResult(Frozen):
@@ -76,6 +77,7 @@ class ClusterStatus(ClusterCost):
     instances: int
     guard: Optional[dict[str, Any]] = None  # the watchdog's latest state.json
     note: Optional[str] = None  # e.g. why its instances ended
+    setup_failed: Optional[str] = None  # why its last setup step failed (`gpuctl up` again retries it)
 
 
 class SegmentCost(Segment):
@@ -106,11 +108,15 @@ class RunStatus(Frozen):
     segments: tuple[SegmentCost, ...] = ()  # where it ran (more than one after a resume or a recovery)
     node_states: tuple[str, ...] = ()  # a multi-node run: each node's state, node 0 first
     failed_node: Optional[int] = None
+    queue_position: Optional[int] = None  # queued: its place in the cluster's queue (1 = next)
+    usd_per_hour: float = 0.0  # its share of its nodes' rate (GPUs held / a node's GPUs)
 
 
 class StatusReport(Frozen):
     clusters: tuple[ClusterStatus, ...]
     runs: tuple[RunStatus, ...]
+    hidden_clusters: int = 0  # released more than a week ago, left out (`status --all` shows them)
+    notes: tuple[str, ...] = ()  # what the instances sent that was not believed (a report line, a state file)
 
 
 class EpochRow(Frozen):
@@ -121,6 +127,8 @@ class EpochRow(Frozen):
     epoch_cost_usd: float
     cumulative_usd: float
     metrics: dict[str, Any] = {}
+    gpu_util_percent: Optional[float] = None  # as the payload sampled nvidia-smi (None: no reading)
+    gpu_memory_used_mib: Optional[float] = None
 
 
 class RunCost(Frozen):
@@ -136,6 +144,10 @@ class RunCost(Frozen):
     mean_epoch_s: Optional[float] = None
     mean_epoch_usd: Optional[float] = None
     spent_usd: float
+    # "epochs": spent_usd is its reported epochs' dollars; "wall time": it reported none, so they
+    # are its whole time on its instances (wall_s) at their $/h.
+    spent_from: Literal["epochs", "wall time"] = "epochs"
+    wall_s: Optional[float] = None
     projected_remaining_usd: Optional[float] = None
     projected_total_usd: Optional[float] = None
     examples_per_s: Optional[float] = None  # mean over the epochs
@@ -154,6 +166,18 @@ class CostReport(Frozen):
     clusters: tuple[ClusterCost, ...]
     runs: tuple[RunCost, ...]
     total_usd: float
+    notes: tuple[str, ...] = ()  # what the instances sent that was not believed
+
+
+class StopResult(Frozen):
+    """`gpuctl stop`: the runs it stopped (SIGTERM, then SIGKILL after `grace_s`), and a named run
+    that had already ended (nothing done to it). The cluster stays up."""
+
+    cluster: str
+    grace_s: float
+    stopped: tuple[RunRecord, ...] = ()
+    already_ended: Optional[RunRecord] = None
+    dequeued: tuple[str, ...] = ()  # of the stopped runs, those taken out of the queue before they started
 
 
 class DownResult(Frozen):
@@ -162,6 +186,11 @@ class DownResult(Frozen):
     stopped_runs: tuple[str, ...] = ()
     released_instances: tuple[str, ...] = ()
     released: tuple[Resource, ...] = ()
+    pulled: tuple[str, ...] = ()  # `down --pull`: the runs brought back before the release
+    # Runs whose jobs could not be confirmed stopped before the release (a host that hung or did
+    # not answer), and why: the release ends what runs there (on ssh, where the host answers).
+    unconfirmed_runs: tuple[str, ...] = ()
+    unconfirmed_why: Optional[str] = None
 
 
 class Inventory(Frozen):
@@ -170,6 +199,14 @@ class Inventory(Frozen):
     resources: tuple[Resource, ...]
     ledger_clusters: tuple[str, ...]  # live clusters in the ledger
     notes: tuple[str, ...] = ()  # providers that could not be searched, and why
+
+
+class StatusAll(Inventory):
+    """`status --all`: everything: every cluster and run of the ledger (those released long ago
+    too), then every resource each provider finds, ledger or not."""
+
+    clusters: tuple[ClusterStatus, ...] = ()
+    runs: tuple[RunStatus, ...] = ()
 
 
 class SshConfigResult(Frozen):
@@ -192,3 +229,53 @@ class GuardReport(Frozen):
     # Budgets of the cluster's live runs (train --budget), beside the cluster's uptime budget.
     run_budgets: dict[str, float] = {}
     checks: tuple[GuardCheck, ...] = ()
+    notes: tuple[str, ...] = ()  # what of the instance's guard files was not believed, and why
+
+
+# ok: measured and projected; failed: the launch or the run failed (`problem` says how: the error,
+# or the last line of its log); timed out: stopped after --probe-timeout; cancelled: Ctrl-C; no
+# epochs: the script ran but reported none (a custom loop without gpuctl_report's API); no
+# reading: its epochs' times are not believable (0 s, or over a week), so nothing is projected.
+ProbeOutcome = Literal["ok", "failed", "timed out", "cancelled", "no epochs", "no reading"]
+
+
+class PlanRow(Frozen):
+    """One machine `gpuctl plan` measured (a probe cluster of a type, a cluster that was up, or a
+    past run with --from-history), and what `--epochs N` would take on it."""
+
+    label: str  # "g5.xlarge spot", "cluster lab", as the table names it
+    source: Literal["type", "cluster", "history"]
+    cluster: str
+    provider: str
+    instance_type: Optional[str] = None
+    market: Optional[str] = None
+    run_id: Optional[str] = None
+    run_started_at: Optional[float] = None  # history: when that run ran
+    outcome: ProbeOutcome = "ok"
+    problem: Optional[str] = None  # one line, printable
+    usd_per_hour: float = 0.0  # what the probe's run was billed at (the zone's spot price it got)
+    ready_s: Optional[float] = None  # launch, setup, push and the script's start-up, to its first epoch
+    first_epoch_s: Optional[float] = None  # compilation and warm-up included
+    steady_epoch_s: Optional[float] = None  # the mean of the epochs after the first
+    steady_epochs: int = 0  # how many (0: the first epoch stands for them)
+    examples_per_s: Optional[float] = None  # in the steady epochs
+    gpu_util_percent: Optional[float] = None  # in the steady epochs; None: no nvidia-smi reading
+    gpu_memory_used_mib: Optional[float] = None
+    gpu_memory_total_mib: Optional[float] = None
+    projected_s: Optional[float] = None  # ready + first + (N-1) x steady
+    projected_usd: Optional[float] = None
+    probe_usd: float = 0.0  # what measuring it cost (its cluster, or its run's time on a cluster that was up)
+    rank: Optional[int] = None  # 1 = cheapest
+    fastest: bool = False
+    released: bool = True  # False: its probe cluster could not be released and still bills (`problem` says how)
+
+
+class PlanReport(Frozen):
+    project: str
+    epochs: int  # --epochs N, what the projection is for
+    probe_epochs: int
+    rows: tuple[PlanRow, ...]  # ranked by projected dollars; rows that measured nothing last
+    recommendation: Optional[str] = None  # the command that runs the cheapest
+    plan_usd: float = 0.0  # what the plan's probes cost
+    worst_case_usd: float = 0.0  # what it could have cost (each probe's $/h x its hard cap)
+    notes: tuple[str, ...] = ()  # hints: an input-bound GPU, a steady epoch taken from the first

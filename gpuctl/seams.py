@@ -9,16 +9,18 @@ import os
 ENDPOINTS = "GPUCTL_TEST_ENDPOINTS"
 
 
-def endpoint_override(ip: str, node: int = 0) -> str | None:
+def endpoint_override(ip: str, node: int = 0, instance_type: str = "") -> str | None:
     """Where to SSH instead of `ip`, from GPUCTL_TEST_ENDPOINTS="KEY=HOST[:PORT],..." where KEY is
-    an IP, `node:N` (the cluster's node of rank N) or `*`; the last match wins.
+    an IP, `node:N` (the cluster's node of rank N), `type:T` (an instance of type T: `plan --type`
+    launches one cluster per type at once) or `*`; the last match wins.
 
     moto's instances have made-up IP addresses; the end-to-end tests map them to real sshd test
     hosts. Unset (always, outside the tests), every instance is reached at its own address."""
     target = None
+    keys = {ip, "*", f"node:{node}"} | ({f"type:{instance_type}"} if instance_type else set())
     for pair in filter(None, os.environ.get(ENDPOINTS, "").split(",")):
         key, _, value = pair.partition("=")
-        if key in (ip, "*", f"node:{node}"):
+        if key in keys:
             target = value
     return target
 

@@ -58,6 +58,15 @@ class TrainSettings(_Section):
         2, ge=0, le=3, description="TF_CPP_MIN_LOG_LEVEL for the job: 2 hides TensorFlow's C++ info and warnings "
         "(oneDNN, cuInit), errors still show; 0 shows everything."
     )
+    start_timeout_s: float = Field(
+        120.0, ge=5, le=86400, description="Several nodes: a run whose job has not started on every node this many "
+        "seconds after it started (past the queue) is stopped on all of them and named failed, with the nodes "
+        "that did not start, instead of leaving the others waiting for them, billed."
+    )
+    gpu_sample_s: float = Field(
+        2.0, ge=0, le=3600, description="How often the job asks nvidia-smi for its GPUs' utilisation and memory "
+        "(each epoch's report and `gpuctl plan` show them); 0 = never."
+    )
 
     @field_validator("keras", mode="before")
     @classmethod
@@ -170,6 +179,13 @@ class AwsSettings(_Section):
                                         "by itself (S3 lifecycle); 0 = kept until `gpuctl runs rm`.")
     imds_endpoint: str = Field("http://169.254.169.254", min_length=1, description="The instance metadata service "
                                "the watchdog asks for spot interruption notices.")
+    checkpoint_versions_days: int = Field(3, ge=0, le=365, description="Days the bucket keeps a checkpoint's "
+                                          "earlier version after it was overwritten or deleted, so an instance cannot "
+                                          "destroy its cluster's checkpoints for good (billed as S3 storage); 0 = none.")
+    imds_for_containers: bool = Field(False, description="Let containers on the instance reach its metadata service "
+                                      "(and so the cluster's role): IMDS hop limit 2 instead of 1.")
+    imds_poll_s: float = Field(5.0, ge=0.5, le=60, description="How often the watchdog asks it, in seconds (EC2 "
+                               "recommends 5; the notice comes two minutes ahead).")
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -189,7 +205,7 @@ class SshSettings(_Section):
     @field_validator("hosts")
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
-        from gpuctl.remote.ssh import Endpoint
+        from gpuctl.remote.endpoint import Endpoint
 
         for h in v:
             Endpoint.parse(h)  # ValueError says which one is wrong
@@ -208,6 +224,9 @@ class RemoteSettings(_Section):
     workdir: str = Field("~/gpuctl", min_length=1, description="gpuctl's directory on remote hosts (an ssh "
                          "cluster works in WORKDIR/CLUSTER, so several can share a host).")
     connect_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long to keep trying to connect over SSH.")
+    command_timeout_s: float = Field(30.0, ge=1, le=3600, description="The deadline of one command on a host (tmux, a "
+                                     "file read, a payload's check): past it the host counts as hung for the rest of "
+                                     "that gpuctl command, and `down` releases the cluster anyway.")
     wheelhouse: str = Field(
         "", description="A directory of wheels on the host: the setup step installs TensorFlow from it alone "
         "(hosts without internet). Empty = PyPI."
@@ -234,12 +253,13 @@ class Settings(_Section):
     @field_validator("provider")
     @classmethod
     def _known_provider(cls, v: str) -> str:
-        from gpuctl.provision import (
-            PROVIDERS,  # a dict of names: cheap, imports no provider
+        from gpuctl.provision import (  # a dict of names: cheap, imports no provider
+            PROVIDERS,
+            unknown_provider,
         )
 
         if v not in PROVIDERS:
-            raise ValueError(f"unknown provider; known: {', '.join(sorted(PROVIDERS))}")
+            raise ValueError(f"{unknown_provider(v)} (known: {', '.join(sorted(PROVIDERS))})")
         return v
 
     @field_validator("cluster")
@@ -249,7 +269,7 @@ class Settings(_Section):
 
 
 def validate_name(name: str) -> str:
-    """Cluster names become directory, tmux and (later) cloud tag values: keep them plain."""
+    """Cluster names become directory, tmux and cloud tag values: keep them plain."""
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}", name):

@@ -7,14 +7,15 @@ write is one short `BEGIN IMMEDIATE` transaction and readers never block writers
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator
 
+from gpuctl import ledger_schema
+from gpuctl.ledger_schema import SCHEMA_VERSION, make_private
 from gpuctl.provision import BakedImage
 from gpuctl.types import (
     ClusterRecord,
@@ -23,102 +24,6 @@ from gpuctl.types import (
     InstanceRecord,
     RunRecord,
 )
-
-SCHEMA_VERSION = 3
-# Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
-# Removed ones stay (removed_at) for what they cost while they existed.
-IMAGES_TABLE = """
-CREATE TABLE IF NOT EXISTS images (
-    region TEXT NOT NULL,
-    id TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    removed_at REAL,
-    record_json TEXT NOT NULL,
-    PRIMARY KEY (region, id)
-)"""
-SCHEMA = IMAGES_TABLE + ";" + """
-CREATE TABLE IF NOT EXISTS clusters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL,
-    provider TEXT NOT NULL,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    terminated_at REAL,
-    is_default INTEGER NOT NULL DEFAULT 0,
-    spec_json TEXT NOT NULL
-);
--- At most one live cluster per name (ended ones keep their name for the reports).
-CREATE UNIQUE INDEX IF NOT EXISTS clusters_live_name ON clusters(name) WHERE state = 'up';
--- An instance belongs to one cluster: an owned ssh host keeps its id across clusters.
-CREATE TABLE IF NOT EXISTS instances (
-    cluster_id INTEGER NOT NULL REFERENCES clusters(id),
-    id TEXT NOT NULL,
-    record_json TEXT NOT NULL,
-    PRIMARY KEY (cluster_id, id)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    cluster_id INTEGER NOT NULL REFERENCES clusters(id),
-    record_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS epochs (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    epoch INTEGER NOT NULL,
-    report_json TEXT NOT NULL,
-    PRIMARY KEY (run_id, epoch)
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    cluster_id INTEGER,
-    cluster TEXT,
-    run_id TEXT,
-    kind TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-"""
-
-# Version 1 keyed instances by id alone and events by cluster name.
-MIGRATE_1_TO_2 = """
-CREATE TABLE instances_v2 (
-    cluster_id INTEGER NOT NULL REFERENCES clusters(id),
-    id TEXT NOT NULL,
-    record_json TEXT NOT NULL,
-    PRIMARY KEY (cluster_id, id)
-);
-INSERT INTO instances_v2 (cluster_id, id, record_json) SELECT cluster_id, id, record_json FROM instances;
-DROP TABLE instances;
-ALTER TABLE instances_v2 RENAME TO instances;
-ALTER TABLE events ADD COLUMN cluster_id INTEGER;
-"""
-
-
-def gpuctl_home(env: Mapping[str, str] | None = None) -> Path:
-    """`$GPUCTL_HOME`, else the platform's user data dir for gpuctl."""
-    env = os.environ if env is None else env
-    if env.get("GPUCTL_HOME"):
-        return Path(env["GPUCTL_HOME"]).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("gpuctl", appauthor=False))
-
-
-def make_private(home: Path) -> None:
-    """The home holds keys, the ledger (costs, script arguments) and logs: its owner's alone. A
-    home found open to others (gpuctl 0.1 made it 0755, its files 0644) is fixed once: group and
-    other lose every bit on it and everything in it. Links are not followed out of it."""
-    import stat as stat_
-
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not stat_.S_IMODE(home.stat().st_mode) & 0o077:
-        return
-    for dirpath, dirnames, filenames in os.walk(home):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                os.chmod(path, stat_.S_IMODE(os.lstat(path).st_mode) & 0o700)
-    os.chmod(home, 0o700)
-
 
 class Ledger:
     """Typed access to the ledger. Open one per command; it is cheap."""
@@ -161,46 +66,42 @@ class Ledger:
                               f"knows {SCHEMA_VERSION})", "Upgrade gpuctl (pip install -U gpuctl), or point "
                               "GPUCTL_HOME at another directory.")
         with self.write() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
-            exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
-            if exists and version < 2:
-                self._migrate_1_to_2(db)
-            if exists and version < 3:
-                db.execute(IMAGES_TABLE)
-            elif not exists:
-                for statement in filter(str.strip, SCHEMA.split(";")):
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    @staticmethod
-    def _migrate_1_to_2(db: sqlite3.Connection) -> None:
-        for statement in filter(str.strip, MIGRATE_1_TO_2.split(";")):
-            db.execute(statement)
-        # Version 1 recorded only what the user asked for, and priced aws clusters by EC2's rules
-        # without saying so in the spec.
-        for cid, provider, spec_json in db.execute("SELECT id, provider, spec_json FROM clusters").fetchall():
-            spec = json.loads(spec_json)
-            spec["version"] = 1
-            if provider == "aws":
-                spec.setdefault("billing", "per-second")
-            db.execute("UPDATE clusters SET spec_json = ? WHERE id = ?", (json.dumps(spec), cid))
-        # An event belongs to the newest cluster of its name created before it.
-        db.execute("UPDATE events SET cluster_id = (SELECT MAX(c.id) FROM clusters c"
-                   " WHERE c.name = events.cluster AND c.created_at <= events.ts)")
+            ledger_schema.upgrade(db)
 
     def close(self) -> None:
         self._db.close()
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._unwritable(exc) from None
         try:
             yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
+        except BaseException as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise self._unwritable(exc) from None
             raise
         else:
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                raise self._unwritable(exc) from None
+
+    def _unwritable(self, exc: sqlite3.OperationalError) -> Exception:
+        """A ledger that cannot take a write (read-only file or disk, full disk, held too long by
+        another gpuctl): one line that names it, with what to do."""
+        from gpuctl.errors import ConfigError, ConflictError
+
+        if "locked" in str(exc) or "busy" in str(exc):
+            return ConflictError(f"the ledger {self.path} stayed locked by another gpuctl for 30 s ({exc})",
+                                 "Let the other gpuctl command finish (or end it), then run this one again.")
+        return ConfigError(f"the ledger {self.path} cannot be written: {exc}",
+                           "Make it and the gpuctl home writable (a read-only or full disk, an immutable file), or "
+                           "point GPUCTL_HOME at another directory.")
 
     # --- clusters -------------------------------------------------------------------------------
 
@@ -301,6 +202,27 @@ class Ledger:
         row = self._db.execute("SELECT record_json, cluster_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return self._run_from_row(row) if row else None
 
+    def resolve_run_id(self, text: str) -> str:
+        """The run id `text` names: the exact id, else the one id it is a unique prefix or suffix of (like git).
+
+        Every command's run lookup goes through here (Session.find_run).
+        """
+        from gpuctl.errors import ConflictError, NotFoundError
+
+        hint = "Run `gpuctl status` to list runs."
+        if not text or not text.strip():
+            raise NotFoundError("no run named ''", hint)
+        if self.run(text) is not None:
+            return text  # an exact id wins over any prefix
+        ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs ORDER BY rowid")]
+        found = [i for i in ids if i.startswith(text) or i.endswith(text)]
+        if not found:
+            raise NotFoundError(f"no run named {text!r}", hint)
+        if len(found) > 1:
+            shown = ", ".join(found[:5]) + (f" (and {len(found) - 5} more)" if len(found) > 5 else "")
+            raise ConflictError(f"{text!r} matches {len(found)} runs: {shown}", "Give more of the run id.")
+        return found[0]
+
     def runs(self, cluster_id: int | None = None) -> list[RunRecord]:
         q = "SELECT record_json, cluster_id FROM runs"
         args: tuple = ()
@@ -321,7 +243,16 @@ class Ledger:
 
     def epochs(self, run_id: str) -> list[EpochReport]:
         rows = self._db.execute("SELECT report_json FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))
-        return [EpochReport.model_validate_json(r[0]) for r in rows]
+        return [r for r in map(self._epoch_or_none, rows) if r is not None]
+
+    @staticmethod
+    def _epoch_or_none(row: tuple) -> EpochReport | None:
+        """A stored report, unless it fails today's bounds (a `start` of 1e308 that a gpuctl
+        before them let in): then it is left out, as it would be at ingestion now."""
+        try:
+            return EpochReport.model_validate_json(row[0])
+        except ValueError:  # pydantic's ValidationError
+            return None
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -331,6 +262,20 @@ class Ledger:
                 "INSERT INTO events (ts, cluster_id, cluster, run_id, kind, message) VALUES (?, ?, ?, ?, ?, ?)",
                 (time.time(), cluster.id if cluster else None, cluster.name if cluster else None, run_id, kind, message),
             )
+
+    def last_event(self, cluster_id: int, kinds: tuple[str, ...]) -> tuple[str, str] | None:
+        """(kind, message) of the cluster's latest event of these kinds; None when it has none."""
+        marks = ", ".join("?" * len(kinds))
+        row = self._db.execute(f"SELECT kind, message FROM events WHERE cluster_id = ? AND kind IN ({marks})"
+                               " ORDER BY id DESC LIMIT 1", (cluster_id, *kinds)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def set_spec(self, cluster_id: int, spec: ClusterSpec) -> None:
+        """The spec later commands build a live cluster's provider from, changed (`up` setting up
+        again, with today's `remote.*`, a cluster whose setup failed)."""
+        with self.write() as db:
+            db.execute("UPDATE clusters SET spec_json = ? WHERE id = ? AND state = 'up'",
+                       (spec.model_dump_json(), cluster_id))
 
     def events(self, cluster_id: int | None = None) -> list[tuple[float, str | None, str | None, str, str]]:
         q = "SELECT ts, cluster, run_id, kind, message FROM events"

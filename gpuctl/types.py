@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuctl import untrusted
 
 # The payload writes EpochReport lines with this schema number; bump it on any incompatible change
 # and keep `gpuctl.payloads.gpuctl_report.SCHEMA_VERSION` equal (a test checks).
@@ -12,7 +16,8 @@ EPOCH_SCHEMA_VERSION = 1
 
 # preempted: its spot instance was interrupted (the job stopped on the notice, or the instance is
 # gone by EC2's word); recovery or `train --resume` continues it from its checkpoint.
-RunState = Literal["starting", "running", "succeeded", "failed", "stopped", "lost", "preempted"]
+# queued: its job waits on the instance for its GPUs (the cluster's queue, ops/queue.py).
+RunState = Literal["starting", "queued", "running", "succeeded", "failed", "stopped", "lost", "preempted"]
 FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempted"})
 
 
@@ -25,12 +30,24 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class PriceQuote(Frozen):
+    """What a launch is about to bill, as its provider prices it before anything is created."""
+
+    usd_per_hour: float  # every node together
+    nodes: int = 1
+    market: str = "on-demand"
+    source: str = ""  # where the price comes from ("spot price in us-east-1a", "local.usd_per_hour")
+    max_price: Optional[float] = None  # spot: the cap in force per node, $/h
+    cap_source: str = ""  # "--max-price" or "the on-demand price (AWS's default)"
+
+
 class RemoteSpec(Frozen):
     """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
 
     python: str = ""
     workdir: str = "~/gpuctl"
     connect_timeout_s: float = 120.0
+    command_timeout_s: float = 30.0
     ssh_config: str = ""
     wheelhouse: str = ""
 
@@ -68,11 +85,23 @@ class ClusterSpec(Frozen):
     ssh_user: str = "ubuntu"  # aws: the image's login user
     wait_timeout_s: float = 900.0
     max_hours: float = 8.0  # boot-time hard cap armed by the provider
+    # aws: the limits the watchdog started at boot has until `train` re-arms it (userdata.py).
+    boot_guard: dict[str, Any] = Field(default_factory=dict)
     # aws: where runs keep checkpoints ("s3": a bucket that outlives the instance; "instance"),
     # the bucket's expiry, and the metadata service the watchdog asks for spot notices.
     checkpoints: str = ""
     checkpoint_expiry_days: int = 30
+    checkpoint_versions_days: int = 0
     imds_endpoint: str = ""
+    imds_hop_limit: int = 1  # aws: 2 where containers on the instance may reach IMDS (aws.imds_for_containers)
+    # aws: this cluster's own place in the checkpoint store (random per `up`), so that a later
+    # cluster of the same name never reads or deletes this one's checkpoints; "" for a cluster
+    # made before it existed, whose place is its name.
+    store_id: str = ""
+    # "": the user's cluster. Else the use case that launched it for itself and releases it ("plan",
+    # "bake"): never the cluster a command that names none picks as "the only one up".
+    launched_for: str = ""
+    imds_poll_s: float = 5.0
     remote: RemoteSpec = RemoteSpec()
     # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
     # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).
@@ -80,6 +109,11 @@ class ClusterSpec(Frozen):
     # 2: everything above is recorded at `up`. 1: recorded by gpuctl 0.1, which kept only what the
     # user asked for and read the rest from the settings of each command (the ledger's upgrade marks it).
     version: int = 2
+
+    @property
+    def store_place(self) -> str:
+        """The cluster's place in a checkpoint store: `name.id` (cluster names hold no dot)."""
+        return f"{self.name}.{self.store_id}" if self.store_id else self.name
 
 
 class InstanceRecord(Frozen):
@@ -114,7 +148,7 @@ class InstanceRecord(Frozen):
     jump_hosts: tuple[str, ...] = ()
     jump_keys: tuple[str, ...] = ()
     # gpuctl's tmux server on the host (`tmux -L`). "gpuctl" is what every cluster used before
-    # clusters on one host got their own (issue 10); an ssh cluster's is unique to its `up`.
+    # clusters on one host got their own; an ssh cluster's is unique to its `up`.
     tmux_socket: str = "gpuctl"
     state_reason: Optional[str] = None  # why it stopped or ended, as the provider says
     # (since, $/h) steps of its price over its life: spot prices change; one step otherwise.
@@ -195,27 +229,79 @@ class RunRecord(Frozen):
     nodes: int = 1
     node_states: tuple[str, ...] = ()
     failed_node: Optional[int] = None
+    # Several nodes: how long its job may take to start on every node (train.start_timeout_s; 0:
+    # recorded before this deadline, none) and the nodes where it did not (the run then failed).
+    start_timeout_s: float = 0.0
+    not_started: tuple[int, ...] = ()
+    # The cluster's queue: the GPUs (slots) it asked for on each node (0: recorded before the
+    # queue), `train --now`, its place while queued (1 = next), and the instance's start time of
+    # the queue wait already counted (its started_at moved past the wait once).
+    gpus: int = 0
+    now: bool = False
+    queue_position: Optional[int] = None
+    queue_started: Optional[float] = None
+    # Bytes of the chief's epochs.jsonl already ingested, and from which instance and directory:
+    # each look reads only what is new (the file is the instance's, and may be huge).
+    epochs_read: int = 0
+    epochs_source: str = ""
+
+
+# Epochs of one run gpuctl keeps: a report of a later epoch is not believed (the instance writes
+# them, and every report is held in memory by `cost`).
+MAX_EPOCHS = 10_000
+MAX_METRICS = 64  # metrics of one epoch kept (by name order); the rest are dropped
 
 
 class EpochReport(Frozen):
-    """One line of the payload's epochs.jsonl: the cost and speed of one finished epoch."""
+    """One line of the payload's epochs.jsonl: the cost and speed of one finished epoch. Written
+    on the instance, so every field is bounded (untrusted.py): a line that fails is not ingested,
+    and a row stored before the bounds existed is skipped when the ledger reads it."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    schema_version: int = Field(alias="schema")
-    run_id: str
-    epoch: int = Field(ge=1)
-    epochs_planned: Optional[int] = None
-    start: float
-    end: float
-    seconds: float = Field(ge=0)
-    examples: Optional[int] = None
+    schema_version: int = Field(alias="schema", ge=0, le=1000)
+    run_id: untrusted.Short
+    epoch: int = Field(ge=1, le=MAX_EPOCHS)
+    epochs_planned: Optional[int] = Field(default=None, ge=1, le=MAX_EPOCHS)
+    start: untrusted.Stamp
+    end: untrusted.Stamp
+    seconds: untrusted.Seconds
+    examples: Optional[untrusted.Count] = None
     examples_estimated: bool = False
-    examples_per_s: Optional[float] = None
-    usd_per_hour: float = Field(ge=0)
-    epoch_cost_usd: float = Field(ge=0)
-    cumulative_usd: float = Field(ge=0)
+    examples_per_s: Optional[float] = Field(default=None, ge=0, le=1e15)
+    usd_per_hour: untrusted.Usd
+    epoch_cost_usd: untrusted.Usd
+    cumulative_usd: untrusted.Usd
     metrics: dict[str, Any] = {}
+    # What nvidia-smi said while the epoch ran (the payload's samples); None where it said nothing
+    # (no GPU, no nvidia-smi, an epoch shorter than the sampling interval) or nothing believable.
+    gpu_util_percent: Optional[float] = None  # mean over the samples and the run's GPUs
+    gpu_memory_used_mib: Optional[float] = None  # the peak, all the run's GPUs together
+    gpu_memory_total_mib: Optional[float] = None
+    gpu_samples: Optional[int] = None
+
+    @field_validator("gpu_util_percent", "gpu_memory_used_mib", "gpu_memory_total_mib", "gpu_samples", mode="before")
+    @classmethod
+    def _reading_or_none(cls, v: Any, info: Any) -> Any:
+        """The instance's figures are untrusted: one out of bounds becomes None rather than costing
+        the whole epoch its report."""
+        high = {"gpu_util_percent": 100.0, "gpu_samples": 1e7}.get(info.field_name, 1e7)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= high:
+            return None
+        return int(v) if info.field_name == "gpu_samples" else float(v)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics(cls, value: Any) -> dict[str, Any]:
+        """Numbers by short printable names; anything else of the instance's is dropped, not refused."""
+        if not isinstance(value, dict):
+            return {}
+        kept = {}
+        for name, number in sorted(value.items(), key=lambda kv: str(kv[0]))[:MAX_METRICS]:
+            name = untrusted.one_line(name, 64) if isinstance(name, str) else ""
+            if name and (number is None or untrusted.optional(number, (int, float), -1e300, 1e300) is not None):
+                kept[name] = number
+        return kept
 
 
 class SettingValue(Frozen):

@@ -137,6 +137,22 @@ def moto_server(tmp_path_factory):
     server.stop()
 
 
+# The permissions boundary an administrator makes once (docs/aws-iam.md): every gpuctl role gets
+# it, and `up` refuses to make a role without it.
+BOUNDARY_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+     "Resource": "arn:aws:s3:::gpuctl-*/clusters/*"},
+    {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::gpuctl-*"}]}
+
+
+def make_boundary() -> str:
+    """The boundary policy in moto's account, as the administrator made it; its ARN."""
+    from gpuctl.provision.aws.store_iam import BOUNDARY
+
+    iam = boto3_session().client("iam")
+    return iam.create_policy(PolicyName=BOUNDARY, PolicyDocument=json.dumps(BOUNDARY_POLICY))["Policy"]["Arn"]
+
+
 def s3_endpoint(moto_server: str, host) -> str:
     """The moto server as a test host reaches it (through its gateway): GPUCTL_TEST_S3_ENDPOINT."""
     return f"http://{host.gateway}:{moto_server.rsplit(':', 1)[1]}"
@@ -320,10 +336,19 @@ def aws(moto_server, monkeypatch, tmp_path):
         return connect(sock, address)
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
+    make_boundary()
+    yield boto3_session().client("ec2")
+    assert not violations, f"tests must not leave loopback: {violations}"
+
+
+def boto3_session():
+    """A boto3 session for the tests' own look at moto, reading AWS's service models through
+    gpuctl's shared loader (a new loader parses EC2's megabytes of JSON again, every test)."""
     import boto3
 
-    yield boto3.session.Session(region_name="us-east-1").client("ec2")
-    assert not violations, f"tests must not leave loopback: {violations}"
+    from gpuctl.provision.aws.session import _botocore_session
+
+    return boto3.session.Session(region_name=REGION, botocore_session=_botocore_session())
 
 
 def live_instances(ec2, **filters):
@@ -354,3 +379,13 @@ def gpuctl_profiles():
 def nothing_created(ec2):
     assert live_instances(ec2) == [] and gpuctl_groups(ec2) == [] and gpuctl_keys(ec2) == []
     assert gpuctl_profiles() == []
+
+
+def user_data(aws, instance_id: str) -> str:
+    """The boot script an instance was launched with (gzipped by gpuctl, base64 by EC2)."""
+    import base64
+    import gzip
+
+    raw = base64.b64decode(aws.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"])
+    assert len(raw) <= 16384, "EC2 takes 16 KB of user data at most"
+    return gzip.decompress(raw).decode()

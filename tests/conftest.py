@@ -19,6 +19,69 @@ from tests.imds import imds, imds_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The two tiers (CONTRIBUTING.md). Each test is marked from the fixtures it uses, so a new test lands
+# in its tier without anyone remembering to mark it; a file or a test may declare more
+# (`pytestmark = pytest.mark.tf`). `--fast` (./scripts/test --fast) leaves out every test marked
+# sshd, tf or slow.
+TIER_FIXTURES = {
+    # Real OpenSSH hosts in network namespaces (root). Every lab fixture is one of these or uses one.
+    "sshd": {"ssh_lab", "node_lab", "jump_lab", "plan_hosts"},
+    # Real TensorFlow: `wheels` builds a wheelhouse of it for the setup step.
+    "tf": {"wheels"},
+    # Long without either: `small_wheels` tests make venvs and run pip (~10 s each).
+    "slow": {"small_wheels"},
+}
+FULL_TIER_ONLY = ("sshd", "tf", "slow")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast tier: leave out tests marked sshd, tf or slow (no root, no TensorFlow, no sshd)")
+
+
+def pytest_configure(config):
+    if config.getoption("--fast"):
+        # No TensorFlow in this process: a test that imports it (or a test module that does at
+        # import time, which --fast would pay for even when the test is left out) fails saying so.
+        sys.meta_path.insert(0, _NoTensorFlow())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(item.fixturenames)
+        for marker, fixtures in TIER_FIXTURES.items():
+            if used & fixtures and not item.get_closest_marker(marker):
+                item.add_marker(marker)
+        if item.get_closest_marker("tf"):
+            # Under xdist, every TensorFlow test runs on one worker, one at a time: two TF
+            # processes at once on two cores make both slower, and some tests wait on their epochs.
+            item.add_marker(pytest.mark.xdist_group("tf"))
+    if config.getoption("--fast"):
+        full = [any(i.get_closest_marker(m) for m in FULL_TIER_ONLY) for i in items]
+        keep = [i for i, f in zip(items, full) if not f]
+        dropped = [i for i, f in zip(items, full) if f]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+
+
+class _NoTensorFlow:
+    """A meta path finder that refuses TensorFlow and Keras in the fast tier."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
+            raise ImportError(f"{name} imported in the fast tier: mark the test tf (pytestmark = pytest.mark.tf) "
+                              "or import it inside the test")
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before any fixture of the test (a module's lab included) is set up: a lab started for a test
+    # not marked sshd (its fixture missing from TIER_FIXTURES) fails at once, naming the fix.
+    sshd.MARKED = item.get_closest_marker("sshd") is not None
+
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
@@ -34,18 +97,24 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCTL_HOME", str(home))
     monkeypatch.setenv("HOME", str(user))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Off a terminal gpuctl renders COLUMNS wide (else 200): xdist's workers inherit COLUMNS=80 from
+    # it, and tables folded at 80 there but not in a plain run. A test that wants a width sets it.
+    monkeypatch.delenv("COLUMNS", raising=False)
     # aws is the default provider; tests of the local loop say local here, aws tests override.
     monkeypatch.setenv("GPUCTL_PROVIDER", "local")
     monkeypatch.chdir(work)
     yield home
     from gpuctl.remote.host import LocalHost
-    from gpuctl.remote.jobs import kill_server
+    from gpuctl.remote.jobs import end_processes, kill_server
 
     clusters = home / "clusters"
     if clusters.is_dir():
         # A multi-node local cluster's other nodes have tmux servers of their own.
         for root in (*clusters.glob("*/nodes/*"), *clusters.iterdir()):
             kill_server(LocalHost(root))
+            # What outlived its server (a job that ignores SIGHUP, a watchdog): it would run on
+            # through the rest of the session, holding memory and cores.
+            end_processes(LocalHost(root), grace_s=1)
 
 
 class Cli:
@@ -121,6 +190,15 @@ def ssh_lab():
         yield SshLab(key, hosts)
 
 
+@pytest.fixture(scope="session")
+def forwarding():
+    """This machine forwards between the labs' hosts (sshd.peers), as a cluster's private network
+    does, from the first test that needs it to the end of the session: set once, not per module,
+    and shared with the other xdist workers (restored when the last one ends)."""
+    with sshd.peers():
+        yield
+
+
 def use_hosts(hosts, monkeypatch) -> None:
     """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl's remote side at them."""
     sshd.fresh(hosts)
@@ -144,6 +222,15 @@ def wheels():
     import wheelhouse
 
     return wheelhouse.build()
+
+
+@pytest.fixture(scope="session")
+def small_wheels(tmp_path_factory):
+    """Small stand-ins for the wheels the setup step installs (tests/small_wheels.py): its install
+    mechanics in seconds; `(small_wheels / "HOLD").touch()` holds an install mid-way."""
+    from tests import small_wheels as build
+
+    return build.build(tmp_path_factory.mktemp("small-wheels"))
 
 
 MARK = "/srv/POWEROFF"  # what the test hosts' poweroff command leaves

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl.types import ClusterSpec, CommandResult, InstanceRecord, RemoteSpec, Resource, SyncStats
+from gpuctl.types import ClusterSpec, CommandResult, InstanceRecord, PriceQuote, RemoteSpec, Resource, SyncStats
 
 
 class FakeHost:
@@ -32,9 +32,12 @@ class FakeHost:
         self.commands.append(tuple(argv))
         return self.answers.get(argv[0], CommandResult(argv=tuple(argv), returncode=0, stdout="", stderr=""))
 
-    def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
+    def read_bytes(self, path: str, offset: int = 0, limit: int = 8 << 20) -> bytes | None:
         data = self.files.get(path)
-        return None if data is None else data[offset:]
+        if data is None:
+            return None
+        start = max(0, len(data) + offset) if offset < 0 else offset
+        return data[start:start + limit]
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.files[path] = text.encode()
@@ -104,7 +107,10 @@ class FakeProvider:
             raise self.world["refuse"]
 
     def launch_question(self) -> str | None:
-        return f"rent a fake machine at ${self.spec.usd_per_hour}/h"
+        return "rent a fake machine"
+
+    def price_quote(self) -> PriceQuote:
+        return PriceQuote(usd_per_hour=self.spec.usd_per_hour, source="the fake's price")
 
     def launch(self, progress, wait_ssh=True) -> list[InstanceRecord]:
         if self.world["leave_on_failure"]:
@@ -117,7 +123,10 @@ class FakeProvider:
         return [InstanceRecord(id=iid, cluster=self.spec.name, state="running", launched_at=time.time(),
                                workdir="/fake", usd_per_hour=self.spec.usd_per_hour, ssh_user="me", public_ip="192.0.2.1")]
 
-    def host(self, instance: InstanceRecord, connect_timeout_s=None) -> FakeHost:
+    def remember(self, instances) -> None:
+        pass
+
+    def host(self, instance: InstanceRecord, connect_timeout_s=None, progress=None) -> FakeHost:
         return self.world["hosts"].setdefault(instance.id, FakeHost())
 
     def reconcile(self, instances):
@@ -131,7 +140,7 @@ class FakeProvider:
         return [Resource(provider="fake", kind="instance", id=i, cluster=c)
                 for i, c in self.world["instances"].items() if cluster in (None, c)]
 
-    def release(self, resources, progress) -> None:
+    def release(self, resources, progress, unreachable=frozenset()) -> None:
         for r in resources:
             self.world["instances"].pop(r.id, None)
 

@@ -86,6 +86,21 @@ class FakeImds:
                 "AccessKeyId": access_key, "SecretAccessKey": secret_key, "Token": "fake-session-token",
                 "Expiration": _iso(expires)})
 
+    def reached_by(self, hosts) -> None:
+        """Each host reaches this IMDS now, at its lab's services address: else the test stops
+        here, saying what the host saw, instead of a spot test timing out on a notice or
+        credentials it never got (a host whose routes a link-down test took: sshd.routes())."""
+        import subprocess
+
+        for host in hosts:
+            ask = (f"python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('{self.url(host)}"
+                   f"/latest/api/token', method='PUT', headers={{'{TOKEN_TTL_HEADER}': '60'}}), timeout=5).status)\"")
+            seen = host.run(ask)
+            assert seen.stdout.strip() == "200", (
+                f"host {host.ip} does not reach the fake IMDS at {self.url(host)}: {seen.stderr.strip()[-300:]}; "
+                f"its routes: {host.run('ip route').stdout.strip()}; here: "
+                f"{subprocess.run(['ip', '-4', 'addr', 'show', 'lo'], capture_output=True, text=True).stdout.strip()}")
+
     def gets(self, path: str) -> list[bool]:
         """For each GET of `path` so far: whether it carried a valid token."""
         with self.lock:

@@ -9,6 +9,8 @@ Traffic stays inside namespaces the tests create. Needs root (as CI and this wor
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -63,8 +65,7 @@ class TestHost:
 
     @property
     def _octet(self) -> int:
-        # Concurrent test runs (a CI run beside a developer's) get different subnets.
-        return int("".join(c for c in self.tag if c.isdigit()) or "0") % 250
+        return tag_octet(self.tag)
 
     @property
     def _subnet(self) -> str:
@@ -113,14 +114,22 @@ class TestHost:
                     ["ip", "link", "set", "lo", "up"]):
             _run("ip", "netns", "exec", self.ns, *cmd)
         if not self.behind:
-            _run("ip", "netns", "exec", self.ns, "ip", "route", "add", f"{self.services_ip}/32", "via", self.gateway)
-            # The lab's other hosts, through this machine (with forwarding on: peers()), as the nodes
-            # of a cluster reach each other on their private network.
-            _run("ip", "netns", "exec", self.ns, "ip", "route", "add", f"{SUBNET}{self._octet}.0/24", "via", self.gateway)
+            self.routes()
             # Here, on the loopback device: shared by the lab's hosts, removed with the last of them.
             _run("ip", "addr", "replace", f"{self.services_ip}/32", "dev", "lo")
         (self.base / "authorized_keys").write_text(client_pub)
         self.new_host_key()
+
+    def routes(self) -> None:
+        """The host's routes to this machine's services address and to the lab's other hosts
+        (through this machine, with forwarding on: peers(), as a cluster's nodes reach each other).
+        Set again after its link was down (unreachable()): the kernel drops them with the link,
+        and a spot test on that host later never reached the fake IMDS (CI failed so)."""
+        if self.behind:
+            return
+        _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up")
+        for net in (f"{self.services_ip}/32", f"{SUBNET}{self._octet}.0/24"):
+            _run("ip", "netns", "exec", self.ns, "ip", "route", "replace", net, "via", self.gateway)
 
     def new_host_key(self) -> None:
         key = self.base / "ssh_host_ed25519_key"
@@ -141,12 +150,18 @@ class TestHost:
             "Subsystem sftp internal-sftp", "LogLevel VERBOSE", *self.extra_config,
         ]) + "\n")
         hide = "".join(f"mount --bind /dev/null {p} && " for p in self.hidden)
+        # root's shell start-up files as on a fresh instance, not this machine's: a developer's
+        # ~/.bashrc (pyenv init, a stale rehash lock that waits 60 s) must not slow every command.
+        rc = self.base / "bashrc"
+        rc.write_text("# a fresh instance's root: nothing to set up\n")
+        shell_rc = "".join(f"mount --bind {rc} {p} && " for p in ("/root/.bashrc", "/root/.profile")
+                           if Path(p).is_file())
         # Only tmux's socket directory is private, not all of /tmp: the repository (and its .venv,
         # the Python the jobs run with) may itself live under /tmp, as in CI's clone.
         Path("/tmp/tmux-0").mkdir(mode=0o700, exist_ok=True)
         inner = (
             f"mount -t tmpfs -o mode=700 tmpfs /tmp/tmux-0 && mount -t tmpfs -o size={self.srv_size} tmpfs /srv && "
-            f"{RUN_AS_UBUNTU} && {hide}exec /usr/sbin/sshd -D -e -f {cfg}"
+            f"{RUN_AS_UBUNTU} && {hide}{shell_rc}exec /usr/sbin/sshd -D -e -f {cfg}"
         )
         log = open(self.base / "sshd.log", "ab")
         self.proc = subprocess.Popen(
@@ -188,6 +203,7 @@ class TestHost:
         self.srv_size = srv_size or "256m"
         self.hidden = hidden
         _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up")
+        self.routes()
         self.start()
 
     def unreachable(self) -> None:
@@ -325,17 +341,35 @@ class Login:
 
 class peers:
     """Context manager: this machine forwards between the lab's hosts (net.ipv4.ip_forward), so
-    they reach each other as a cluster's nodes do; the old setting comes back at the end."""
+    they reach each other as a cluster's nodes do. Shared by every process that asks (the test
+    session holds it from start to end, so it is set once; xdist workers and concurrent runs ask
+    too): the old setting comes back when the last of them leaves, never under another's feet."""
 
     PATH = Path("/proc/sys/net/ipv4/ip_forward")
+    USERS = Path("/run/gpuctl-tests-ip-forward.json")  # {"before": "0", "pids": [...]}, under flock
+
+    def _update(self, change) -> None:
+        with open(self.USERS.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(self.USERS.read_text())
+            except (OSError, ValueError):
+                state = {"before": self.PATH.read_text().strip(), "pids": []}
+            state["pids"] = [p for p in state["pids"] if Path(f"/proc/{p}").exists()]  # the killed ones
+            change(state["pids"])
+            if state["pids"]:
+                self.PATH.write_text("1\n")
+                self.USERS.write_text(json.dumps(state))
+            else:
+                self.PATH.write_text(state["before"] + "\n")
+                self.USERS.unlink(missing_ok=True)
 
     def __enter__(self) -> peers:
-        self.before = self.PATH.read_text().strip()
-        self.PATH.write_text("1\n")
+        self._update(lambda pids: pids.append(os.getpid()))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.PATH.write_text(self.before + "\n")
+        self._update(lambda pids: pids.remove(os.getpid()) if os.getpid() in pids else None)
 
 
 @contextlib.contextmanager
@@ -357,6 +391,7 @@ def running_lab(kind: str, names: dict[int, str]):
 def fresh(hosts) -> None:
     """Each host as new: empty /srv and /tmp, no tmux server (restarted when it must be)."""
     for h in hosts:
+        h.routes()  # a test may have taken its link down (unreachable()), and its routes with it
         if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
             h.restart()
         else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
@@ -371,7 +406,7 @@ def cleanup_stale() -> None:
         parts = name.split("-")
         if not (name.startswith("gpuctl-") and len(parts) == 3):
             continue
-        digits = "".join(c for c in parts[1] if c.isdigit())
+        digits = "".join(c for c in parts[1].partition("o")[0] if c.isdigit())
         if digits and Path(f"/proc/{digits}").exists():
             continue  # its test run is alive
         for pid in _run("ip", "netns", "pids", name, check=False).stdout.split():
@@ -379,9 +414,13 @@ def cleanup_stale() -> None:
         _run("ip", "netns", "del", name, check=False)
         veth = f"gv{parts[1][-6:]}{parts[2]}"[:15]
         _run("ip", "link", "del", veth, check=False)
-        octet = int(digits or "0") % 250
+        octet = tag_octet(parts[1])
         _run("ip", "route", "del", "unreachable", f"{BEHIND_SUBNET}{octet}.0/24", check=False)
         _run("ip", "addr", "del", f"{SUBNET}{octet}.253/32", "dev", "lo", check=False)
+
+
+# Whether the test being set up is marked sshd (tests/conftest.py sets it; None outside pytest).
+MARKED: bool | None = None
 
 
 def prepare(kind: str) -> tuple[Path, Path, str]:
@@ -389,12 +428,32 @@ def prepare(kind: str) -> tuple[Path, Path, str]:
     Fails the test with the reason when hosts cannot be made here."""
     import pytest
 
+    if MARKED is False:
+        pytest.fail("this test starts sshd test hosts but is not marked sshd, so --fast would run it: add its lab "
+                    "fixture to TIER_FIXTURES['sshd'] in tests/conftest.py (or mark the test sshd)")
     reason = available()
     if reason:
         pytest.fail(reason)
     cleanup_stale()
     base = Path(f"/var/tmp/gpuctl-{kind}-{os.getpid()}")
-    return base, client_key(base), str(os.getpid())
+    return base, client_key(base), f"{os.getpid()}o{lab_octet()}"
+
+
+def lab_octet() -> int:
+    """The third octet of this process's lab subnets. Under xdist: from the run's id and the
+    worker's number (gw0, gw1, ...), so the workers of one run never share a subnet; else from the
+    pid. Concurrent runs (CI beside a developer's) most likely differ (one of 250)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        run = int(hashlib.sha256(os.environ.get("PYTEST_XDIST_TESTRUNUID", "").encode()).hexdigest(), 16)
+        return (run % 25) * 10 + int(worker[2:]) % 10
+    return os.getpid() % 250
+
+
+def tag_octet(tag: str) -> int:
+    """The octet a lab's tag names: "<pid>o<octet>" (prepare), else its digits (older tags, bench)."""
+    _, _, octet = tag.partition("o")
+    return int(octet) if octet.isdigit() else int("".join(c for c in tag if c.isdigit()) or "0") % 250
 
 
 def client_key(base: Path) -> Path:

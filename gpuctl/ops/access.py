@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Optional
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import ConflictError, RemoteError
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
@@ -56,7 +56,7 @@ def attach(s: Session, run_id: str | None, runner: Runner) -> int:
 def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
     """Write $GPUCTL_HOME/ssh_config with a Host entry per live remote host; optionally Include it."""
     from gpuctl.remote import openssh
-    from gpuctl.remote.ssh import Endpoint
+    from gpuctl.remote.endpoint import Endpoint
 
     lines = ["# Written by `gpuctl ssh-config`; rewritten each time. Do not edit.", ""]
     names = []
@@ -91,12 +91,17 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
 
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
-    setup.ensure(s, record, check=False, install=False)  # TensorBoard lives in the runs' TensorFlow env
     remote_port = port if host.local else TENSORBOARD_PORT
     paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
     port_file = posixpath.join(paths.run_dir, "port")
     pane = jobs.pane(host, "tensorboard")
-    serving = (host.read_bytes(port_file) or b"").decode().strip()
+    serving = (host.read_bytes(port_file, 0, 16) or b"").decode("ascii", "replace").strip()
+    ours = host.local and pane is not None and not pane.dead and serving == str(port)
+    if not ours and not _port_free(port):
+        # Else the URL printed would lead to whoever holds the port (ssh -L only warns).
+        raise ConflictError(f"port {port} is in use on this machine",
+                            "Pass another local port: `gpuctl tensorboard --port 16006`.")
+    setup.ensure(s, record, check=False, install=False)  # TensorBoard lives in the runs' TensorFlow env
     if pane is not None and (pane.dead or serving != str(remote_port)):
         # Dead (it crashed, or its port was taken), or serving another port than the one asked
         # now: a URL printed for it would lead nowhere.
@@ -115,6 +120,17 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
         _wait_serving(host, paths)
     # Bound to 127.0.0.1 on the instance: reachable only through this SSH tunnel.
     return host.forward(port, remote_port), f"http://127.0.0.1:{port}/"
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 TENSORBOARD_START_S = 90.0  # it imports TensorFlow first: tens of seconds on a small instance

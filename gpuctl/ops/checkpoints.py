@@ -3,8 +3,9 @@
 Where a cluster's provider has a checkpoint store (aws: an S3 bucket per owner and region), runs
 keep their checkpoints and reports there, and they outlive the cluster: `down` never deletes them,
 the store's expiry or `runs rm` does. Elsewhere (local, ssh, aws with `aws.checkpoints =
-"instance"`) they stay in the run's directory on the host. `runs rm` deletes a finished run's
-files in both places; the ledger keeps the run's record (its epochs and dollars stay in `cost`).
+"instance"`) they stay in the run's directory on the host; a local cluster's release keeps that
+directory under the gpuctl home (`Provider.kept_run`). `runs rm` deletes a finished run's files
+in every such place; the ledger keeps the run's record (its epochs and dollars stay in `cost`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def storage(s: Session) -> CheckpointStorage:
                 rows[key] = rows.get(key, 0) + size
         except GpuctlError as exc:
             notes.append(f"{cluster.spec.region or cluster.provider}: {exc.message}")
-    runs = tuple(RunStorage(cluster=c, run_id=r, bytes=b, usd_per_month=b / GIB * billing.S3_STANDARD_USD_PER_GB_MONTH)
+    # A place in the store is `name.id` (ClusterSpec.store_place): shown by its cluster's name.
+    names = {c.spec.store_place: c.name for c in s.ledger.clusters()}
+    runs = tuple(RunStorage(cluster=names.get(c, c), run_id=r, bytes=b,
+                            usd_per_month=b / GIB * billing.S3_STANDARD_USD_PER_GB_MONTH)
                  for (c, r), b in sorted(rows.items()))
     total = sum(r.bytes for r in runs)
     note = ("checkpoint storage not counted for " + "; ".join(notes)) if notes else None
@@ -99,7 +103,7 @@ def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
     """Delete a finished run's checkpoints from its store (under every cluster that holds a copy)
     and its directory on its cluster's host if that is up. A running run is refused."""
     run = run_state.refresh_or_keep(s, s.find_run(run_id))
-    if run.state in ("starting", "running"):
+    if run.state in ("starting", "queued", "running"):
         raise ConflictError(f"run {run.run_id} is {run.state}: its checkpoints are in use",
                             f"Wait for it to end (`gpuctl logs -f {run.run_id}`), or stop it with "
                             f"`gpuctl down {run.cluster}`; then `gpuctl runs rm {run.run_id}`.")
@@ -107,7 +111,7 @@ def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
     store = s.provider(cluster.spec).checkpoint_store()
     files, notes = 0, []
     if store is not None:
-        places = {cluster.name} | {c for c, r in store.usage() if r == run.run_id}
+        places = {cluster.spec.store_place} | {c for c, r in store.usage() if r == run.run_id}
         for name in sorted(places):
             files += store.remove(name, run.run_id)
         progress(f"deleted {files} file(s) of run {run.run_id} from the checkpoint store")
@@ -129,7 +133,14 @@ def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
             if store is None:
                 raise
             notes.append(f"its directory on cluster {live.name!r} stays ({exc.message}); it goes with the instance")
-    elif store is None:
+    kept = s.kept_run(run)
+    if kept is not None:
+        # What the provider kept when a cluster of the run went (local); also when the run was
+        # resumed elsewhere since: that copy is a stale one of the same run.
+        kept[0].remove_tree(kept[1])
+        progress(f"removed {kept[1]}")
+        host_dir = host_dir or kept[1]
+    elif live is None and store is None:
         notes.append(f"cluster {run.cluster!r} is down: its files went with its host, or stay there "
                      "(an ssh host: remove them there)")
     s.ledger.event("runs-rm", f"removed {files} stored file(s)" + (f" and {host_dir}" if host_dir else ""),

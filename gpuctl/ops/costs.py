@@ -7,16 +7,17 @@ from __future__ import annotations
 import time
 
 from gpuctl import billing
-from gpuctl.errors import ConfigError
-from gpuctl.ops import checkpoints, clusters, guards, run_state
+from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
+from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.results import (ClusterCost, ClusterStatus, CostReport, EpochRow, RunCost, RunStatus, SegmentCost,
-                            StatusReport)
-from gpuctl.types import ENDED_STATES, ClusterRecord, EpochReport, RunRecord
+                            StatusAll, StatusReport)
+from gpuctl.provision import PROVIDERS
+from gpuctl.types import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
 
 
 class CostWithImages(CostReport):
@@ -61,34 +62,98 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
     return cost, len(instances)
 
 
-def status(s: Session) -> StatusReport:
-    """Every cluster and run: state, epoch k of N, last metrics, elapsed, cost so far."""
+HIDE_RELEASED_AFTER_S = 7 * 86400  # plain `status` leaves out clusters released longer ago than this
+
+
+def status(s: Session, run_id: str | None = None, cluster: str | None = None, everything: bool = False) -> StatusReport:
+    """Every cluster and run (or one run and its cluster, or one cluster's name and its runs):
+    state, epoch k of N, last metrics, elapsed, cost so far. Clusters released over a week ago
+    (and their runs) are left out and counted, unless `everything` or one is named."""
     s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+    only_run = s.find_run(run_id) if run_id is not None else None  # before any host is asked
+    records = s.ledger.clusters()
+    hidden = 0
+    if not everything and run_id is None and cluster is None:
+        since = time.time() - HIDE_RELEASED_AFTER_S
+        shown = [c for c in records if c.state != "down" or (c.terminated_at or c.created_at) > since]
+        hidden, records = len(records) - len(shown), shown
+    if cluster is not None:
+        records = [c for c in records if c.name == cluster]
+        if not records:
+            raise NotFoundError(f"no cluster named {cluster!r}", "Run `gpuctl status` to list clusters.")
+    if only_run is not None:
+        records = [c for c in records if c.id == only_run.cluster_id]
+    wanted = {c.id for c in records}
     clusters.reconcile_live(s)
+    # Read again: reconciling may have closed a cluster the provider ended.
+    records = [c for c in s.ledger.clusters() if c.id in wanted]
     now = time.time()
     out = []
-    for c in s.ledger.clusters():
+    for c in records:
         cost, n = cluster_cost(s, c, now)
         reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
         out.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
                                  guard=guards.status_of(s, c) if c.state == "up" and n else None,
-                                 note="; ".join(sorted(reasons)) or None))
+                                 note="; ".join(sorted(reasons)) or None,
+                                 setup_failed=setup.failed(s, c) if c.state == "up" else None))
     runs = []
-    for r in run_state.refreshed_runs(s):
+    for r in s.ledger.runs():
+        if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
+            continue  # filtered before its host is asked
+        r = run_state.refresh_or_keep(s, r)
         epochs = s.ledger.epochs(r.run_id)
-        elapsed = max(0.0, (r.ended_at or now) - r.started_at)
-        segs = _segments(s, r, epochs, now)
+        elapsed, usd, segs = on_instance(s, r, epochs, now)
         runs.append(RunStatus(
             run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
             epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
-            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed,
-            usd=sum(g.usd for g in segs) if segs else elapsed * r.usd_per_hour / 3600.0,
+            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image,
             resumable=r.state in RESUMABLE and (s.live_cluster_of(r) is not None or r.state == "preempted"),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
+            queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
         ))
-    return StatusReport(clusters=tuple(out), runs=tuple(runs))
+    return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
+                        notes=tuple(s.notes))
+
+
+def everything(s: Session) -> StatusAll:
+    """`status --all`: every cluster and run the ledger holds, and every resource each provider
+    finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
+    (which says so)."""
+    resources: list[Resource] = []
+    notes: list[str] = []
+    known = release.live_in_ledger(s, notes.append)
+    for name in PROVIDERS:
+        try:
+            resources += release.searcher(s, name).discover()
+        except GpuctlError as exc:
+            if any(c.provider == name for c in known):
+                raise
+            notes.append(f"{name}: not searched: {exc.message}")
+    others = [r.id for r in resources if r.cluster is None]  # no cluster of this install: another owner's
+    if others:
+        notes.append(f"{len(others)} resource(s) belong to another owner (a lost gpuctl home, a colleague; their "
+                     f"state says whose): {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}; "
+                     "`gpuctl down --all --any-owner` releases them")
+    try:
+        report = status(s, everything=True)
+    except ConfigError:
+        report = StatusReport(clusters=(), runs=())
+    return StatusAll(resources=tuple(resources), ledger_clusters=tuple(c.name for c in known),
+                     notes=tuple(notes) + report.notes,
+                     clusters=report.clusters, runs=report.runs)
+
+
+def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float
+                ) -> tuple[float, float, tuple[SegmentCost, ...]]:
+    """(seconds, dollars, stretches) of the run's whole time on its instances, start-up included:
+    what `status` shows, and what `cost` counts for a run that reports no epochs."""
+    if run.state == "queued":  # not started: no time, no dollars yet (its start moves past the wait)
+        return 0.0, 0.0, ()
+    elapsed = max(0.0, (run.ended_at or now) - run.started_at)
+    segs = _segments(s, run, epochs, now)
+    return elapsed, sum(g.usd for g in segs) if segs else elapsed * run.usd_per_hour / 3600.0, segs
 
 
 def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float) -> tuple[SegmentCost, ...]:
@@ -100,8 +165,12 @@ def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float)
 
 
 def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
-    """Every instance the run used, what an interruption threw away, the waits between them."""
-    segs = _segments(s, run, s.ledger.epochs(run.run_id), now)
+    """Every instance the run used, what an interruption threw away, the waits between them; for
+    a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
+    loop without the report API, or one still in its first epoch, is never $0)."""
+    elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
+    if not rc.epochs and elapsed > 0:
+        rc = rc.model_copy(update={"spent_usd": usd, "spent_from": "wall time", "wall_s": elapsed})
     if not segs:
         return rc
     return rc.model_copy(update={"segments": segs, "instances_usd": sum(g.usd for g in segs),
@@ -138,14 +207,15 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
-                          images=storage(s, now), checkpoints=checkpoints.storage(s))
+                          images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes))
 
 
 def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
     """Per-epoch rows plus the projection: mean epoch cost x planned epochs."""
     rows = tuple(
         EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
-                 epoch_cost_usd=e.epoch_cost_usd, cumulative_usd=e.cumulative_usd, metrics=e.metrics)
+                 epoch_cost_usd=e.epoch_cost_usd, cumulative_usd=e.cumulative_usd, metrics=e.metrics,
+                 gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib)
         for e in epochs
     )
     done = len(rows)

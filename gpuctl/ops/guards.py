@@ -4,17 +4,18 @@ and what `status` shows of them."""
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import time
 from pathlib import Path
 from typing import Any
 
+from gpuctl import untrusted
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat
-from gpuctl.remote.host import Host
+from gpuctl.remote.guard_files import DryLook
+from gpuctl.remote.host import Host, once, output_tail
 from gpuctl.retry import TimedOut, poll
 from gpuctl.settings_load import LoadedSettings
 from gpuctl.results import GuardCheck, GuardReport
@@ -25,6 +26,14 @@ PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 
 def payload_dir(host: Host) -> str:
     return posixpath.join(host.root, "payload")
+
+
+def push_payload(host: Host) -> str:
+    """The payload files on the host, pushed once per connection (they do not change while a
+    command runs; each push over SSH is an rsync connection, and a `train` pushed them three times);
+    their directory there."""
+    once(host, "payload", lambda: host.push(PAYLOAD_DIR, payload_dir(host)))
+    return payload_dir(host)
 
 
 def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
@@ -48,7 +57,7 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
                         if provider.boot_hard_cap else None),
     }
     # What the host has counts only if this very cluster wrote it: a host used before by another
-    # cluster must not lend it its limits (issue 10: a 10 s idle guard carried over and fired at once).
+    # cluster must not lend it its limits (a 10 s idle guard carried over would fire at once).
     ours = dict(existing) if existing.get("cluster_key") == cluster_key(cluster) else {}
     cfg = dict(ours)
     for key, (setting, value) in fresh.items():
@@ -132,19 +141,24 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     pairs = s.hosts(cluster)
     rate = sum(inst.usd_per_hour for inst, _ in pairs)
     for inst, host in pairs:
-        host.push(PAYLOAD_DIR, payload_dir(host))
+        push_payload(host)
         before = guard.state(host)
         cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at, rate)
-        how.append(guard.install(host, cfg, host.python, payload_dir(host)))
         pid = before.get("pid")
-        if _alive(host, pid) and before.get("code") != code_version():
+        alive = _alive(host, pid)
+        if alive and before.get("code") == code_version():
+            # It runs this very code and rereads its config every second: the new limits are all
+            # it needs (a service, loop and cron entry were set up by the install that started it).
+            guard.write_config(host, cfg)
+            how.append(f"running (pid {pid}), limits updated")
+            continue
+        how.append(guard.install(host, cfg, host.python, payload_dir(host)))
+        if alive:
             # Older code (gpuctl was upgraded): it would read the new config but not act on it (a
             # watchdog from before heartbeats takes a push for idleness). Its restart loop or
             # systemd brings the new code up within 2 s.
             host.run(["kill", str(pid)], check=False)
-            _first_tick(host, before.get("at"))
-        elif not _alive(host, pid):  # a watchdog that runs reads the new config on its next look
-            _first_tick(host, before.get("at"))
+        _first_tick(host, before.get("at"))
     return how[0] + (f" (on each of {len(how)} instances)" if len(how) > 1 else "")
 
 
@@ -159,7 +173,7 @@ def _alive(host: Host, pid: Any) -> bool:
 
 
 def code_version() -> str:
-    """What the watchdog reports as its code (`code` in state.json): the hash of its three files."""
+    """What the watchdog reports as its code (`code` in state.json): the hash of its files."""
     digest = hashlib.sha1()
     for name in guard.WATCHDOG_FILES:
         digest.update((PAYLOAD_DIR / name).read_bytes())
@@ -185,24 +199,22 @@ def show(s: Session, cluster: str | None = None, check: bool = False) -> GuardRe
     """Each guard's limit and what the watchdog last saw; with `check`, also one dry look on every
     instance, taken now by the watchdog's own code (nothing written, nothing fired)."""
     record = s.resolve_cluster(cluster)
+    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S  # a host that does not answer: said at once
     _, host = s.host(record)
-    checks = tuple(GuardCheck(host=h.label, result=_dry_look(h)) for _, h in s.hosts(record)) if check else ()
-    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host),
-                       run_budgets=_run_budgets(s, record), checks=checks)
+    checks = tuple(GuardCheck(host=h.label, result=_dry_look(h, s.notes)) for _, h in s.hosts(record)) if check else ()
+    return GuardReport(cluster=record.name, config=guard.read_config(host, s.notes), state=guard.state(host, s.notes),
+                       run_budgets=_run_budgets(s, record), checks=checks, notes=tuple(s.notes))
 
 
-def _dry_look(host: Host) -> dict[str, Any]:
+def _dry_look(host: Host, notes: list[str]) -> dict[str, Any]:
     script = posixpath.join(payload_dir(host), guard.CHECK)
-    res = host.run([host.python, script, guard.config_path(host)], check=False)
+    res = host.run(output_tail([host.python, script, guard.config_path(host)]), check=False)
     lines = res.stdout.strip().splitlines()
-    try:
-        found = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        found = None
-    if isinstance(found, dict):
+    found = untrusted.read(DryLook, lines[-1].encode() if lines else None, f"the guard check on {host.label}", notes)
+    if found:
         return found
     why = (res.stderr or res.stdout).strip().splitlines()
-    return {"error": why[-1][:300] if why else f"exit {res.returncode}"}
+    return {"error": untrusted.one_line(why[-1], 300) if why else f"exit {res.returncode}"}
 
 
 def _run_budgets(s: Session, cluster: ClusterRecord) -> dict[str, float]:
@@ -216,8 +228,9 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
     loaded = s.settings()  # raises ConfigError on a bad duration or budget
     record = s.resolve_cluster(cluster)
     inst, host = s.host(record)
-    existing = guard.read_config(host)
-    if not existing:
+    notes: list[str] = []
+    existing = guard.read_config(host, notes)
+    if not existing and not notes:  # a config that is there but not believed is replaced below
         raise RemoteError(f"no watchdog on cluster {record.name!r} yet",
                           "It is installed by `gpuctl train` (and by `gpuctl up` on remote clusters).")
     provider = s.provider(record.spec)
@@ -230,8 +243,8 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
     install(s, loaded, record)
     s.ledger.event("guard", "set " + ", ".join(f"{k}={v}" for k, v in sorted(loaded.sources.items())
                                               if k.startswith("guards.")), cluster=record)
-    return GuardReport(cluster=record.name, config=guard.read_config(host), state=guard.state(host),
-                       run_budgets=_run_budgets(s, record))
+    return GuardReport(cluster=record.name, config=guard.read_config(host, notes), state=guard.state(host, notes),
+                       run_budgets=_run_budgets(s, record), notes=tuple(notes))
 
 
 def decisions(s: Session, cluster: str | None = None) -> str:
@@ -245,7 +258,7 @@ def status_of(s: Session, cluster: ClusterRecord) -> dict[str, Any] | None:
     try:
         timeout = min(REPORT_CONNECT_TIMEOUT_S, cluster.spec.remote.connect_timeout_s)
         _, host = s.hosts(cluster, connect_timeout_s=timeout)[0]
-        st = guard.state(host)
+        st = guard.state(host, s.notes)
         if st:
             # Is anything still guarding? Its pid, and the age of its last look by the instance's clock.
             st["watchdog_alive"] = _alive(host, st.get("pid"))

@@ -17,8 +17,8 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict
 
 from gpuctl import billing
-from gpuctl.errors import GpuctlError, RemoteError
-from gpuctl.ops import clusters
+from gpuctl.errors import RemoteError
+from gpuctl.ops import clusters, release
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import TF_VERSION, BakeContents, BakedImage, ImageStore, tf_matches
 from gpuctl.remote import preflight
@@ -75,9 +75,9 @@ def info(image: BakedImage, removed_at: float | None = None, now: float | None =
 
 def _store(s: Session) -> ImageStore:
     """The image store of the provider the settings name (ConfigError where it has none)."""
-    # clusters.searcher builds that provider from the settings, also where they could not
+    # release.searcher builds that provider from the settings, also where they could not
     # launch a cluster (an ssh provider without hosts), so its refusal is about images.
-    return clusters.searcher(s, s.settings().settings.provider).image_store()
+    return release.searcher(s, s.settings().settings.provider).image_store()
 
 
 def ls(s: Session) -> ImageList:
@@ -140,7 +140,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     ok = False
     try:
         # Nobody's default: a `train` in another terminal must not land on the bake's instance.
-        up = clusters.up(bs, progress, make_default=False)
+        up = clusters.up(bs, progress, make_default=False, launched_for="bake")
         image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, progress)
         ok = True
     finally:
@@ -155,6 +155,8 @@ def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: 
              progress: Progress) -> BakedImage:
     from gpuctl.ops import setup  # the setup step (and what it imports) only for a bake
 
+    # The preflight `up` started in the background is this very environment's, just made: its
+    # answer (waited for on the host) is the proof.
     (env, *_) = setup.ensure(bs, cluster, progress, version=tf, check=True)
     report = env.report or {}
     refusal = preflight.verdict(report, allow_cpu)
@@ -176,14 +178,8 @@ def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: 
 
 
 def _release(bs: Session, name: str, ok: bool, progress: Progress) -> None:
-    if bs.ledger.live_cluster(name) is None:
-        return  # the launch created nothing (and left no cluster)
-    progress(f"{'' if ok else 'bake failed: '}releasing the bake's cluster {name} (instance, security group, key pair)")
-    try:
-        clusters.down(bs, name, progress, force=True)
-    except GpuctlError as exc:
-        progress(f"could not release {name}: {exc.message}; `gpuctl down {name} -y` (or `gpuctl down --all -y`) "
-                 "releases it")
+    release.release_own(bs, name, progress, f"{'' if ok else 'bake failed: '}releasing the bake's cluster {name} "
+                                             "(instance, security group, key pair)")
 
 
 def storage(s: Session, now: float | None = None) -> ImageStorage:

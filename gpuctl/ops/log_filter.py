@@ -17,6 +17,7 @@ import re
 GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:[\d.]+\s+\d+ [^\]\s]+\.(?:cc|cpp|h):\d+\] ")
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 NO_GPU = "failed call to cuInit"
+MAX_PARTIAL = 1 << 20  # characters of an unfinished line held back (TensorFlow's lines are short)
 
 
 def noise(line: str, level: int) -> bool:
@@ -42,6 +43,10 @@ class LineFilter:
         text = self._partial + chunk
         lines = text.split("\n")
         self._partial = lines.pop()
+        if len(self._partial) > MAX_PARTIAL:  # a log with no newline for megabytes: passed on as it comes
+            lines.append(self._partial)
+            self._partial = ""
+            return "".join(line + "\n" for line in lines[:-1] if not noise(line, self.level)) + lines[-1]
         return "".join(line + "\n" for line in lines if not noise(line, self.level))
 
     def flush(self) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpuctl.errors import ConfigError, RemoteError
+from gpuctl.errors import ConfigError, RemoteError, RunFailedError
 from gpuctl.ops import setup
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import guard, jobs
@@ -93,8 +93,9 @@ def label(node: Node, nodes: list[Node]) -> str:
 
 
 def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None, progress: Progress,
-            asked: str | None = None, check: bool = False) -> list[Node]:
-    """Push code (and data) to every node and find each one's TensorFlow (set up if need be)."""
+            asked: str | None = None, check: bool = False, recheck: bool = False) -> list[Node]:
+    """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
+    `check`: the preflight too (`recheck`: not the answer kept from an earlier one)."""
     from gpuctl.ops import runs  # runs starts jobs through here: imported when used
 
     nodes = of(s, record)
@@ -109,7 +110,7 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
         return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
 
     nodes = each(nodes, push)
-    envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check)}
+    envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check, recheck=recheck)}
     return [replace(node, env=envs[node.host.label]) for node in nodes]
 
 
@@ -207,19 +208,54 @@ def notice_file(host: Host) -> str:
     return posixpath.join(guard.guard_dir(host), "notice.json")
 
 
+RUNNING = ("running", "starting")  # "starting": its job runs, but has not started as this node yet
+NOT_STARTED = "not started"
+
+
 def _look(node: Node, run: RunRecord) -> NodeState:
     paths = node.paths(run)
     state, code = jobs.job_state(node.host, run.run_id, paths)
-    if state == "failed" and code == SIGTERM_EXIT:
+    if state == "running" and _unconfirmed(run, node.rank):
+        mark = node.host.read_bytes(paths.node_started, 0, 64)  # bytes of the instance's: compared, never shown
+        state = "running" if (mark or b"").strip() == str(node.rank).encode() else "starting"
+    elif state == "failed" and code == SIGTERM_EXIT:
         state = "stopped"
     elif state == "failed" and code == PREEMPTED_EXIT and node.host.read_bytes(
-            posixpath.join(paths.run_dir, PREEMPTED_MARK)):
+            posixpath.join(paths.run_dir, PREEMPTED_MARK), 0, 1) is not None:
         state = "preempted"  # the launcher's word that a notice stopped it, not just a script's exit 75
-    return NodeState(node.rank, state, code, jobs.ended_at(node.host, paths) if state != "running" else None)
+    return NodeState(node.rank, state, code, jobs.ended_at(node.host, paths) if state not in RUNNING else None)
+
+
+def _unconfirmed(run: RunRecord, rank: int) -> bool:
+    """Whether the node's start is still to be seen (a run with a start deadline, on several nodes,
+    whose node was not seen running as itself yet)."""
+    return bool(run.start_timeout_s) and run.nodes > 1 and not (
+        rank < len(run.node_states) and run.node_states[rank] == "running")
 
 
 def states(nodes: list[Node], run: RunRecord) -> list[NodeState]:
     return each(nodes, lambda n: _look(n, run))
+
+
+def late(run: RunRecord, seen: list[NodeState], now: float) -> list[int]:
+    """The nodes whose job has not started as theirs `start_timeout_s` after the run started
+    (past the queue): the others wait for them, billed, until TensorFlow gives up, if ever."""
+    if not run.start_timeout_s or now - (run.resumed_at or run.started_at) < run.start_timeout_s:
+        return []
+    return [n.rank for n in seen if n.state == "starting"]
+
+
+def did_not_start(run: RunRecord) -> RunFailedError | None:
+    """The error for a run that ended because nodes did not start (None for any other end)."""
+    if not run.not_started:
+        return None
+    ranks = ", ".join(map(str, run.not_started))
+    return RunFailedError(
+        f"run {run.run_id} failed: node(s) {ranks} did not start within {run.start_timeout_s:g} s "
+        "(stopped on every node)",
+        "Nodes that share a work dir (one NFS home) start each other's jobs: `gpuctl down`, then `gpuctl up` gives "
+        f"each its own (or set remote.workdir to a local disk); `gpuctl logs {run.run_id} --node "
+        f"{run.not_started[0]}` shows what it printed.")
 
 
 def with_gone(seen: list[NodeState], gone: InstanceRecord | None) -> list[NodeState]:
@@ -236,8 +272,8 @@ def with_notices(group: list[Node], seen: list[NodeState]) -> list[NodeState]:
     """A node whose machine heard a spot notice is preempted however its job ended (its peers'
     failure may have ended it first), and `leaving` while its job still runs (it stops at a batch
     end and saves): its machine is going, and a preempted run is resumed where a failed one is not."""
-    heard = dict(zip((n.rank for n in group), each(group, lambda n: bool(n.host.read_bytes(notice_file(n.host))))))
-    return [replace(n, state="leaving" if n.state == "running" else "preempted") if heard.get(n.rank) else n
+    heard = dict(zip((n.rank for n in group), each(group, lambda n: bool(n.host.read_bytes(notice_file(n.host), 0, 1)))))
+    return [replace(n, state="leaving" if n.state in RUNNING else "preempted") if heard.get(n.rank) else n
             for n in seen]
 
 
@@ -249,7 +285,7 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     resumed where a failed one is not."""
     if all(n.state == "succeeded" for n in seen):
         return "succeeded", 0, None
-    bad = [n for n in seen if n.state not in ("running", "leaving", "succeeded")]
+    bad = [n for n in seen if n.state not in (*RUNNING, "leaving", "succeeded")]
     preempted = [n for n in bad if n.state == "preempted"]
     if not bad or (not preempted and any(n.state == "leaving" for n in seen)):
         return "running", None, None  # a node leaving on a notice is waited for: it decides
@@ -257,9 +293,9 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     return first.state, first.code, first.rank
 
 
-def stop(group: list[Node], run: RunRecord) -> list[int | None]:
+def stop(group: list[Node], run: RunRecord, grace_s: float = jobs.STOP_GRACE_S) -> list[int | None]:
     """Stop the run's job on these nodes (nothing where it does not run); their exit codes."""
-    return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run)))
+    return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run), grace_s))
 
 
 def run_instances(s: Session, cluster_id: int, run: RunRecord) -> list[InstanceRecord]:
@@ -280,7 +316,7 @@ def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | 
 def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
     """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
     it is saving the run's checkpoint)."""
-    running = {n.rank for n in seen if n.state == "running"}
+    running = {n.rank for n in seen if n.state in RUNNING}
     stop([n for n in group if n.rank in running], run)
 
 

@@ -290,7 +290,7 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
         run = run.model_copy(update={
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
-            "failed_node": None, "node_states": (),
+            "failed_node": None, "node_states": (), "not_started": (),
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
             "segments": run.segments + (runs.segment_on([n.inst for n in each], now, rate),)})
         run = runs.launch_job(s, loaded, record, run, each, secret_env, resumed=True)

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpuctl import untrusted
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.ops import guards, nodes, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
@@ -48,6 +49,11 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
             recovery.replace(s, record, progress, s.settings().settings.recover.fallback_on_demand,
                              recovery.machines_taken(run))
         return recovery.resume_on_new(s, run, progress, ready=ready)
+    kept = s.kept_run(run) if cluster is None else None
+    if kept is not None and _has_checkpoint(kept[0], jobs.JobPaths(kept[1])):
+        raise NotFoundError(f"cannot resume run {run.run_id} here: its cluster {run.cluster!r} is gone (its "
+                            "checkpoint was kept)", f"Resume it on a live cluster: gpuctl train --resume "
+                            f"{run.run_id} --cluster OTHER")
     if cluster is None:
         spec = s.ledger.cluster(run.cluster_id).spec
         keep = (" (keep the next run's checkpoints off the instance: aws.checkpoints = \"s3\")"
@@ -123,17 +129,21 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     source = s.ledger.cluster(run.cluster_id)
     theirs, ours = s.provider(source.spec).checkpoint_store(), s.provider(target.spec).checkpoint_store()
     if theirs is not None and ours is not None and _in_store(s, run) and \
-            theirs.target(source.name).bucket == ours.target(target.name).bucket:
-        progress(f"copied {ours.copy(source.name, target.name, run.run_id)} files of the run to "
+            theirs.target(source.spec.store_place).bucket == ours.target(target.spec.store_place).bucket:
+        progress(f"copied {ours.copy(source.spec.store_place, target.spec.store_place, run.run_id)} files of the run to "
                  f"{target.name}'s place in the store")
         return recovery.resume_on_new(s, run, progress, cluster=target)
     live = s.live_cluster_of(run)
-    if live is None or not _host_answers(s, live):
+    kept = s.kept_run(run) if live is None else None
+    if kept is not None:
+        old, paths = kept[0], jobs.JobPaths(kept[1])  # kept by the provider when its cluster went
+    elif live is None or not _host_answers(s, live):
         raise NotFoundError(f"cannot resume run {run.run_id} on {target.name!r}: its checkpoint was on cluster "
                             f"{run.cluster!r}, which is gone or does not answer", f"Start it anew: gpuctl train "
                             f"{run.project} --cluster {target.name}")
-    _, old = s.host(live)
-    paths = jobs.JobPaths(run.run_dir)
+    else:
+        _, old = s.host(live)
+        paths = jobs.JobPaths(run.run_dir)
     _require_checkpoint(old, run, paths)
     moved = run.model_copy(update={"run_dir": posixpath.join(group[0].host.root, "runs", run.run_id)})
     with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
@@ -147,10 +157,15 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     return recovery.resume_on_new(s, moved, progress, cluster=target)
 
 
+def _has_checkpoint(host, paths: jobs.JobPaths) -> bool:
+    ckpt = nodes.checkpoint_dir(paths)
+    return bool(host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip())
+
+
 def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:
     """The run's checkpoint directory on the host; NotFoundError when it holds no file."""
     ckpt = nodes.checkpoint_dir(paths)
-    if not host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip():
+    if not _has_checkpoint(host, paths):
         raise NotFoundError(f"run {run.run_id} has no checkpoint on {host.label} ({ckpt} is empty or missing)",
                             "Only Keras fits checkpoint (train.checkpoint = \"auto\"); start it anew with "
                             f"gpuctl train {run.project}.")
@@ -159,10 +174,11 @@ def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:
 
 def _in_store(s: Session, run: RunRecord) -> bool:
     """Whether the run's checkpoint is in its cluster's store (one that outlives instances)."""
-    store = s.provider(s.ledger.cluster(run.cluster_id).spec).checkpoint_store()
+    spec = s.ledger.cluster(run.cluster_id).spec
+    store = s.provider(spec).checkpoint_store()
     if store is None:
         return False
-    files = store.files(run.cluster, run.run_id)
+    files = store.files(spec.store_place, run.run_id)
     return any(path.startswith("outputs/checkpoint/") for path, _ in files)
 
 
@@ -188,8 +204,8 @@ def _mark_resumed(host, paths: jobs.JobPaths) -> None:
     """run.json says so: the launcher numbers the epochs from the checkpoint, not from 1."""
     config_path = posixpath.join(paths.run_dir, "run.json")
     try:
-        config = json.loads(host.read_bytes(config_path) or b"")
-    except ValueError:
+        config = untrusted.loads(host.read_bytes(config_path, 0, untrusted.MAX_JSON + 1))
+    except untrusted.Untrusted:
         config = None
     if not isinstance(config, dict):
         raise RemoteError(f"the run's config {config_path} on {host.label} is missing or broken",

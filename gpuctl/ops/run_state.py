@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 from dataclasses import replace
@@ -12,12 +13,13 @@ from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import GpuctlError, NotFoundError, RemoteError
-from gpuctl.ops import nodes
+from gpuctl import untrusted
+from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout
+from gpuctl.ops import nodes, queue
 from gpuctl.ops.log_filter import LineFilter
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.remote import jobs
-from gpuctl.remote.host import Host
+from gpuctl.remote.host import Host, read_part
 from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 
 
@@ -39,20 +41,57 @@ def archived_log(s: Session, run_id: str, node: int = 0) -> Path:
     return s.home / "logs" / (f"{run_id}.log" if node == 0 else f"{run_id}.node-{node}.log")
 
 
-def ingest_epochs(s: Session, host: Host, run: RunRecord) -> list[EpochReport]:
-    """New epoch reports of the run, from the instance into the ledger."""
-    data = host.read_bytes(jobs.JobPaths(run.run_dir).epochs)
+def ingest_epochs(s: Session, node: nodes.Node, run: RunRecord) -> tuple[list[EpochReport], RunRecord]:
+    """New epoch reports of the run, from the chief's epochs.jsonl into the ledger: only the bytes
+    after those ingested before, a chunk at a time, each line bounded. A line that is not a
+    believable report is skipped once and named (Session.note, and an event). The run, with how
+    far its file was read, is recorded and returned."""
+    path = jobs.JobPaths(run.run_dir).epochs
+    source = f"{node.inst.id}:{run.run_dir}"
+    offset = run.epochs_read if run.epochs_source == source else 0
+    # The file on the instance may have been replaced or cut: then it is read again from its start
+    # (the epochs already known are not taken twice).
+    if offset and node.host.read_bytes(path, offset - 1, 1) != b"\n":
+        offset = 0
     known = {e.epoch for e in s.ledger.epochs(run.run_id)}
-    fresh = []
-    for line in (data or b"").decode("utf-8", "replace").splitlines():
+    lines = untrusted.Lines(untrusted.reads(node.host, path), offset, untrusted.MAX_LINE)
+    fresh: dict[int, EpochReport] = {}
+    bad: dict[str, int] = {}
+    for line in lines:
         try:
             report = EpochReport.model_validate_json(line)
-        except ValidationError:
-            continue  # a line being written right now, or not ours
-        if report.run_id == run.run_id and report.epoch not in known:
-            fresh.append(report)
-    s.ledger.put_epochs(fresh)
-    return fresh
+        except ValidationError as exc:
+            why = _why(exc)
+            bad[why] = bad.get(why, 0) + 1
+            continue
+        if report.run_id != run.run_id:
+            bad["another run's id"] = bad.get("another run's id", 0) + 1
+        elif report.epoch not in known:
+            fresh[report.epoch] = report
+            if len(fresh) >= 10_000:  # written in batches: memory stays flat on a huge file
+                s.ledger.put_epochs(list(fresh.values()))
+                known.update(fresh)
+                fresh = {}
+    if lines.too_long:
+        bad[f"longer than {untrusted.MAX_LINE // 1024} KiB"] = lines.too_long
+    s.ledger.put_epochs(list(fresh.values()))
+    if bad:
+        n = sum(bad.values())
+        text = (f"{n} report line{'s' if n > 1 else ''} of run {run.run_id} from {node.host.label} ignored: "
+                + "; ".join(f"{why} ({k})" if n > 1 else why for why, k in sorted(bad.items())[:3]))
+        s.note(text)
+        s.ledger.event("ignored", text, run_id=run.run_id)
+    if (lines.offset, source) != (run.epochs_read, run.epochs_source):
+        run = run.model_copy(update={"epochs_read": lines.offset, "epochs_source": source})
+        s.ledger.put_run(run)
+    return sorted(fresh.values(), key=lambda e: e.epoch), run
+
+
+def _why(exc: ValidationError) -> str:
+    """The first reason pydantic gives, in a few words: which field, what was wrong."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "line"
+    return untrusted.one_line(f"{where}: {first.get('msg', 'invalid')}", 100)
 
 
 def refresh(s: Session, run: RunRecord) -> RunRecord:
@@ -80,18 +119,33 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         # notice is leaving anyway (and may be saving the checkpoint).
         seen = nodes.with_notices(each, seen)
         state, code, failed = nodes.verdict(seen)
-    if state != "running" and any(n.state == "running" for n in seen):
+    if state != "running" and any(n.state in nodes.RUNNING for n in seen):
         # One node ended the run: the others would wait for it (billed) until TensorFlow gives up.
         nodes.stop_rest(each, run, seen)
-        seen = [replace(n, state="stopped") if n.state == "running" else n for n in seen]
+        seen = [replace(n, state="stopped") if n.state in nodes.RUNNING else n for n in seen]
     host, paths = each[0].host, jobs.JobPaths(run.run_dir)
     # The chief's reports are the run's (a worker's own, where the chief is gone, are not).
     chief_here = each[0].rank == 0
-    epochs = ingest_epochs(s, host, run) if chief_here else []
+    if run.gpus and chief_here:  # its job waits in the cluster's queue first
+        place = queue.look(host, run.run_dir)
+        placed = queue.follow(run, place, each[0].inst.usd_per_hour)
+        if placed != run:
+            run = placed
+            s.ledger.put_run(run)
+        if state == "running" and (place is None or place["state"] == "queued"):
+            state = "queued"
+    late = nodes.late(run, seen, time.time()) if state == "running" else []
+    if late:  # past the queue, and still not started on some nodes: the others would wait for them, billed
+        nodes.stop_rest(each, run, seen)
+        seen = [replace(n, state=nodes.NOT_STARTED if n.rank in late else "stopped") for n in seen]
+        state, code, failed = "failed", None, late[0]
+    epochs, run = ingest_epochs(s, each[0], run) if chief_here else ([], run)
     update: dict[str, Any] = {}
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
         update["epochs_planned"] = planned
+    if late:
+        update["not_started"] = tuple(late)
     if run.nodes > 1:
         if tuple(n.state for n in seen) != run.node_states:
             update["node_states"] = tuple(n.state for n in seen)
@@ -145,13 +199,18 @@ def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None =
         time.sleep(poll_s)
 
 
-def _read_log(s: Session, run: RunRecord, offset: int, node: int = 0) -> bytes:
+LOG_CHUNK = 1 << 20  # a log is read (and printed) this many bytes at a time: never whole
+
+
+def _read_log(s: Session, run: RunRecord, offset: int, node: int = 0, limit: int = LOG_CHUNK) -> bytes:
+    """At most `limit` bytes of the run's log from `offset` (negative: from its end), live from
+    its host, else what was archived of it."""
     cluster = s.live_cluster_of(run)
     if cluster is not None:
         try:
             one = next((n for n in nodes.of(s, cluster) if n.rank == node), None)
             # A node whose machine ended has only what was archived of its log.
-            data = one.host.read_bytes(one.paths(run).log, offset) if one is not None else None
+            data = one.host.read_bytes(one.paths(run).log, offset, limit) if one is not None else None
         except GpuctlError:
             if not archived_log(s, run.run_id, node).exists():
                 raise
@@ -160,8 +219,7 @@ def _read_log(s: Session, run: RunRecord, offset: int, node: int = 0) -> bytes:
             return data
     try:
         with open(archived_log(s, run.run_id, node), "rb") as fh:
-            fh.seek(offset)
-            return fh.read()
+            return read_part(fh, offset, limit, os.fstat(fh.fileno()).st_size)
     except FileNotFoundError:
         return b""
 
@@ -186,13 +244,16 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     quiet = LineFilter(0 if raw else run.tf_log_level)
     offset = 0
     cluster = s.live_cluster_of(run) if follow else None
+    decode = codecs.getincrementaldecoder("utf-8")("replace")  # a character may straddle two chunks
     with s.working(cluster, "logs") if cluster is not None else nullcontext():
         while True:
             chunk = _read_log(s, run, offset, node)
             offset += len(chunk)
-            shown = quiet.feed(chunk.decode("utf-8", "replace")) if chunk else ""
+            shown = quiet.feed(decode.decode(chunk)) if chunk else ""
             if shown:
                 yield shown
+            if len(chunk) == LOG_CHUNK:
+                continue  # more is there already: read on, one chunk in memory at a time
             ended = run.state in FINAL_RUN_STATES and not chunk
             if not follow or ended:
                 rest = quiet.flush()
@@ -210,28 +271,52 @@ def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
     """The last lines of the run's output (of the node that ended a multi-node run), less
     TensorFlow's start-up chatter."""
     quiet = LineFilter(run.tf_log_level)
-    text = quiet.feed(_read_log(s, run, 0, run.failed_node or 0).decode("utf-8", "replace")) + quiet.flush()
+    # Only the log's end is read (a log may be gigabytes): its first line there may be cut.
+    text = quiet.feed(_read_log(s, run, -TAIL_BYTES, run.failed_node or 0).decode("utf-8", "replace")) + quiet.flush()
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
-def stop_runs(s: Session, cluster: ClusterRecord) -> list[str]:
-    """Stop the cluster's live runs (on every node) and keep their last epochs and logs in the ledger."""
-    stopped = []
-    for run in s.ledger.runs(cluster.id):
-        run = refresh(s, run)
-        if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
-            continue
-        each = nodes.of_run(s, cluster, run)
-        host, paths = each[0].host, jobs.JobPaths(run.run_dir)
-        if run.state not in FINAL_RUN_STATES:
-            codes = nodes.stop(each, run)
-            ingest_epochs(s, host, run)
-            run = ending(run, "stopped", _ended_at(host, paths, run), codes[0])
-            if run.nodes > 1:
-                run = run.model_copy(update={"node_states": ("stopped",) * len(each)})
-            s.ledger.put_run(run)
-            stopped.append(run.run_id)
-        for n in each:
-            if n.host.fetch(n.paths(run).log, archived_log(s, run.run_id, n.rank)):
-                os.chmod(archived_log(s, run.run_id, n.rank), 0o600)
-    return stopped
+TAIL_BYTES = 64 << 10  # of a log's end, for its last lines
+
+
+def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str], str | None]:
+    """Stop the cluster's live runs (on every node) and keep their last epochs and logs in the
+    ledger: (runs stopped, runs not confirmed stopped, why). A host whose command ran past its
+    deadline (RemoteTimeout) ends the stopping there: the runs still live then are named, so that
+    `down` releases the cluster anyway; a host that does not answer at all raises."""
+    stopped: list[str] = []
+    try:
+        if any(r.gpus and r.state not in FINAL_RUN_STATES for r in s.ledger.runs(cluster.id)):
+            # Before any run is stopped: one stopped must not let a queued one start on a cluster going down.
+            nodes.each(nodes.of(s, cluster), lambda n: queue.close(n.host))
+        for run in s.ledger.runs(cluster.id):
+            run = refresh(s, run)
+            if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
+                continue
+            if run.state not in FINAL_RUN_STATES:
+                run = stop_run(s, cluster, run)
+                stopped.append(run.run_id)
+            for n in nodes.of_run(s, cluster, run):
+                if n.host.fetch(n.paths(run).log, archived_log(s, run.run_id, n.rank)):
+                    os.chmod(archived_log(s, run.run_id, n.rank), 0o600)
+    except RemoteTimeout as exc:
+        left = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
+        return stopped, left, exc.message
+    return stopped, [], None
+
+
+def stop_run(s: Session, cluster: ClusterRecord, run: RunRecord, grace_s: float = jobs.STOP_GRACE_S) -> RunRecord:
+    """Stop one live run on every node of it (SIGTERM, SIGKILL after `grace_s`): `stopped` in the
+    ledger with its last epochs; its files and checkpoint stay for `train --resume`. The one
+    per-run stop: `down` and `gpuctl stop` both end runs here."""
+    each = nodes.of_run(s, cluster, run)
+    host, paths = each[0].host, jobs.JobPaths(run.run_dir)
+    # Out of the queue first, so it cannot start while it is stopped; one taken out never ran: no exit code.
+    taken = run.state == "queued" and any(nodes.each(each, lambda n: queue.dequeue(n.host, run.run_id)))
+    codes = nodes.stop(each, run, grace_s)
+    _, run = ingest_epochs(s, each[0], run)
+    run = ending(run, "stopped", _ended_at(host, paths, run), None if taken else codes[0])
+    if run.nodes > 1:
+        run = run.model_copy(update={"node_states": ("stopped",) * len(each)})
+    s.ledger.put_run(run)
+    return run

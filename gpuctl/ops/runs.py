@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
-from gpuctl.ops import guards, nodes
+from gpuctl.ops import guards, nodes, queue
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.remote import jobs, preflight
-from gpuctl.remote.host import Host
+from gpuctl.remote.host import NO_DEADLINE, Host
 from gpuctl.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.settings_load import PROJECT_FILE, LoadedSettings
 from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, Segment, SyncStats
@@ -39,7 +39,24 @@ def _project(project: Path) -> Path:
     return project.resolve()
 
 
-def _data_dir(data: Path | None) -> Path | None:
+def check_project(s: Session, project: Path) -> tuple[Path, LoadedSettings, str]:
+    """(the project's resolved path, the settings for it, its entry point), or the ProjectError
+    that says what is missing, before anything is pushed or launched."""
+    project = _project(project)
+    loaded = s.settings(project_dir=project)
+    entry = loaded.settings.train.entry
+    if not (project / entry).is_file():
+        raise ProjectError(f"no entry point: {project / entry} does not exist",
+                           f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
+                           "gpuctl.toml (or pass --entry).")
+    if not (project / entry).resolve().is_relative_to(project):
+        # The push leaves out links that lead out of the project: the job could only fail.
+        raise ProjectError(f"the entry point {entry} is a link to a file outside the project",
+                           "Copy the script into the project (gpuctl pushes only what is inside it).")
+    return project, loaded, entry
+
+
+def check_data(data: Path | None) -> Path | None:
     if data is None:
         return None
     if not Path(data).is_dir():
@@ -75,7 +92,7 @@ def sync(s: Session, project: Path, cluster: str | None = None, data: Path | Non
          progress: Progress = quiet) -> SyncResult:
     """Push the project (and data) to every node of the cluster without starting anything; the
     chief's figures."""
-    project, data = _project(project), _data_dir(data)
+    project, data = _project(project), check_data(data)
     record = s.resolve_cluster(cluster)
     group = nodes.of(s, record)
     with s.working(record, "push"):
@@ -105,23 +122,16 @@ def env_values(s: Session, names: tuple[str, ...]) -> dict[str, str]:
 
 def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str, ...] = (), data: Path | None = None,
           allow_cpu: bool = False, progress: Progress = quiet, down_after_run: bool | None = None,
-          env_names: tuple[str, ...] = ()) -> TrainResult:
+          env_names: tuple[str, ...] = (), gpus: int | None = None, now: bool = False,
+          recheck: bool = False, stop_after: int | None = None) -> TrainResult:
     """Push the project, check the machine, write the run's config, start the payload under tmux.
-    `env_names`: variables passed from here to the job; their values are never recorded."""
+    `recheck`: the preflight looks again even where the environment is the one it checked before.
+    `env_names`: variables passed from here to the job; their values are never recorded. `gpus`:
+    the GPUs of a node it waits for in the cluster's queue (default all); `now`: start beside the
+    runs there, without waiting; `stop_after`: the run ends after that many epochs (a plan's probe)."""
     secret_env = env_values(s, tuple(env_names))
-    project = _project(project)
-    loaded = s.settings(project_dir=project)
-    settings = loaded.settings
-    entry = settings.train.entry
-    if not (project / entry).is_file():
-        raise ProjectError(f"no entry point: {project / entry} does not exist",
-                           f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
-                           "gpuctl.toml (or pass --entry).")
-    if not (project / entry).resolve().is_relative_to(project):
-        # The push leaves out links that lead out of the project: the job could only fail.
-        raise ProjectError(f"the entry point {entry} is a link to a file outside the project",
-                           "Copy the script into the project (gpuctl pushes only what is inside it).")
-    data = _data_dir(data)
+    project, loaded, entry = check_project(s, project)
+    data = check_data(data)
     with s.cluster_lock(s.resolve_cluster(cluster), progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
@@ -129,22 +139,25 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
         guards.check_for(s, loaded, record)
         with s.working(record, "train"):  # the push and the preflight are not idleness
             return _start(s, loaded, project, record, entry, args, data, allow_cpu, progress, down_after_run,
-                          secret_env)
+                          secret_env, gpus, now, recheck, stop_after)
 
 
 def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRecord, entry: str, args: tuple[str, ...],
            data: Path | None, allow_cpu: bool, progress: Progress, down_after_run: bool | None,
-           secret_env: dict[str, str]) -> TrainResult:
+           secret_env: dict[str, str], gpus: int | None = None, beside: bool = False,
+           recheck: bool = False, stop_after: int | None = None) -> TrainResult:
     settings = loaded.settings
     first = nodes.of(s, record)
     nodes.refuse_budget(first, settings.train.budget_usd)  # before the push
+    node_gpus = queue.gpus_of(first[0].host)
+    want = queue.asked(gpus, node_gpus, len(first))
     run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     project_file = str(project / PROJECT_FILE)
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == project_file else None
-    each = nodes.prepare(s, record, project, data, progress, asked, check=not first[0].host.local)
+    each = nodes.prepare(s, record, project, data, progress, asked, check=not first[0].host.local, recheck=recheck)
     for node in each:
         report = node.env.report if node.env is not None else None
         refusal = preflight.verdict(report, allow_cpu) if report is not None else None
@@ -155,23 +168,43 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     chief = each[0]
     nodes.check_group(each, nodes.keras_for(settings.train.keras, len(each)), settings.train.budget_usd, progress)
     now = time.time()
-    # The run is billed at every node's rate: its epochs cost seconds x their sum.
-    rate = nodes.rate(each)
+    # The run is billed at every node's rate: its epochs cost seconds x their sum; on one node, at
+    # its share (GPUs held / the node's), which the instance confirms when the run leaves the queue.
+    rate = nodes.rate(each) * (want / queue.slots(node_gpus) if len(each) == 1 else 1.0)
     run = RunRecord(run_id=run_id, cluster=record.name, cluster_id=record.id, project=str(project), entry=entry,
                     args=tuple(args), state="starting", started_at=now, usd_per_hour=rate,
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
                     tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
-                    data=str(data) if data else None, segments=(segment_on([n.inst for n in each], now, rate),), nodes=len(each))
+                    data=str(data) if data else None, segments=(segment_on([n.inst for n in each], now, rate),), nodes=len(each),
+                    gpus=want, now=beside,
+                    start_timeout_s=settings.train.start_timeout_s if len(each) > 1 else 0.0)
     # train --down counts runs that end after this moment (the instance's clock): taken before the
     # job starts, so a script that fails at once still ends the spend after the grace.
     down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
     armed_at = guards.instance_now(chief.host) if down_after else None
-    run = launch_job(s, loaded, record, run, each, secret_env)
+    run = launch_job(s, loaded, record, run, each, secret_env, stop_after=stop_after)
+    run = _placed(s, chief.host, run)
     progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
     s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(each)} nodes" if len(each) > 1 else ""),
                    cluster=record, run_id=run_id)
-    return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label)
+    return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label,
+                       node_gpus=node_gpus)
+
+
+def _placed(s: Session, host: Host, run: RunRecord, within_s: float = 10.0) -> RunRecord:
+    """The run as the instance's queue placed it (queued with its position, or running), once the
+    queue has answered (the job writes its place first thing); as it was after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        place = queue.look(host, run.run_dir)
+        if place is not None:
+            if place["state"] == "queued":
+                run = run.model_copy(update={"state": "queued", "queue_position": place.get("position")})
+                s.ledger.put_run(run)
+            return run
+        time.sleep(0.1)
+    return run
 
 
 def segment_on(group: list[InstanceRecord], at: float, usd_per_hour: float | None = None) -> Segment:
@@ -182,23 +215,27 @@ def segment_on(group: list[InstanceRecord], at: float, usd_per_hour: float | Non
 
 
 def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: RunRecord, each: list[nodes.Node],
-               secret_env: dict[str, str], resumed: bool = False) -> RunRecord:
+               secret_env: dict[str, str], resumed: bool = False, stop_after: int | None = None) -> RunRecord:
     """Write the run's config on every node and start its job there (node 0, the chief, reports and
     checkpoints for the run); the run, running. `resumed`: the run goes on from its checkpoint
-    (restored from the store on a new instance)."""
+    (restored from the store on a new instance); `stop_after`: it ends after that many epochs."""
     settings = loaded.settings
     store = s.provider(record.spec).checkpoint_store()
-    target = store.target(record.name) if store is not None else None
+    target = store.target(record.spec.store_place) if store is not None else None
     extra = nodes.job_env(each, nodes.keras_for(settings.train.keras, len(each)))
 
     def configure(node: nodes.Node) -> list[str]:
-        payload_dir = guards.payload_dir(node.host)
-        node.host.push(guards.PAYLOAD_DIR, payload_dir)
+        payload_dir = guards.push_payload(node.host)
         chief, paths = node.rank == 0, node.paths(run)
+        node_gpus = queue.gpus_of(node.host)
         config = {
             "run_id": run.run_id, "entry": run.entry, "usd_per_hour": run.usd_per_hour,
             "budget_usd": run.budget_usd, "mixed_precision": settings.train.mixed_precision,
             "memory_growth": settings.train.memory_growth,
+            # nvidia-smi every so often while it trains: each epoch's GPU utilisation and memory.
+            "gpu_sample_s": settings.train.gpu_sample_s,
+            # The launcher (the reporter) ends the run after this many epochs: a plan's probe.
+            "stop_after_epochs": stop_after,
             # The chief's reports are the run's; another node's stay in its own run dir, unread.
             "report_path": paths.epochs,
             # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
@@ -212,10 +249,14 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
                       # Only the chief's checkpoint counts; the others restore from it, never write it.
                       "read_only": not chief} if target else None,
             "resumed": resumed,
+            # The job waits its turn in the node's queue first (a multi-node run takes whole nodes).
+            "queue": queue.config(node.host, min(run.gpus, queue.slots(node_gpus)) if run.gpus and len(each) == 1
+                                  else queue.slots(node_gpus), node_gpus,
+                                  node.inst.usd_per_hour if len(each) == 1 else run.usd_per_hour, run.now),
         }
         node.host.write_text(posixpath.join(paths.run_dir, "run.json"), json.dumps(config, indent=2))
-        return [node.python, posixpath.join(payload_dir, LAUNCHER), posixpath.join(paths.run_dir, "run.json"),
-                *run.args]
+        return [node.python, posixpath.join(payload_dir, queue.PAYLOAD), posixpath.join(paths.run_dir, "run.json"),
+                posixpath.join(payload_dir, LAUNCHER), *run.args]
 
     commands = nodes.each(each, configure)
     s.ledger.put_run(run)
@@ -248,8 +289,11 @@ def _image(inst: InstanceRecord) -> str | None:
 
 
 def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
-    """Bring a run's outputs, reports and log back from its instance."""
-    run, cluster = s.run_on_live_cluster(run_id)
+    """Bring a run's outputs, reports and log back from its instance, or from where its released
+    cluster's provider kept them (local: the gpuctl home)."""
+    run = s.find_run(run_id)
+    kept = s.kept_run(run) if s.live_cluster_of(run) is None else None
+    cluster = None if kept else s.run_on_live_cluster(run.run_id)[1]
     target = Path(dest) / run.run_id
     if target.resolve().is_relative_to(s.home.resolve()):
         raise ConfigError(f"--dest {str(dest)!r} is inside gpuctl's home ({s.home})",
@@ -259,6 +303,10 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     except OSError as exc:
         raise ConfigError(f"cannot write to --dest {str(dest)!r}: {exc.strerror}",
                           "Pass a directory you can write to (it is created if missing).") from None
+    if kept is not None:
+        files, skipped = kept[0].pull_tree(kept[1], target)
+        return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
+    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S  # a live run's host answers, or we say so
     _, host = s.host(cluster)
     with s.working(cluster, "pull"):
         files, skipped = host.pull_tree(run.run_dir, target)
@@ -269,10 +317,13 @@ def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = Non
     """Run a command on every host of the cluster, in parallel."""
     if not command:
         raise ConfigError("no command given", "Put the command after --, e.g. `gpuctl exec -- nvidia-smi`.")
+    # One argument is a shell line, as `ssh HOST -- 'a; b'` takes it; several are words (quoted).
+    argv = ["sh", "-c", command[0]] if len(command) == 1 else list(command)
     record = s.resolve_cluster(cluster)
     pairs = s.hosts(record)
     with s.working(record, "exec"), ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
-        results = list(pool.map(lambda p: p[1].run(list(command), check=False), pairs))
+        # The user's own command runs as long as it runs (Ctrl-C ends it): no deadline.
+        results = list(pool.map(lambda p: p[1].run(argv, check=False, timeout=NO_DEADLINE), pairs))
     return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
             for (_, h), r in zip(pairs, results)]
 

@@ -23,13 +23,15 @@ from gpuctl.errors import (
 )
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
-from gpuctl.remote.host import Host
+from gpuctl.remote.host import QUICK_CONNECT_S, Host
 from gpuctl.settings_load import LoadedSettings, load_settings
-from gpuctl.state import Ledger, gpuctl_home
+from gpuctl.ledger_schema import gpuctl_home
+from gpuctl.state import Ledger
 from gpuctl.types import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 
 Progress = Callable[[str], None]
-REPORT_CONNECT_TIMEOUT_S = 5.0  # status, cost, logs: answer from the ledger rather than wait on a host
+# status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host
+REPORT_CONNECT_TIMEOUT_S = QUICK_CONNECT_S
 
 
 def quiet(_: str) -> None:
@@ -51,6 +53,16 @@ class Session:
         # report (status, cost, logs) set a short one: they answer from the ledger otherwise.
         self.connect_timeout_s: float | None = None
         self._unreachable: dict[int, GpuctlError] = {}  # cluster id -> why: asked once per command
+        self.unreachable_ids: set[str] = set()  # instances that did not answer: not waited for again (down)
+        # Hears a slow first connection while it waits (the CLI prints it on stderr).
+        self.on_wait: Progress | None = None
+        # What this command found on an instance and left out (a bad report line, a state file of
+        # the wrong shape): each said once, in the report of the command that found it.
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     @property
     def ledger(self) -> Ledger:
@@ -97,9 +109,10 @@ class Session:
             if key not in self._hosts:
                 provider = provider or self.provider(cluster.spec)
                 try:
-                    self._hosts[key] = provider.host(inst, connect_timeout_s or self.connect_timeout_s)
+                    self._hosts[key] = provider.host(inst, connect_timeout_s or self.connect_timeout_s, self.on_wait)
                 except GpuctlError as exc:
                     self._unreachable[cluster.id] = exc
+                    self.unreachable_ids.add(inst.id)
                     raise
             out.append((inst, self._hosts[key]))
         return out
@@ -143,7 +156,8 @@ class Session:
         default = self.ledger.default_cluster()
         if default:
             return default
-        live = self.ledger.clusters(include_down=False)
+        # A bake's or a plan's own cluster is never "the only one": it is released under the run.
+        live = [c for c in self.ledger.clusters(include_down=False) if not c.spec.launched_for]
         if len(live) == 1:
             return live[0]
         if not live:
@@ -152,9 +166,9 @@ class Session:
                             "Name one: `--cluster NAME` (`gpuctl down NAME` for down).")
 
     def find_run(self, run_id: str | None) -> RunRecord:
-        """The named run, else the newest."""
-        if run_id:
-            run = self.ledger.run(run_id)
+        """The named run (a unique prefix or suffix of its id will do), else the newest."""
+        if run_id is not None:
+            run = self.ledger.run(self.ledger.resolve_run_id(run_id))
             if run is None:
                 raise NotFoundError(f"no run named {run_id!r}", "Run `gpuctl status` to list runs.")
             return run
@@ -181,7 +195,10 @@ class Session:
 
         locks = self.home / "locks"
         locks.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(locks / f"cluster-{cluster.id}.lock", "a") as fh:
+        # 0600 whatever the umask: every file under the home is the owner's alone.
+        fd = os.open(locks / f"cluster-{cluster.id}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # one an older gpuctl made 0644
+        with os.fdopen(fd, "a") as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -191,6 +208,14 @@ class Session:
                 yield self.ledger.cluster(cluster.id)
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def kept_run(self, run: RunRecord) -> tuple[Host, str] | None:
+        """(a Host, the run's directory there) where its released cluster's provider keeps it."""
+        try:
+            spec = self.ledger.cluster(run.cluster_id).spec
+        except KeyError:
+            return None
+        return self.provider(spec).kept_run(run.run_id)
 
     def run_on_live_cluster(self, run_id: str | None) -> tuple[RunRecord, ClusterRecord]:
         """The run and its cluster, which must still be up (for pull, attach)."""

@@ -13,7 +13,7 @@ import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from gpuctl.errors import ConfigError, RemoteError
+from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.payloads.gpuctl_setup import matches
@@ -23,6 +23,8 @@ from gpuctl.remote.host import Host
 from gpuctl.results import TfEnv
 from gpuctl.settings import TESTED_TENSORFLOW
 from gpuctl.types import ClusterRecord
+
+NO_NETWORK = "no network to the package index"  # how the setup payload starts that error
 
 
 def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
@@ -34,17 +36,43 @@ def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
 
 
 def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, version: str | None = None,
-           check: bool = True, install: bool = True) -> tuple[TfEnv, ...]:
+           check: bool = True, install: bool = True, recheck: bool = False) -> tuple[TfEnv, ...]:
     """Every host of the cluster gets a Python with TensorFlow `version` (set as its `python`);
-    with `check`, the preflight payload then reports what that Python sees (GPU, CUDA). Without
-    `install`, a host that has none is an error instead of a setup step."""
+    with `check`, the preflight payload then reports what that Python sees (GPU, CUDA): kept on
+    the host per environment, looked at anew when the environment changed or with `recheck`.
+    Without `install`, a host that has none is an error instead of a setup step."""
     version = version_of(cluster, version)
     pairs = s.hosts(cluster)
-    with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
-        return tuple(pool.map(lambda p: _one(cluster, p[1], version, check, install, progress), pairs))
+    try:
+        with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+            envs = tuple(pool.map(lambda p: _one(cluster, p[1], version, check, install, progress,
+                                                       recheck), pairs))
+    except GpuctlError as exc:
+        if install:  # `status` says so until a setup works (`gpuctl up` again tries with today's settings)
+            s.ledger.event(FAILED, exc.message, cluster=cluster)
+        raise
+    if install and failed(s, cluster) is not None:
+        s.ledger.event(DONE, ", ".join(f"{e.host}: {e.how}" for e in envs), cluster=cluster)
+    return envs
 
 
-def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install: bool, progress: Progress) -> TfEnv:
+FAILED, DONE = "setup-failed", "setup"  # the ledger's events: the latest says how the cluster's setup stands
+
+
+def failed(s: Session, cluster: ClusterRecord) -> str | None:
+    """Why the cluster's last setup step failed; None when it worked (or never ran)."""
+    last = s.ledger.last_event(cluster.id, (FAILED, DONE))
+    return last[1] if last is not None and last[0] == FAILED else None
+
+
+def done_by_remote_python(s: Session, cluster: ClusterRecord) -> None:
+    """`remote.python` set: nothing is set up, so nothing failed (an earlier failure is over)."""
+    if failed(s, cluster) is not None:
+        s.ledger.event(DONE, f"remote.python = {cluster.spec.remote.python}", cluster=cluster)
+
+
+def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install: bool, progress: Progress,
+         recheck: bool = False) -> TfEnv:
     if host.local:  # this machine is what it is: the Python running gpuctl
         have = _local_tensorflow()
         if not matches(have, version):
@@ -53,17 +81,30 @@ def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install:
                      "nothing here (install it, or use an ssh or aws cluster)")
         return TfEnv(host=host.label, python=host.python, how="local", tensorflow=have)
     remote = cluster.spec.remote
-    payload_dir = guards.payload_dir(host)
-    host.push(guards.PAYLOAD_DIR, payload_dir)
+    payload_dir = guards.push_payload(host)
     env = _choose(host, payload_dir, remote.workdir, remote.wheelhouse if install else None, remote.python, version,
                   progress)
     host.python = env.python
     if not check:
         return env
     progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
-    report = preflight.preflight(host, payload_dir)
+    report = preflight.preflight(host, payload_dir, remote.workdir, recheck)
     progress(f"preflight on {host.label}: {preflight.summary(report)}")
     return env.model_copy(update={"report": report, "tensorflow": report.get("tensorflow") or env.tensorflow})
+
+
+def warm(s: Session, cluster: ClusterRecord) -> None:
+    """Start each remote host's preflight in the background (`up`), with the Python its runs will
+    use: the first `train` then finds the answer kept instead of importing TensorFlow there."""
+    python = cluster.spec.remote.python
+    for _, host in s.hosts(cluster):
+        if not host.local:
+            if python:
+                host.python = python
+            try:
+                preflight.start(host, guards.push_payload(host), cluster.spec.remote.workdir)
+            except GpuctlError:
+                pass  # only a head start: the first train looks itself
 
 
 def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, python: str, version: str,
@@ -94,9 +135,13 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, pyt
     pid = tf_env.start_install(host, payload_dir, root, version, wheelhouse)
     result = tf_env.follow(host, where, pid, progress)
     if not result["ok"]:
+        if str(result["error"]).startswith(NO_NETWORK):
+            raise RemoteError(f"{NO_NETWORK} from {host.label}: {result['error'][len(NO_NETWORK):].strip(' (')[:-1]}",
+                              "Give the host the wheels (remote.wheelhouse: a folder of them on it, pip installs "
+                              "with --no-index) or a Python with TensorFlow (remote.python), then `gpuctl up` again.")
         raise RemoteError(f"the setup step failed on {host.label}: {result['error']}",
                           "`gpuctl logs --setup` shows pip's output. Check the version exists (--tf), the host "
-                          "reaches PyPI (or set remote.wheelhouse), or set remote.python.")
+                          "reaches PyPI (or set remote.wheelhouse), or set remote.python; then `gpuctl up` again.")
     how = "ready" if result["skipped"] else "installed"
     python = result["python"] if how == "ready" and result["python"] else where["python"]
     return TfEnv(host=host.label, python=python, how=how, tensorflow=result["tensorflow"],
@@ -122,7 +167,6 @@ def setup_log(s: Session, cluster: ClusterRecord, version: str | None = None) ->
     for _, host in s.hosts(cluster):
         if host.local:
             raise RemoteError("a local cluster has no setup step", "It runs with the Python that runs gpuctl.")
-        payload_dir = guards.payload_dir(host)
-        host.push(guards.PAYLOAD_DIR, payload_dir)
+        payload_dir = guards.push_payload(host)
         out.append((host.label, tf_env.setup_log(host, payload_dir, cluster.spec.remote.workdir, version)))
     return out

@@ -130,7 +130,7 @@ def start(watchdog, read_json, write_json):
             return
         write_json(os.path.join(watchdog.guard_dir, NOTICE_FILE), notice)
         cfg = read_json(watchdog.config_path) or {}
-        running = [r for r in watchdog.runs(cfg) if r[2]]
+        running = [r.name for r in watchdog.runs(cfg) if r.running]
         watchdog.log("NOTICE spot interruption: %s at %s; stopping %d job(s) at the batch end"
                      % (notice.get("action"), notice.get("time"), len(running)))
         watchdog.signal_jobs(cfg, running, "TERM")

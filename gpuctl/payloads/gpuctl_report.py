@@ -2,9 +2,16 @@
 
 gpuctl's launcher injects `EpochReporter` into every `Model.fit`; a script that wants control can
 `from gpuctl_report import EpochReporter` and pass it itself (the launcher then adds no second
-one). Each finished epoch appends one JSON line (schema `SCHEMA_VERSION`) to the run's
-epochs.jsonl: start/end, seconds, examples and examples/s, dollars per hour, the epoch's cost,
-the run's cumulative cost and the Keras metrics.
+one). A custom training loop (tf.GradientTape) reports through the public API below, `epoch` or
+`report_epoch`, a no-op off gpuctl. Each finished epoch appends one JSON line (schema
+`SCHEMA_VERSION`) to the run's epochs.jsonl: start/end, seconds, examples and examples/s, dollars
+per hour, the epoch's cost, the run's cumulative cost, the metrics, and the GPU's utilisation and
+memory while it ran (gpuctl_gpu.py) where nvidia-smi answers.
+
+A run may be told to stop after some epochs (`stop_after_epochs` in run.json: `gpuctl plan`'s
+probes): after that epoch is reported the script ends there, with exit code 0, whether it uses
+`fit` (its training stops, then the run ends when `fit` returns) or the API (the report raises
+`EnoughEpochs`, a SystemExit).
 """
 
 import json
@@ -13,11 +20,22 @@ import os
 import sys
 import time
 
+try:  # now, while the payload's directory is on sys.path (the user's script's replaces it later)
+    import gpuctl_gpu
+except ImportError:  # this file copied into a project, off gpuctl: no sampling (nor reports) there
+    gpuctl_gpu = None
+
 SCHEMA_VERSION = 1
 CONFIG_FILE = "run.json"
 # Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for; it came with a
 # spot interruption notice (the epoch it cut short is not a finished one: no report for it).
-STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False, "preempted": False}
+STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False, "preempted": False,
+         "enough": False}
+
+
+class EnoughEpochs(SystemExit):
+    """Ends the script after the last epoch it was to run (`stop_after_epochs`, or its budget):
+    a SystemExit, so the script's `except Exception` lets it through and its `finally` runs."""
 
 
 def stop_requested():
@@ -37,6 +55,12 @@ def run_config():
         return {}
 
 
+if gpuctl_gpu is not None and os.environ.get("GPUCTL_RUN_DIR"):
+    # Under gpuctl (the launcher imports this first): sampling starts with the job, so the first
+    # epoch has its readings too, however the script reports it.
+    gpuctl_gpu.sampler(run_config().get("gpu_sample_s"))
+
+
 def _number(value):
     """A JSON-safe float for a metric (numpy/TF scalars included), or None."""
     try:
@@ -46,18 +70,27 @@ def _number(value):
     return f if math.isfinite(f) else None
 
 
+# When this module was loaded: under gpuctl the launcher loads it before the script runs, so a
+# first epoch reported with no timing of its own counts from the script's start.
+LOADED_AT = time.time()
+
+
 class ReportWriter(object):
     """Turns epoch timings into report lines and appends them; one per report file per process."""
 
     _by_path = {}
 
-    def __init__(self, path, run_id, usd_per_hour, budget_usd=0.0):
+    def __init__(self, path, run_id, usd_per_hour, budget_usd=0.0, stop_after=None):
+        cfg = run_config()
         self.path = path
         self.run_id = run_id
         self.usd_per_hour = float(usd_per_hour)
         self.budget_usd = float(budget_usd or 0.0)
+        self.stop_after = _positive_int(cfg.get("stop_after_epochs") if stop_after is None else stop_after)
+        self.gpu = gpuctl_gpu.sampler(cfg.get("gpu_sample_s")) if gpuctl_gpu is not None else None
         self.epochs_done = 0
         self.cumulative_usd = 0.0
+        self.last_end = None  # when the last epoch this process reported ended
         # A resumed run (train --resume) goes on counting from what its report file holds.
         self.history = {0: 0.0}  # epoch -> cumulative $ after it
         for report in self._earlier():
@@ -88,15 +121,16 @@ class ReportWriter(object):
         self.cumulative_usd = self.history.get(epoch, self.cumulative_usd)
 
     @classmethod
-    def shared(cls, path, run_id, usd_per_hour, budget_usd=0.0):
+    def shared(cls, path, run_id, usd_per_hour, budget_usd=0.0, stop_after=None):
         """One writer per file, so several `fit` calls in a run keep counting epochs and dollars."""
         key = os.path.abspath(path)
         if key not in cls._by_path:
-            cls._by_path[key] = cls(path, run_id, usd_per_hour, budget_usd)
+            cls._by_path[key] = cls(path, run_id, usd_per_hour, budget_usd, stop_after)
         return cls._by_path[key]
 
     def write(self, start, end, examples, examples_estimated, epochs_planned, metrics):
         seconds = max(0.0, end - start)
+        self.last_end = end
         cost = seconds * self.usd_per_hour / 3600.0
         self.epochs_done += 1
         self.cumulative_usd += cost
@@ -116,6 +150,8 @@ class ReportWriter(object):
             "cumulative_usd": self.cumulative_usd,
             "metrics": dict((k, _number(v)) for k, v in sorted((metrics or {}).items())),
         }
+        if self.gpu is not None:
+            report.update(self.gpu.between(start, end))
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             os.makedirs(directory)
@@ -127,6 +163,28 @@ class ReportWriter(object):
     def budget_exhausted(self, last_cost):
         """True when the next epoch, costing about what the last did, would cross the budget."""
         return self.budget_usd > 0 and self.cumulative_usd + last_cost > self.budget_usd
+
+    def enough(self):
+        """True once the run has done the epochs it was to do (`stop_after_epochs`): said once."""
+        done = self.stop_after is not None and self.epochs_done >= self.stop_after
+        if done and not STATE["enough"]:
+            STATE["enough"] = True
+            _log("%d epoch(s) done, as many as this run was to measure (gpuctl plan): ending the run here"
+                 % self.epochs_done)
+        return done
+
+
+def _positive_int(value):
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if n >= 1 else None
+
+
+def _log(msg):
+    sys.stderr.write("gpuctl: %s\n" % msg)
+    sys.stderr.flush()
 
 
 def count_examples(x=None, batch_size=None, validation_split=0.0, steps_per_epoch=None):
@@ -249,9 +307,84 @@ def reporter_class(callback_base):
                     % (self.writer.budget_usd, self.writer.cumulative_usd, report["epoch"])
                 )
                 self.model.stop_training = True
+            if self.writer.enough():
+                self.model.stop_training = True
+
+        def on_train_end(self, logs=None):
+            if STATE["enough"]:
+                raise EnoughEpochs(0)  # the script's code after fit is not part of what was asked
 
     _classes[callback_base] = EpochReporter
     return EpochReporter
+
+
+# --- the public API for training loops gpuctl cannot see into (tf.GradientTape, plain Python) ---
+
+
+def _run_writer():
+    """The run's report writer (the one `fit` uses too), or None off gpuctl."""
+    cfg = run_config()
+    if not cfg.get("report_path"):
+        return None
+    return ReportWriter.shared(cfg["report_path"], cfg.get("run_id") or "local", cfg.get("usd_per_hour") or 0.0,
+                               cfg.get("budget_usd") or 0.0)
+
+
+def report_epoch(start=None, end=None, seconds=None, examples=None, planned=None, metrics=None):
+    """Report one finished epoch of a custom loop: its `start` and `end` (time.time()), or its
+    `seconds` up to now, or neither: the time since the previous report (the first epoch: since
+    the script started); `examples` it trained on; `planned` epochs of the whole run; `metrics`
+    (a dict of numbers). Off gpuctl it does nothing and returns None; under gpuctl it returns the
+    report, and raises EnoughEpochs (the run ends there, exit 0) after the last epoch the run is to
+    do (a `gpuctl plan` probe's) or once its budget (`train --budget`) would be crossed."""
+    writer = _run_writer()
+    if writer is None or STATE["preempted"]:
+        return None  # off gpuctl; or cut short by a spot interruption: it runs again, whole
+    end = time.time() if end is None else float(end)
+    if start is None:
+        start = end - float(seconds) if seconds is not None else (writer.last_end or LOADED_AT)
+    count = _number(examples)  # numpy and TensorFlow scalars too
+    report = writer.write(float(start), end, int(count) if count is not None and count >= 0 else None, False,
+                          _positive_int(planned), metrics or {})
+    if writer.budget_exhausted(report["epoch_cost_usd"]):
+        _log("budget of $%.4f reached after $%.4f: ending the run after epoch %d"
+             % (writer.budget_usd, writer.cumulative_usd, report["epoch"]))
+        raise EnoughEpochs(0)
+    if writer.enough():
+        raise EnoughEpochs(0)
+    return report
+
+
+class epoch(object):
+    """One epoch of a custom loop, timed and reported when the block ends without an error:
+
+        with epoch(examples=len(x_train), planned=EPOCHS) as e:
+            for x, y in batches:
+                loss = train_step(x, y)
+            e.metrics(loss=float(loss))
+
+    A block that raises is no finished epoch: nothing is reported. See report_epoch."""
+
+    def __init__(self, examples=None, planned=None):
+        self.examples = examples
+        self.planned = planned
+        self.values = {}
+        self.start = None
+        self.report = None
+
+    def metrics(self, **values):
+        """Numbers to report with the epoch (loss=..., accuracy=...); later calls add to them."""
+        self.values.update(values)
+
+    def __enter__(self):
+        self.start = time.time()
+        return self
+
+    def __exit__(self, etype, value, tb):
+        if etype is None:
+            self.report = report_epoch(self.start, time.time(), examples=self.examples, planned=self.planned,
+                                       metrics=self.values)
+        return False
 
 
 def __getattr__(name):

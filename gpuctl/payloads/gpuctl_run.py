@@ -1,9 +1,12 @@
-"""gpuctl's launcher on the instance: set up TensorFlow, hook Model.fit, run the user's script.
+"""gpuctl's launcher on the instance: run the user's script; set TensorFlow up and hook Model.fit
+once the script imports it.
 
 Usage: python gpuctl_run.py RUN_DIR/run.json [ARGS...]
-Stdlib + TensorFlow only, Python 3.8+ (the Deep Learning AMIs ship TF 2.9 to current). An
-unmodified Keras script gets per-epoch reports: every `fit` gets an EpochReporter unless the
-script passed one itself.
+Stdlib + TensorFlow only, Python 3.8+ (the Deep Learning AMIs ship TF 2.9 to current). The
+launcher itself never imports TensorFlow: a script that does not use it starts in milliseconds.
+When the script's own `import tensorflow` (or `keras`, `tf_keras`) returns, `tensorflow_imported`
+sets the GPU practice and hooks `fit`, so an unmodified Keras script gets per-epoch reports (every
+`fit` gets an EpochReporter unless the script passed one itself) and checkpoints.
 """
 
 import functools
@@ -17,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(1, HERE)
 
-import gpuctl_report  # noqa: E402  (needs HERE on sys.path)
+import gpuctl_imports  # noqa: E402  (needs HERE on sys.path)
+import gpuctl_report  # noqa: E402
 
 # The run's spot instance is being taken away (EX_TEMPFAIL: try again later, elsewhere): it stopped
 # at a batch end with its last whole epoch checkpointed, and recovery or `train --resume` goes on.
@@ -92,7 +96,7 @@ def _keras_flavours(tf):
     """(Model class, Callback class) for each Keras the script might use, without duplicates."""
     pairs = [(tf.keras.Model, tf.keras.callbacks.Callback)]
     mods = ["keras"]
-    if os.environ.get("TF_USE_LEGACY_KERAS"):
+    if os.environ.get("TF_USE_LEGACY_KERAS") or "tf_keras" in sys.modules:
         mods.append("tf_keras")
     for name in mods:
         try:
@@ -176,7 +180,7 @@ class RunStore(object):
         tmp = os.path.join(self.run_dir, ".restore")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            got = self.store.pull(self.target, self.prefix, tmp)
+            got = self.store.pull_when_reachable(self.target, self.prefix, tmp, log)
         except Exception as exc:
             got = {"failed": ["%s: %s" % (type(exc).__name__, exc)]}
         trouble = list(got.get("failed") or []) + ["refused key %s" % k for k in got.get("refused") or []]
@@ -326,6 +330,39 @@ def reassert_sigterm():
         pass  # fit called outside the main thread: signals reach the main thread only anyway
 
 
+# The modules whose import means "the script uses TensorFlow" (Keras 3 imports it, as does tf_keras).
+TF_MODULES = ("tensorflow", "keras", "tf_keras")
+_TF_READY = {"gpus": False, "busy": False}
+
+
+def tensorflow_imported(cfg):
+    """The one place where "the script imported TensorFlow" turns into gpuctl's set-up: the GPU
+    practice (once, before the script's first op) and the fit hook (for each Keras imported by
+    now; a Keras imported later is hooked when its import returns). Runs after the outermost
+    import of TF_MODULES; a failure here is the launcher's, never the script's: it is logged and
+    the script trains without reports."""
+    tf = sys.modules.get("tensorflow")
+    # `busy`: touching tf.keras imports a Keras, whose import returning calls this again.
+    if tf is None or not hasattr(tf, "config") or _TF_READY["busy"]:
+        return  # (no tf.config: a Keras on another backend, nothing of TensorFlow's to set)
+    _TF_READY["busy"] = True
+    try:
+        if not _TF_READY["gpus"]:
+            _TF_READY["gpus"] = True
+            configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
+        install_fit_hook(tf, cfg.get("checkpoint_dir"))
+    except Exception as exc:
+        log("could not hook TensorFlow for per-epoch reports (%s: %s); training goes on without them"
+            % (type(exc).__name__, exc))
+    finally:
+        _TF_READY["busy"] = False
+
+
+def watch_tensorflow(cfg):
+    """Call `tensorflow_imported(cfg)` whenever the script's import of TensorFlow or a Keras returns."""
+    return gpuctl_imports.ImportWatch(TF_MODULES, lambda: tensorflow_imported(cfg)).install()
+
+
 def main(argv):
     if not argv:
         sys.stderr.write("usage: gpuctl_run.py RUN_DIR/run.json [ARGS...]\n")
@@ -335,18 +372,11 @@ def main(argv):
     entry = cfg["entry"]
     # TensorFlow's C++ INFO lines drown the training output; warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    try:
-        import tensorflow as tf
-    except ImportError:
-        tf = None
-        log("TensorFlow is not importable by %s: running %s without per-epoch reports" % (sys.executable, entry))
     STORE.configure(cfg, os.path.dirname(os.path.abspath(argv[0])))
     if cfg.get("resumed"):
         STORE.restore(cfg.get("checkpoint_dir"))
-    if tf is not None:
-        configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
-        install_fit_hook(tf, cfg.get("checkpoint_dir"))
     gpuctl_report.STATE["resumed"] = bool(cfg.get("resumed"))
+    watch_tensorflow(cfg)
     install_sigterm(cfg.get("notice_file"))
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])

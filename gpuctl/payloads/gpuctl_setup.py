@@ -40,6 +40,9 @@ ATTEMPTS = 3  # a flaky download gets two more tries, after 10 s and 30 s
 BACKOFF_S = (10, 30)
 # What pip says when trying again cannot help: the version does not exist (for this Python).
 PERMANENT = ("No matching distribution found", "Could not find a version that satisfies")
+# pip says "found no version" also when it never reached the index: these in its log say why.
+NO_NETWORK = ("Temporary failure in name resolution", "Name or service not known", "NewConnectionError",
+              "Failed to establish a new connection", "Network is unreachable", "No route to host")
 
 
 def paths(root, version):
@@ -159,8 +162,11 @@ def requirements(version, variant):
 
 
 def pip_install(p, args, variant, log):
+    # pip's own retries are per request, with backoff: 5 of them cost ~8 s per package on a host
+    # that cannot reach the index (6 minutes before "no network" for TensorFlow's ~30). This loop
+    # already tries the whole install ATTEMPTS times, so pip retries a request twice only.
     base = [p["python"], "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-            "--retries", "5", "--timeout", "60"]
+            "--retries", "2", "--timeout", "60"]
     if args.wheelhouse:
         base += ["--no-index", "--find-links", os.path.expanduser(args.wheelhouse)]
     for reqs in requirements(args.tensorflow, variant):
@@ -172,6 +178,9 @@ def pip_install(p, args, variant, log):
             with open(log.fh.name) as fh:
                 fh.seek(start)
                 said = fh.read()
+            if any(p in said for p in PERMANENT) and not args.wheelhouse and any(n in said for n in NO_NETWORK):
+                raise SystemExit("no network to the package index (pip could not reach it to find %s)" % (
+                    " ".join(r for r in reqs if r[0] != "-")))
             if any(p in said for p in PERMANENT):
                 raise SystemExit("pip found no %s for Python %d.%d%s" % (
                     " ".join(r for r in reqs if r[0] != "-"), sys.version_info[0], sys.version_info[1],
@@ -181,12 +190,29 @@ def pip_install(p, args, variant, log):
             time.sleep(BACKOFF_S[attempt - 1])
 
 
+def last_failure(log_path):
+    """Why the latest install in the log failed, if the latest one did (its last step says so)."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log_path) - 65536))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    steps = [ln[len("gpuctl-setup: "):] for ln in tail.splitlines() if ln.startswith("gpuctl-setup: ")]
+    return steps[-1][len("failed: "):] if steps and steps[-1].startswith("failed: ") else None
+
+
 def install(args):
     p = paths(args.root, args.tensorflow)
     os.makedirs(p["envs"], exist_ok=True)
     started = time.time()
     with open(p["lock"], "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another cluster's install of the same version: wait for it
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:  # another install of the same version (a cluster, a node with this home): wait
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            waited = True
         log = Log(p["log"])
         result = {"ok": False, "pid": os.getpid(), "started": started, "tensorflow": None, "python": p["python"]}
         try:
@@ -196,6 +222,12 @@ def install(args):
                 result.update(ok=True, tensorflow=marker.get("tensorflow"), skipped=True,
                               python=os.path.join(env, "bin", "python"))
                 return
+            failed = last_failure(p["log"]) if waited else None
+            if failed:
+                # The install this one waited for failed just now, on the same host and settings: another
+                # at once would fail the same way after as long (nodes sharing one home set up one env).
+                log.step("not tried again: the install that held the lock failed a moment ago")
+                raise SystemExit(failed)
             variant = args.variant if args.variant != "auto" else ("cuda" if has_gpu() else "cpu")
             log.step("setting up TensorFlow %s (%s) in %s with %s" % (args.tensorflow, variant, p["env"], sys.executable))
             shutil.rmtree(p["env"], ignore_errors=True)  # a half-made one from a killed install

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 MANIFEST = ".gpuctl-store.json"
 MANIFEST_VERSION = 1
@@ -77,10 +78,16 @@ def check_target(target, key_prefix):
 
 # --- the two ways to talk to S3 ------------------------------------------------------------------
 
+# The instance role's credentials come from the metadata service. botocore asks it once, within
+# 1 s, by default: a launcher whose CPU the training holds (or a slow boot) can miss that, and the
+# checkpoint is then not restored ("Unable to locate credentials"). Patience costs nothing here.
+IMDS_PATIENCE = {"metadata_service_timeout": "5", "metadata_service_num_attempts": "3"}
+
 
 class _Boto3(object):
     def __init__(self, target):
         import boto3
+        import botocore.session
         from botocore.config import Config
 
         options = {"retries": {"mode": "standard", "max_attempts": 8}}
@@ -88,7 +95,11 @@ class _Boto3(object):
         if target.get("endpoint"):
             kwargs["endpoint_url"] = target["endpoint"]
             options["s3"] = {"addressing_style": "path"}
-        self.s3 = boto3.session.Session().client("s3", config=Config(**options), **kwargs)
+        core = botocore.session.get_session()
+        for name, value in IMDS_PATIENCE.items():
+            if "AWS_" + name.upper() not in os.environ:  # the user's own setting stands
+                core.set_config_variable(name, int(value))
+        self.s3 = boto3.session.Session(botocore_session=core).client("s3", config=Config(**options), **kwargs)
         self.bucket = target["bucket"]
 
     def list(self, prefix):
@@ -113,8 +124,11 @@ class _AwsCli(object):
         self.bucket = target["bucket"]
 
     def _run(self, args):
+        env = dict(os.environ)
+        for name, value in IMDS_PATIENCE.items():
+            env.setdefault("AWS_" + name.upper(), value)
         proc = subprocess.run(self.base + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True)
+                              universal_newlines=True, env=env)
         if proc.returncode != 0:
             raise StoreError("aws %s failed (%d): %s" % (" ".join(args[:2]), proc.returncode,
                                                        proc.stderr.strip()[-500:]))
@@ -241,6 +255,25 @@ def _delete(store, key):
 
 def _inside(root, path):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+# A replacement instance's role credentials are not always served the moment it boots (the
+# profile was associated a moment ago), and a network can hiccup: waits between tries, seconds.
+REACH_WAITS = (2, 5, 10, 20)
+
+
+def pull_when_reachable(target, key_prefix, local_dir, log=None, waits=REACH_WAITS):
+    """pull(), tried again while the store cannot be reached at all (no credentials yet, no
+    answer): its summary, or the last try's exception. `log` hears each wait."""
+    for wait in tuple(waits) + (None,):
+        try:
+            return pull(target, key_prefix, local_dir)
+        except Exception as exc:  # boto3's and the CLI's errors alike
+            if wait is None:
+                raise
+            if log is not None:
+                log("the store did not answer (%s: %s): trying again in %d s" % (type(exc).__name__, exc, wait))
+            time.sleep(wait)
 
 
 def pull(target, key_prefix, local_dir, store=None):

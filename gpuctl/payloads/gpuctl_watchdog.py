@@ -21,10 +21,14 @@ import subprocess
 import sys
 import time
 
-import gpuctl_logins  # beside these files on the instance
+import gpuctl_decide  # beside these files on the instance
+import gpuctl_logins
 import gpuctl_notice
+from gpuctl_decide import Observation, Run
 
 WATCHDOG_SESSION = "gpuctl-watchdog"
+# Its code, as gpuctl.remote.guard.WATCHDOG_FILES lists it (a test holds the two equal).
+CODE_FILES = ("gpuctl_watchdog.py", "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py")
 
 def log_line(guard_dir, text):
     with open(os.path.join(guard_dir, "decisions.log"), "a") as fh:
@@ -54,11 +58,11 @@ def sh(argv, timeout=30):
 
 
 def code_version():
-    """Hash of this file and the two it imports, as gpuctl.ops.guards.code_version computes it: the
+    """Hash of this file and those it imports, as gpuctl.ops.guards.code_version computes it: the
     client restarts a watchdog whose code is older than the one it pushed."""
     digest = hashlib.sha1()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("gpuctl_watchdog.py", "gpuctl_logins.py", "gpuctl_notice.py"):
+    for name in CODE_FILES:
         with open(os.path.join(here, name), "rb") as fh:
             digest.update(fh.read())
     return digest.hexdigest()[:12]
@@ -72,22 +76,20 @@ def entries(folder):
         return []
 
 
+def mtime(path):
+    """The file's mtime (this host's clock), None if it is missing."""
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
+
+
 def boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
             return fh.read().strip()
     except OSError:
         return None
-
-
-def inherited_idle_since(previous, cfg, boot):
-    """The idle start an earlier watchdog recorded, if it may count: written in this boot, for this
-    cluster, and never before this cluster started (a host used by an earlier cluster, or a state
-    file from before a reboot, must not make a new cluster look idle for ages: issue 10)."""
-    since = previous.get("idle_since")
-    if since is None or previous.get("boot_id") != boot or previous.get("cluster_key") != cfg.get("cluster_key"):
-        return None
-    return max(float(since), float(cfg.get("started_at", 0)))
 
 
 class Watchdog(object):
@@ -97,11 +99,9 @@ class Watchdog(object):
         # A revived watchdog keeps counting idle time from where the last one left off, but only
         # if that one watched this cluster in this boot (checked on the first tick, with the config).
         self.previous = read_json(os.path.join(self.guard_dir, "state.json"), {}) or {}
-        self.idle_since = None
         self.boot_id = boot_id()
-        self.warned = set()
+        self.memory = gpuctl_decide.FRESH
         self.dry = False  # --check: look and decide, change nothing, fire nothing
-        self.idle_fired = False  # idle fired in this idle stretch: not again until something happens
         self.code = code_version()
 
     def log(self, text):
@@ -114,11 +114,10 @@ class Watchdog(object):
         return sh(["tmux", "-L", cfg["tmux_socket"]] + list(args))
 
     def runs(self, cfg):
-        """[(run_id, run_dir, running, ended_at)] for every run gpuctl started on this host."""
+        """[Run] for every run gpuctl started on this host."""
         out = []
         runs_dir = cfg["runs_dir"]
-        names = entries(runs_dir)
-        for name in names:
+        for name in entries(runs_dir):
             run_dir = os.path.join(runs_dir, name)
             if not os.path.isfile(os.path.join(run_dir, "job.sh")):
                 continue
@@ -127,11 +126,15 @@ class Watchdog(object):
             if pane is not None and pane["dead"] and not os.path.exists(code_path):
                 self.record_exit(run_dir, pane)
             if os.path.exists(code_path):
-                out.append((name, run_dir, False, os.path.getmtime(code_path)))
+                out.append(Run(name, False, mtime(code_path), False, None))
                 continue
             # A dead pane is over even when its exit code is unknown: remain-on-exit keeps it (and
             # its session) after the job ends, so the session's existence alone proves nothing.
-            out.append((name, run_dir, bool(pane is not None and not pane["dead"]), None))
+            running = bool(pane is not None and not pane["dead"])
+            # A run waiting in the cluster's queue (payloads/gpuctl_queue.py) is work, as a job is
+            # (its pane lives), but neither hung nor stalled: it has not started.
+            queued = running and (read_json(os.path.join(run_dir, "queue.json")) or {}).get("state") == "queued"
+            out.append(Run(name, running, None, queued, mtime(os.path.join(run_dir, "output.log"))))
         return out
 
     def pane(self, cfg, name):
@@ -178,189 +181,116 @@ class Watchdog(object):
         """(utmp path or None, counted, ignored): gpuctl_logins.logins."""
         return gpuctl_logins.logins(now, idle_s)
 
-    def busy(self, cfg, now):
-        """Names of gpuctl commands at work on this host (gpuctl.remote.heartbeat): a file in
-        busy/ whose mtime (this host's clock) is younger than `heartbeat_stale_s`. A stale one was
-        left by a client that vanished mid-command: it is removed and counts no more."""
-        out = []
-        stale_s = float(cfg.get("heartbeat_stale_s", 20))
+    def heartbeats(self):
+        """{name: mtime (this host's clock)} of the busy files of gpuctl commands at work here
+        (gpuctl.remote.heartbeat); gpuctl_decide.heartbeats says which still count."""
         folder = os.path.join(self.guard_dir, "busy")
-        names = entries(folder)
-        for name in names:
-            path = os.path.join(folder, name)
-            try:
-                age = now - os.path.getmtime(path)
-            except OSError:
-                continue  # its command just ended
-            if age < stale_s:
-                out.append(name)
-            elif not self.dry:
-                self.log("gpuctl command %s: no heartbeat for %.0fs, no longer counted" % (name, age))
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+        beats = {}
+        for name in entries(folder):
+            at = mtime(os.path.join(folder, name))
+            if at is not None:  # else its command just ended
+                beats[name] = at
+        return beats
+
+    def neighbours(self):
+        """{cluster: (jobs, at)} of the other gpuctl clusters on this host (an ssh host shared by
+        several: sibling work dirs), as their watchdogs last recorded them."""
+        root = os.path.dirname(self.guard_dir)
+        parent = os.path.dirname(root)
+        out = {}
+        for name in entries(parent):
+            if os.path.join(parent, name) == root:
+                continue
+            st = read_json(os.path.join(parent, name, "guard", "state.json"))
+            if isinstance(st, dict):
+                out[name] = (st.get("jobs"), st.get("at"))
         return out
+
+    def observe(self, cfg, now):
+        """Everything one tick looks at: the runs, the GPU, the logins, gpuctl's heartbeats, the
+        last firing, a spot notice, the neighbours."""
+        return Observation(
+            runs=self.runs(cfg), gpu=self.gpu_utilization(),
+            logins=self.logins(now, gpuctl_decide.number(cfg, "idle_s", 0)), heartbeats=self.heartbeats(),
+            fired=read_json(os.path.join(self.guard_dir, "fired.json")),
+            notice=os.path.exists(os.path.join(self.guard_dir, gpuctl_notice.NOTICE_FILE)),
+            neighbours=self.neighbours())
+
+    # --- doing ---------------------------------------------------------------------------------------
 
     def pane_pid(self, cfg, name):
         res = self.tmux(cfg, "list-panes", "-t", "=%s:" % name, "-F", "#{pane_pid}")
         return res.stdout.strip().split("\n")[0] if res and res.returncode == 0 else ""
 
-    def signal_jobs(self, cfg, running, signal):
-        for name, _, _, _ in running:
+    def signal_jobs(self, cfg, names, signal):
+        for name in names:
             pid = self.pane_pid(cfg, name)
             if pid:
                 sh(["kill", "-" + signal, "--", "-" + pid])  # the pane leads its process group
 
-    def stop_jobs(self, cfg, running, grace_s):
-        self.signal_jobs(cfg, running, "TERM")
+    def stop_jobs(self, cfg, names, grace_s):
+        self.signal_jobs(cfg, names, "TERM")
+        codes = dict((name, os.path.join(cfg["runs_dir"], name, "exitcode")) for name in names)
         deadline = time.time() + grace_s
-        while time.time() < deadline and any(
-            not os.path.exists(os.path.join(run_dir, "exitcode")) for _, run_dir, _, _ in running
-        ):
+        while time.time() < deadline and any(not os.path.exists(c) for c in codes.values()):
             time.sleep(0.5)
-        for name, run_dir, _, _ in running:
-            if not os.path.exists(os.path.join(run_dir, "exitcode")):
-                self.signal_jobs(cfg, [(name, run_dir, True, None)], "KILL")
+        for name, code in sorted(codes.items()):
+            if not os.path.exists(code):
+                self.signal_jobs(cfg, [name], "KILL")
             self.tmux(cfg, "kill-session", "-t", "=" + name)
 
-    def neighbours_at_work(self, now):
-        """Other gpuctl clusters on this host (an ssh host shared by several: sibling work dirs)
-        whose watchdogs saw a job in the last few minutes: their work is not this cluster's to end."""
-        root = os.path.dirname(self.guard_dir)
-        parent = os.path.dirname(root)
-        out = []
-        names = entries(parent)
-        for name in names:
-            if os.path.join(parent, name) == root:
-                continue
-            st = read_json(os.path.join(parent, name, "guard", "state.json"))
-            try:
-                if isinstance(st, dict) and st.get("jobs") and now - float(st.get("at") or 0) < 180:
-                    out.append(name)
-            except (TypeError, ValueError):
-                continue  # not a state this watchdog can read: it must not stop the firing
-        return out
-
-    def fire(self, cfg, reason, detail, running):
-        action = cfg.get("on_fire") or "stop-jobs"
-        if action == "poweroff" and os.path.exists(os.path.join(self.guard_dir, gpuctl_notice.NOTICE_FILE)):
-            # EC2 ends this spot instance within two minutes, and bills none of its first hour
-            # then; powering it off ourselves would be billed.
-            self.log("poweroff held back: a spot interruption notice came; EC2 ends the instance")
-            action = "stop-jobs"
-        if action == "poweroff":
-            neighbours = self.neighbours_at_work(time.time())
-            if neighbours:
-                self.log("poweroff held back: cluster(s) %s on this host run jobs" % ", ".join(neighbours))
-                action = "stop-jobs"
-        self.log("FIRE %s: %s -> %s" % (reason, detail, action))
-        write_json(os.path.join(self.guard_dir, "fired.json"),
-                   {"reason": reason, "detail": detail, "at": time.time(), "action": action})
-        if running:
-            self.stop_jobs(cfg, running, float(cfg.get("grace_s", 120)))
-        if action == "poweroff":
+    def fire(self, cfg, decision):
+        self.log("FIRE %s: %s -> %s" % (decision.reason, decision.detail, decision.action))
+        write_json(os.path.join(self.guard_dir, "fired.json"), {"reason": decision.reason, "detail": decision.detail,
+                                                                 "at": time.time(), "action": decision.action})
+        if decision.state["jobs"]:
+            self.stop_jobs(cfg, decision.state["jobs"], gpuctl_decide.number(cfg, "grace_s", 120))
+        if decision.action == "poweroff":
             sh(["sh", "-c", cfg.get("poweroff_command", "sudo shutdown -h now")], timeout=120)
 
-    # --- deciding -----------------------------------------------------------------------------------
+    # --- one tick --------------------------------------------------------------------------------------
 
     def tick(self):
+        """Observe, decide (gpuctl_decide), act; (state, reason, detail)."""
         cfg = read_json(self.config_path)
         if not cfg:
             return
         now = time.time()
-        runs = self.runs(cfg)
-        running = [r for r in runs if r[2]]
-        gpu = self.gpu_utilization()
-        gpu_idle = gpu is None or gpu < float(cfg.get("gpu_idle_percent", 5))
-        idle_s = float(cfg.get("idle_s", 0))
-        utmp, counted, ignored = self.logins(now, idle_s)
-        busy = self.busy(cfg, now)
-        sessions = len(counted)
-        spent = float(cfg.get("usd_per_hour", 0)) * max(0.0, now - float(cfg.get("started_at", now))) / 3600.0
-        budget = float(cfg.get("budget_usd", 0))
-        stall_s, grace_s = float(cfg.get("stall_s", 0)), float(cfg.get("grace_s", 120))
-        fired = read_json(os.path.join(self.guard_dir, "fired.json"))
-        state = {"at": now, "jobs": [r[0] for r in running], "gpu_util": gpu, "ssh_sessions": sessions,
-                 "logins": {"utmp": utmp, "counted": counted, "ignored": ignored},
-                 "busy": busy, "spent_usd": spent, "budget_usd": budget, "idle_since": None, "fires_at": {}, "stalled": [],
-                 "fired": fired, "pid": os.getpid(), "code": self.code, "boot_id": self.boot_id, "cluster_key": cfg.get("cluster_key")}
-
-        reason = detail = None
-        # budget: the uptime's cost, whatever the jobs do
-        if budget > 0:
-            rate = float(cfg.get("usd_per_hour", 0))
-            state["fires_at"]["budget"] = float(cfg.get("started_at", now)) + budget / rate * 3600.0 if rate > 0 else None
-            if spent >= budget:
-                reason, detail = "budget", "$%.4f spent of a $%.4f budget" % (spent, budget)
-        # after the run
-        armed_at = cfg.get("down_after_run_since")
-        if reason is None and cfg.get("down_after_run") and armed_at is not None and not running:
-            ended = [r[3] for r in runs if r[3] is not None and r[3] >= float(armed_at)]
-            if ended and fired and fired.get("reason") == "run-done" and fired.get("at", 0) >= max(ended):
-                ended = []  # fired for this run already
-            if ended:
-                state["fires_at"]["run-done"] = max(ended) + grace_s
-                if now >= max(ended) + grace_s:
-                    reason, detail = "run-done", "the run ended %.0fs ago" % (now - max(ended))
-        # the hard cap, as the watchdog sees it (the boot-time timer is the one that needs no watchdog)
-        cap = cfg.get("hard_cap_at")
-        if cap:
-            state["fires_at"]["hard-cap"] = float(cap)
-            if reason is None and now >= float(cap):
-                reason, detail = "hard-cap", "max_hours reached"
-        # hung jobs
-        for name, run_dir, _, _ in running:
-            log_path = os.path.join(run_dir, "output.log")
-            quiet = now - (os.path.getmtime(log_path) if os.path.exists(log_path) else now)
-            if stall_s > 0 and gpu_idle and quiet >= stall_s:
-                state["stalled"].append(name)
-                if name not in self.warned:
-                    self.log("WARN stall: %s: GPU idle and log silent for %.0fs" % (name, quiet))
-                    self.warned.add(name)
-                if cfg.get("on_stall") == "fire" and reason is None:
-                    reason, detail = "stall", "%s hung: GPU idle, log silent %.0fs" % (name, quiet)
-        # idle: counted from the later of the first tick without a job or GPU work and the last
-        # input on any login. A login keeps the instance busy until its terminal has been quiet for
-        # `idle_s`; once it is gone (or quiet), its last input still counts, so idle fires `idle_s`
-        # after the user's last keystroke, not `idle_s` after the guard noticed.
-        if self.previous is not None:
-            self.idle_since = inherited_idle_since(self.previous, cfg, self.boot_id)
+        if self.previous is not None:  # the first tick: the idle time a previous watchdog counted
+            self.memory = self.memory._replace(
+                idle_since=gpuctl_decide.inherited_idle_since(self.previous, cfg, self.boot_id))
             self.previous = None
-        if running or busy or counted or not gpu_idle:
-            self.idle_fired = False
-        if not running and gpu_idle and not busy:
-            if self.idle_since is None:
-                self.idle_since = now
-            for entry in counted:
-                self.idle_since = max(self.idle_since, entry["last_input"])
-            state["idle_since"] = self.idle_since
-            if idle_s > 0 and not self.idle_fired:
-                state["fires_at"]["idle"] = self.idle_since + idle_s
-                if reason is None and not counted and not self.idle_fired and now - self.idle_since >= idle_s:
-                    reason, detail = "idle", "idle for %.0fs (no job, GPU %s, no interactive login%s)" % (
-                        now - self.idle_since, "absent" if gpu is None else "%.0f%%" % gpu,
-                        "; not counted: " + gpuctl_logins.summarize(ignored) if ignored else "")
-        else:
-            self.idle_since = None
-
+        seen = self.observe(cfg, now)
+        decision = gpuctl_decide.decide(cfg, seen, now, self.memory)
+        self.memory = decision.memory
+        utmp, counted, ignored = seen.logins
+        state = dict(decision.state, at=now, gpu_util=seen.gpu, ssh_sessions=len(counted),
+                     logins={"utmp": utmp, "counted": counted, "ignored": ignored}, fired=seen.fired,
+                     pid=os.getpid(), code=self.code, boot_id=self.boot_id, cluster_key=cfg.get("cluster_key"))
+        for note in decision.notes:
+            self.log(note)
         self.log("jobs=%d gpu=%s ssh=%d%s%s%s spent=$%.4f%s -> %s" % (
-            len(running), "none" if gpu is None else "%.0f%%" % gpu, sessions,
+            len(state["jobs"]), "none" if seen.gpu is None else "%.0f%%" % seen.gpu, len(counted),
             " (%s)" % ", ".join("%s@%s from %s, no input for %.0fs" % (e["user"], e["line"], e["host"] or "?", e["quiet_s"])
                                 for e in counted) if counted else "",
             " [not counted: %s]" % gpuctl_logins.summarize(ignored) if ignored else "" if utmp else " [no utmp: logins unseen]",
-            " gpuctl at work: %s" % ", ".join(busy) if busy else "", spent,
-            "" if budget <= 0 else "/$%.4f" % budget, "fire %s" % reason if reason else "ok"))
+            " gpuctl at work: %s" % ", ".join(state["busy"]) if state["busy"] else "", state["spent_usd"],
+            "" if state["budget_usd"] <= 0 else "/$%.4f" % state["budget_usd"],
+            "fire %s" % decision.reason if decision.reason else "ok"))
         if self.dry:
-            return state, reason, detail
+            return state, decision.reason, decision.detail
+        for name in decision.forget:  # stale heartbeats: their clients vanished mid-command
+            try:
+                os.remove(os.path.join(self.guard_dir, "busy", name))
+            except OSError:
+                pass
         write_json(os.path.join(self.guard_dir, "state.json"), state)
-        if reason:
-            self.fire(cfg, reason, detail, running)
-            self.idle_fired = self.idle_fired or reason == "idle"  # one firing per idle stretch
+        if decision.reason:
+            self.fire(cfg, decision)
             state["fired"] = read_json(os.path.join(self.guard_dir, "fired.json"))
             state["idle_since"] = None
             write_json(os.path.join(self.guard_dir, "state.json"), state)
-        return state, reason, detail
+        return state, decision.reason, decision.detail
 
     def nap(self, since):
         """Until the check interval in force has passed since `since`: the config is read again

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from gpuctl.remote.host import Host
     from gpuctl.settings import Settings
-    from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+    from gpuctl.types import ClusterSpec, InstanceRecord, PriceQuote, Resource
 
 PROVIDERS: dict[str, str] = {
     "aws": "gpuctl.provision.aws:AwsProvider",
@@ -43,6 +43,9 @@ class Provider(Protocol):
     default_on_fire: str
     # True: the instance powers itself off `max_hours` after boot (armed by the provider at launch).
     boot_hard_cap: bool
+    # True: it launches machines of the type asked for (`aws.instance_type`, `plan --type`); False:
+    # its machines are what they are.
+    picks_instance_types: bool
 
     def __init__(self, home: "Path", spec: "ClusterSpec") -> None: ...
 
@@ -55,13 +58,24 @@ class Provider(Protocol):
         `up` records no cluster for it."""
 
     def launch_question(self) -> str | None:
-        """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
+        """What `up` would start, for the question it asks before it spends money ("launch a
+        g5.xlarge (spot) for cluster 'default'"); None when it costs nothing."""
+
+    def price_quote(self) -> "PriceQuote | None":
+        """The $/h the launch is about to be billed (None: nothing is billed), asked before anything
+        is created; a price cap no offer meets is refused here (ConfigError)."""
 
     def launch(self, progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
         """Create the spec's instances, or find and reuse them, and return them."""
 
-    def host(self, instance: "InstanceRecord", connect_timeout_s: float | None = None) -> "Host":
-        """A Host to run commands and move files on this instance (connect within the timeout)."""
+    def remember(self, instances: "list[InstanceRecord]") -> None:
+        """The cluster's instances as `up` settled them after `launch` (a node given its own work
+        dir where nodes share one): a provider that keeps its own view of them records them so."""
+
+    def host(self, instance: "InstanceRecord", connect_timeout_s: float | None = None,
+             progress: "Callable[[str], None] | None" = None) -> "Host":
+        """A Host to run commands and move files on this instance (connect within the timeout,
+        telling `progress` while a slow connection waits)."""
 
     def reconcile(self, instances: "list[InstanceRecord]") -> "list[InstanceRecord]":
         """The instances as the provider sees them now (state, when and why they ended)."""
@@ -69,8 +83,10 @@ class Provider(Protocol):
     def discover(self, cluster: str | None = None, region: str | None = None) -> "list[Resource]":
         """Everything this provider created for gpuctl (for one cluster, or all), found afresh."""
 
-    def release(self, resources: "list[Resource]", progress: "Callable[[str], None]") -> None:
-        """Delete the resources; already-gone ones are fine."""
+    def release(self, resources: "list[Resource]", progress: "Callable[[str], None]",
+                unreachable: "frozenset[str]" = frozenset()) -> None:
+        """Delete the resources; already-gone ones are fine. `unreachable`: ids of instances that
+        did not answer in this command, not waited for again (what may run on them is said)."""
 
     def set_hard_cap(self, host: "Host", hours: float) -> bool:
         """Move the boot-time hard cap; False where the instance has none to move."""
@@ -92,6 +108,19 @@ class Provider(Protocol):
     def interruption_notice(self) -> "dict[str, Any] | None":
         """What the watchdog polls for a notice that the instance is about to be taken away
         ({"endpoint": URL, "interval_s": 5} for a spot instance's IMDSv2); None where none comes."""
+
+    def kept_run(self, run_id: str) -> "tuple[Host, str] | None":
+        """Where a run's directory (outputs, checkpoints, log, reports) is kept once its cluster was
+        released: (a Host, the run's directory there) for `pull`, `train --resume --cluster OTHER`
+        and `runs rm`; None where nothing of it is kept by gpuctl (local keeps each run's under
+        the gpuctl home; aws keeps checkpoints in its store, see checkpoint_store)."""
+
+    def after_release(self) -> str:
+        """What becomes of the runs' files when the cluster is released, for `down` to say."""
+
+    def loses_run_files(self) -> bool:
+        """Whether releasing deletes the runs' files (they exist only on the instances): `down`
+        then lists those runs and offers `down --pull`."""
 
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
@@ -205,15 +234,25 @@ class MachinesThatStay:
     it, which nobody takes away with a warning, and which have no machine images."""
 
     name: str
+    picks_instance_types = False
 
     def image_store(self) -> None:
         raise no_image_store(self.name)
+
+    def remember(self, instances: "list[InstanceRecord]") -> None:
+        pass  # the ledger's record is the only one (ssh keeps its own: it overrides this)
 
     def checkpoint_store(self) -> None:
         return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
 
     def was_interrupted(self, instance: "InstanceRecord") -> bool:
         return False
+
+    def kept_run(self, run_id: str) -> "tuple[Host, str] | None":
+        return None
+
+    def loses_run_files(self) -> bool:
+        return False  # kept by gpuctl (local) or left on the host (ssh)
 
     def interruption_notice(self) -> None:
         return None
@@ -223,13 +262,21 @@ class MachinesThatStay:
         return instances  # never interrupted: recovery does not run here
 
 
+def unknown_provider(name: str) -> str:
+    """'unknown provider X', with a did-you-mean when a known name is close (a typo like 'locl')."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(PROVIDERS), n=1, cutoff=0.6)
+    return f"unknown provider {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
 def provider_class(name: str) -> Any:
     """The class registered under `name` (imports its module only now)."""
     try:
         target = PROVIDERS[name]
     except KeyError:
         raise ConfigError(
-            f"unknown provider {name!r}", f"Known providers: {', '.join(sorted(PROVIDERS))}."
+            unknown_provider(name), f"Known providers: {', '.join(sorted(PROVIDERS))}."
         ) from None
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)

@@ -13,12 +13,16 @@ import posixpath
 import shlex
 from typing import Any
 
+from gpuctl import untrusted
 from gpuctl.remote import jobs
+from gpuctl.remote.guard_files import GuardConfig, WatchdogState
 
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
 CHECK = "gpuctl_guard_check.py"  # one dry look by the watchdog's code (`guard show --check`)
-WATCHDOG_FILES = (WATCHDOG, "gpuctl_logins.py", "gpuctl_notice.py")  # its code: a change means a restart (ops.guards.code_version)
+# Its code (gpuctl_watchdog.CODE_FILES): a change means a restart (ops.guards.code_version), and
+# the aws user data carries them all (the watchdog runs from boot).
+WATCHDOG_FILES = (WATCHDOG, "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py")
 SESSION = "gpuctl-watchdog"
 CRON_MARK = "# gpuctl-watchdog"
 
@@ -31,11 +35,15 @@ def config_path(host: Any) -> str:
     return posixpath.join(guard_dir(host), "config.json")
 
 
-def read_config(host: Any) -> dict[str, Any]:
-    try:
-        return json.loads(host.read_bytes(config_path(host)) or b"{}")
-    except ValueError:
-        return {}
+def read_config(host: Any, notes: list[str] | None = None) -> dict[str, Any]:
+    """The watchdog's config as written on the host, each field checked (guard_files.py); what
+    does not hold is left out and said in `notes`."""
+    return _read(host, "config.json", GuardConfig, notes)
+
+
+def _read(host: Any, name: str, model: type, notes: list[str] | None) -> dict[str, Any]:
+    raw = host.read_bytes(posixpath.join(guard_dir(host), name), 0, untrusted.MAX_JSON + 1)
+    return untrusted.read(model, raw, f"guard/{name} from {host.label}", notes)
 
 
 def write_config(host: Any, cfg: dict[str, Any]) -> None:
@@ -108,7 +116,8 @@ def uninstall(host: Any) -> None:
     host.run(["sh", "-c",
               f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vxF {shlex.quote(_cron_line(host))}"
               " | crontab - ; "
-              f"tmux -L {shlex.quote(host.tmux_socket)} kill-session -t ={SESSION} 2>/dev/null; "
+              # No tmux here: its session ends with the cluster's processes (teardown.end_cluster),
+              # and a tmux that hangs must not keep the unit below enabled.
               f"if [ -f /etc/systemd/system/{shlex.quote(unit_name(host))} ]; then "
               f"S=; [ \"$(id -u)\" = 0 ] || S='sudo -n'; $S systemctl disable --now {shlex.quote(unit_name(host))}; fi; "
               # Its limits and what it saw go too: the next cluster on this host starts clean.
@@ -118,20 +127,21 @@ def uninstall(host: Any) -> None:
 
 def output_tail(host: Any, lines: int = 3) -> str:
     """The last lines the watchdog printed (its errors, when it cannot start)."""
-    data = host.read_bytes(posixpath.join(guard_dir(host), "watchdog.out")) or b""
-    return " / ".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:])
+    data = host.read_bytes(posixpath.join(guard_dir(host), "watchdog.out"), -(16 << 10)) or b""
+    return untrusted.one_line(" / ".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:]), 600)
 
 
-def state(host: Any) -> dict[str, Any]:
-    """The watchdog's latest picture (state.json), or {} before its first look."""
-    try:
-        return json.loads(host.read_bytes(posixpath.join(guard_dir(host), "state.json")) or b"{}")
-    except ValueError:
-        return {}
+def state(host: Any, notes: list[str] | None = None) -> dict[str, Any]:
+    """The watchdog's latest picture (state.json), each field checked, or {} before its first look."""
+    return _read(host, "state.json", WatchdogState, notes)
+
+
+DECISIONS_SHOWN = 4 << 20  # of the decision log's end: `logs --guard`
 
 
 def decisions(host: Any) -> str:
-    return (host.read_bytes(posixpath.join(guard_dir(host), "decisions.log")) or b"").decode("utf-8", "replace")
+    data = host.read_bytes(posixpath.join(guard_dir(host), "decisions.log"), -DECISIONS_SHOWN) or b""
+    return data.decode("utf-8", "replace")
 
 
 def set_hard_cap(host: Any, max_hours: float) -> bool:

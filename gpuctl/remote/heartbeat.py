@@ -1,6 +1,6 @@
 """gpuctl at work on a host: while a command pushes, checks, runs or follows something there, a
 file under the guard's `busy/` directory is kept fresh, and the watchdog counts it as activity
-(issue 10: a 64 MB push, a preflight or `gpuctl exec -- sleep 35` looked idle and was powered off).
+(without it a 64 MB push, a preflight or `gpuctl exec -- sleep 35` looked idle and was powered off).
 
 The watchdog trusts a file only while it is younger than STALE_S by the instance's own clock (the
 file's mtime is set there): a laptop that vanishes mid-command stops counting STALE_S after its

@@ -1,5 +1,5 @@
-"""Host: run commands and move files on an instance, the same way whether it is this machine or
-(later) one reached over SSH, as Fabric's Connection mirrors Invoke's Context.
+"""Host: run commands and move files on an instance, the same way whether it is this machine
+(LocalHost) or one reached over SSH (ssh.py's SshHost), as Fabric's Connection mirrors Invoke's Context.
 
 Commands are argv lists, never shell strings: the local host passes them to exec directly and a
 remote host joins them with shlex.quote, so no user-controlled string reaches a shell unquoted.
@@ -8,16 +8,64 @@ remote host joins them with shlex.quote, so no user-controlled string reaches a 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import RemoteError, RemoteTimeout
 from gpuctl.remote.sync import push_local, unique_suffix
 from gpuctl.types import CommandResult, SyncStats
+from gpuctl.untrusted import MAX_READ
+
+
+# Every command on a host has a deadline: this, unless the caller names its own (remote.command_timeout_s).
+COMMAND_TIMEOUT_S = 30.0
+# How long a first connection may take where gpuctl only reports or ends (status, cost, logs,
+# guard show, pull, down): a host that does not answer then costs one wait this long, not
+# the minutes a booting instance is given (remote.connect_timeout_s).
+QUICK_CONNECT_S = 5.0
+# Deleting a run's tree (checkpoints of many GB) may take longer than a command.
+REMOVE_TIMEOUT_S = 600.0
+# The user's own command (`gpuctl exec`) runs as long as it runs: Ctrl-C ends it.
+NO_DEADLINE = math.inf
+HUNG_HINT = ("The host answers but its commands hang (a stuck tmux, a full disk, a network that stopped): `gpuctl "
+             "status` answers from the ledger; `gpuctl down -y` still releases the cluster.")
+
+
+class Deadlines:
+    """The deadline rule LocalHost and SshHost share: every command gets one (the host's
+    `command_timeout_s` unless the caller names another), and a host that ran past one is not
+    asked again in this gpuctl command (every later call fails at once with the same error), so a
+    hung host costs a command one wait, not one per run or per file."""
+
+    label: str
+    command_timeout_s: float = COMMAND_TIMEOUT_S
+    hung: RemoteTimeout | None = None
+
+    def deadline(self, timeout: float | None = None) -> float | None:
+        """The seconds a call may take (None: no limit); a host that hung already fails here."""
+        if self.hung is not None:
+            raise self.hung
+        limit = self.command_timeout_s if timeout is None else timeout
+        return None if math.isinf(limit) else limit
+
+    def timed_out(self, what: str, seconds: float) -> RemoteTimeout:
+        """The error for a call past its deadline; the host counts as hung from now on."""
+        self.hung = RemoteTimeout(f"{what} did not finish within {seconds:g} s on {self.label}", HUNG_HINT)
+        return self.hung
+
+
+def shown(argv: Sequence[str]) -> str:
+    """How an error names a command: its first words."""
+    return f"`{' '.join(argv[:3])}{' ...' if len(argv) > 3 else ''}`"
+
+T = TypeVar("T")
 
 
 class Host(Protocol):
@@ -28,10 +76,14 @@ class Host(Protocol):
     local: bool  # True: this machine itself (nothing to check first, nothing to forward)
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
-        """Run argv on the host; with check, a non-zero exit raises RemoteError."""
+        """Run argv on the host; with check, a non-zero exit raises RemoteError. `timeout`: seconds
+        (None: the host's command_timeout_s; NO_DEADLINE for the user's own command); past it,
+        RemoteTimeout, and the host is not asked again in this gpuctl command."""
 
-    def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
-        """Bytes of a file from `offset` on; None if the file does not exist."""
+    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
+        """At most `limit` bytes of a file from `offset` on (a negative offset counts from its
+        end: -N is its last N bytes); None if the file does not exist. Bounded: the file is the
+        instance's, and may be as large as it likes."""
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         """Write a file atomically, creating parent directories."""
@@ -63,6 +115,30 @@ class Host(Protocol):
         """End the connection, if any."""
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def output_tail(argv: Sequence[str], stdout_bytes: int = 1 << 20, stderr_bytes: int = 64 << 10) -> list[str]:
+    """argv run so that only the last `stdout_bytes` of its output and `stderr_bytes` of its errors
+    come back (the instance's tail keeps them; what an instance prints is never held here whole).
+    For commands whose answer is their last line; the exit status is tail's, not the command's."""
+    return ["sh", "-c", f'{{ "$@" 2>&1 1>&3 | tail -c {int(stderr_bytes)} 1>&2; }} 3>&1 | tail -c {int(stdout_bytes)}',
+            "sh", *argv]
+
+
+def read_part(fh: Any, offset: int, limit: int, size: int) -> bytes:
+    """At most `limit` bytes of an open file from `offset` (negative: from its end)."""
+    start = max(0, size + offset) if offset < 0 else offset
+    if start:
+        fh.seek(start)
+    return fh.read(max(0, limit))
+
+
 def check_result(res: CommandResult, label: str) -> CommandResult:
     if res.returncode != 0:
         detail = (res.stderr or res.stdout).strip().splitlines()
@@ -73,11 +149,25 @@ def check_result(res: CommandResult, label: str) -> CommandResult:
     return res
 
 
-class LocalHost:
+_ONCE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def once(host: Any, what: str, compute: Callable[[], T]) -> T:
+    """`compute()` the first time `what` is asked of this host connection; the same answer after.
+    For what cannot change while one command runs (its pushed payload, its GPUs): a `train`
+    asked each two or three times, each an SSH round trip."""
+    facts = _ONCE.setdefault(host, {})
+    if what not in facts:
+        facts[what] = compute()
+    return facts[what]
+
+
+class LocalHost(Deadlines):
     """This machine playing the instance; `root` is the cluster's work directory."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, command_timeout_s: float = COMMAND_TIMEOUT_S):
         self.root = str(root)
+        self.command_timeout_s = command_timeout_s
         self.label = "local"
         self.local = True
         self.python = sys.executable
@@ -85,9 +175,13 @@ class LocalHost:
         self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
+        limit = self.deadline(timeout)
         try:
             cwd = self.root if os.path.isdir(self.root) else None  # e.g. killing a removed cluster's tmux
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+            # A session of its own: past the deadline the whole group goes, not only the first process
+            # (a `sh -c` whose tmux hangs would keep the pipes, and so this call, open).
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                                    start_new_session=limit is not None)
         except FileNotFoundError:
             if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
                 return CommandResult(argv=tuple(argv), returncode=127, stdout="",
@@ -95,17 +189,26 @@ class LocalHost:
             raise RemoteError(
                 f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."
             ) from None
+        try:
+            out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            raise RemoteError(f"`{' '.join(argv[:3])} ...` timed out after {timeout}s on {self.label}") from None
-        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+            _kill_group(proc)
+            raise self.timed_out(shown(argv), limit or 0) from None
+        except BaseException:  # Ctrl-C: the command goes with gpuctl
+            if limit is None:
+                proc.kill()  # the user's own command (exec), in gpuctl's group: it had the Ctrl-C too
+                proc.wait()
+            else:
+                _kill_group(proc)
+            raise
+        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=out, stderr=err)
         return check_result(res, self.label) if check else res
 
-    def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
+    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
         try:
             with open(path, "rb") as fh:
-                fh.seek(offset)
-                return fh.read()
-        except FileNotFoundError:
+                return read_part(fh, offset, limit, os.fstat(fh.fileno()).st_size)
+        except (FileNotFoundError, IsADirectoryError):
             return None
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:

@@ -14,9 +14,11 @@ import posixpath
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from gpuctl.remote.host import Host
+from gpuctl.errors import RemoteError
+from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
+from gpuctl.untrusted import EARLIEST, LATEST, number
 
 LOG = "output.log"
 EXITCODE = "exitcode"
@@ -25,6 +27,9 @@ EPOCHS = "epochs.jsonl"
 STARTED = "started"
 ENDED = "ended"
 SCRIPT = "job.sh"
+# Several nodes: the rank of the node whose job started here (written by the queue wrapper past
+# the queue): a node that reads another rank shares this directory with that node.
+NODE_STARTED = "node-started"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class JobPaths:
     @property
     def ended(self) -> str:
         return posixpath.join(self.run_dir, ENDED)
+
+    @property
+    def node_started(self) -> str:
+        return posixpath.join(self.run_dir, NODE_STARTED)
 
     @property
     def epochs(self) -> str:
@@ -111,6 +120,18 @@ def server_env(host: Host) -> list[str]:
     return ["env", f"{MARK_VAR}={host.tmux_socket}"]
 
 
+def start_detached(host: Host, argv: Sequence[str], what: str) -> int:
+    """Start `argv` on the host in the background, apart from this SSH session (a closed laptop
+    does not stop it); its pid. It carries the cluster's process mark, so `down` ends it."""
+    script = (f"cd / && {MARK_VAR}={shlex.quote(host.tmux_socket)} setsid nohup {shlex.join(argv)} "
+              "</dev/null >/dev/null 2>&1 & echo $!")
+    res = host.run(["sh", "-c", script], timeout=60)
+    try:
+        return int(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteError(f"could not start {what} on {host.label}: {res.stderr.strip()[-300:]}") from None
+
+
 def start_job(host: Host, session: str, workdir: str, command: Sequence[str], env: Mapping[str, str], paths: JobPaths,
               secret_env: Mapping[str, str] | None = None) -> None:
     """Start `command` in a detached tmux session; returns once tmux has it. `secret_env` reaches
@@ -135,7 +156,7 @@ def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[s
 def clear_ends(host: Host, session: str, paths: JobPaths) -> None:
     """Forget how a job ended (its dead pane, its exit code and end time) before it runs again."""
     host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
-    host.run(["rm", "-f", paths.exitcode, paths.ended])
+    host.run(["rm", "-f", paths.exitcode, paths.ended, paths.node_started])
 
 
 def _write_secrets(host: Host, paths: JobPaths, secret_env: Mapping[str, str]) -> None:
@@ -202,20 +223,23 @@ def record_exit_from_pane(host: Host, paths: JobPaths, p: Pane) -> int | None:
 
 
 def read_exit_code(host: Host, paths: JobPaths) -> int | None:
-    data = host.read_bytes(paths.exitcode)
-    if data is None:
-        return None
-    try:
-        return int(data.decode().strip())
-    except ValueError:
-        return None
+    """The job's exit code, if its file holds a believable one (a shell's: -1024..1024)."""
+    return _number(host, paths.exitcode, int, -1024, 1024)
+
+
+def _number(host: Host, path: str, kind: type, low: float, high: float) -> Any:
+    """A number the instance wrote into a small file; None when absent, not a number or out of bounds."""
+    return number(host.read_bytes(path, 0, 64), kind, low, high)
 
 
 def _instant(host: Host, path: str) -> float | None:
-    try:
-        return float((host.read_bytes(path) or b"").decode().strip())
-    except ValueError:
-        return None
+    """A time on the instance's clock (`started`, `ended`): finite and within 2000..2100, else None."""
+    return _number(host, path, float, EARLIEST, LATEST)
+
+
+def started_at(host: Host, paths: JobPaths) -> float | None:
+    """When the job (last) started, by the instance's clock; None if unknown."""
+    return _instant(host, paths.started)
 
 
 def ended_at(host: Host, paths: JobPaths) -> float | None:
@@ -257,7 +281,11 @@ def capture_pane(host: Host, session: str) -> str:
     return res.stdout if res.returncode == 0 else ""
 
 
-def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = 10.0) -> int | None:
+# How long a stopped job has to save and exit after SIGTERM before SIGKILL (down, gpuctl stop).
+STOP_GRACE_S = 10.0
+
+
+def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GRACE_S) -> int | None:
     """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
     p = pane(host, session)
     if p is not None:
@@ -311,10 +339,12 @@ def end_processes(host: Host, grace_s: int = 3) -> list[str]:
     again. The processes still there ("pid command"); [] when none is."""
     if not all(c.isalnum() or c in "-_" for c in host.tmux_socket):
         raise ValueError(f"unexpected tmux socket name {host.tmux_socket!r}")  # it goes into a regex
-    res = host.run(["sh", "-c", _END_PROCESSES, "end-processes", host.tmux_socket, str(int(grace_s))], check=False)
+    # Its own deadline: the grace it waits, and a look through /proc that a busy machine makes slow.
+    res = host.run(["sh", "-c", _END_PROCESSES, "end-processes", host.tmux_socket, str(int(grace_s))], check=False,
+                   timeout=grace_s + COMMAND_TIMEOUT_S)
     return [line for line in res.stdout.splitlines() if line.strip()] if res.returncode else []
 
 
 def tail_text(host: Host, path: str, lines: int = 20) -> str:
-    data = host.read_bytes(path) or b""
+    data = host.read_bytes(path, -(64 << 10)) or b""  # the end of the file only
     return "\n".join(data.decode("utf-8", "replace").rstrip("\n").splitlines()[-lines:])

@@ -15,12 +15,8 @@ import os
 import shlex
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from gpuctl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gpuctl.remote.ssh import Endpoint
+from gpuctl.remote.endpoint import Endpoint, known_hosts_path
 
 HOP = "gpuctl-jump-"  # the Host names of the hops inside the file; the target is everything else
 
@@ -84,8 +80,6 @@ def render(ep: Endpoint, known_hosts: Path, conf: Path, ssh: str = "ssh") -> str
 def config_file(ep: Endpoint, home: Path) -> Path:
     """Write (once) and return the config file for `ep` under `home`/ssh. Its name comes from what
     it says, so concurrent commands never write different text to one file."""
-    from gpuctl.remote.ssh import known_hosts_path
-
     ssh = shutil.which("ssh") or "ssh"
     known = known_hosts_path(home)
     key = repr((ep.spec, ep.identity, [(h.spec, h.identity) for h in ep.jump], str(known), ssh))
@@ -104,8 +98,6 @@ def config_file(ep: Endpoint, home: Path) -> Path:
 def host_block(alias: str, ep: Endpoint, home: Path) -> list[str]:
     """A `Host alias` block for the user's own ssh config (`gpuctl ssh-config`): plain `ssh alias`
     reaches the host the way gpuctl does, through the same jump hosts, every key checked strictly."""
-    from gpuctl.remote.ssh import known_hosts_path
-
     lines = [f"Host {alias}", f"    HostName {_token(ep.host)}", *_login(ep), *_alias(ep),
              f"    UserKnownHostsFile {_path(str(known_hosts_path(home)), 'the gpuctl home')}",
              "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes"]

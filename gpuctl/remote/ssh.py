@@ -11,120 +11,25 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import select
 import shlex
 import shutil
 import socket
+import threading
 import time
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from gpuctl.errors import RemoteError
-from gpuctl.remote.host import check_result
+from gpuctl.remote.endpoint import Endpoint
+from gpuctl.remote.host import COMMAND_TIMEOUT_S, REMOVE_TIMEOUT_S, Deadlines, check_result, shown
 from gpuctl.remote.sync import unique_suffix
-from gpuctl.types import CommandResult, InstanceRecord, SyncStats
+from gpuctl.types import CommandResult, SyncStats
+from gpuctl.untrusted import MAX_READ
 
-# What a host name, and a login name, may hold: they reach ssh argv and ssh config files, so no
-# spaces, quotes or a leading '-' (which ssh would read as an option).
-_HOST = re.compile(r"[A-Za-z0-9_.:%-]+")
-_USER = re.compile(r"[A-Za-z0-9_.@+-]+")
-
-
-def split_target(text: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` (IPv6 as `[::1]:22`, `ssh://` allowed) -> (user or None, host, port or None)."""
-    rest = text.removeprefix("ssh://")
-    user, _, rest = rest.rpartition("@")
-    port: int | None = None
-    try:
-        if rest.startswith("["):
-            host, _, tail = rest[1:].partition("]")
-            if tail:
-                if not tail.startswith(":"):
-                    raise ValueError
-                port = int(tail[1:])
-        elif rest.count(":") == 1:
-            host, _, p = rest.partition(":")
-            port = int(p)
-        else:
-            host = rest
-    except ValueError:
-        raise ValueError(f"not a host: {text!r} (expected user@host[:port])") from None
-    if (not _HOST.fullmatch(host) or host.startswith("-") or (user and (not _USER.fullmatch(user) or user.startswith("-")))
-            or not (port is None or 0 < port < 65536)):
-        raise ValueError(f"not a host: {text!r} (expected user@host[:port])")
-    return user or None, host, port
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where to SSH: `user@host:port`, the key to log in with (None: ssh-agent and ~/.ssh keys),
-    and the jump hosts on the way, the first one reached directly from here (ProxyJump order)."""
-
-    user: str
-    host: str
-    port: int = 22
-    identity: str | None = None
-    jump: tuple[Endpoint, ...] = ()
-    alias: str = ""  # the ssh config `Host` it was resolved from, for messages
-    # The name its host key is pinned under (OpenSSH's HostKeyAlias), when not its address: a
-    # cloud recycles public IPs, so an instance is pinned by its id and its pin dropped at `down`.
-    key_alias: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-    @property
-    def spec(self) -> str:
-        """`user@host:port`, as parse() reads it back (IPv6 in brackets)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.user}@{host}:{self.port}"
-
-    @property
-    def name(self) -> str:
-        """How messages name it: the alias the user typed, where it leads, and through which hops."""
-        base = f"{self.alias} ({self.label})" if self.alias and self.alias != self.host else self.label
-        return base + (" via " + ", ".join(h.label for h in self.jump) if self.jump else "")
-
-    @classmethod
-    def from_record(cls, instance: InstanceRecord) -> Endpoint:
-        """Where an InstanceRecord says the machine is, with the jump hosts recorded at `up`."""
-        keys = (*instance.jump_keys, *[""] * len(instance.jump_hosts))
-        jump = tuple(replace(cls.parse(h), identity=k or None) for h, k in zip(instance.jump_hosts, keys))
-        return cls(user=instance.ssh_user or "", host=instance.public_ip or "", port=instance.port or 22,
-                   identity=instance.key_path, jump=jump)
-
-    @classmethod
-    def parse(cls, text: str, default_user: str = "") -> Endpoint:
-        """`[user@]host[:port]`; IPv6 as `[::1]:22`. A bare name may be an ssh config alias."""
-        import getpass
-
-        user, host, port = split_target(text)
-        return cls(user=user or default_user or getpass.getuser(), host=host, port=port or 22)
-
-
-def known_hosts_path(home: Path) -> Path:
-    return home / "known_hosts"
-
-
-def forget_host_keys(home: Path, names: set[str]) -> int:
-    """Drop the pins of these names (key aliases of released instances); how many lines went."""
-    path = known_hosts_path(home)
-    if not names or not path.exists():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.split(" ", 1)[0] not in names]
-    if len(kept) != len(lines):
-        tmp = path.with_name(f".known_hosts.{unique_suffix()}.tmp")
-        tmp.write_text("".join(kept))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
-
-
-class SshHost:
+class SshHost(Deadlines):
     """A machine reached over SSH; `root` is gpuctl's work directory there (absolute).
 
     `identity` (when given) is the host's key and wins over `ep.identity`; the jump hosts log in
@@ -132,11 +37,14 @@ class SshHost:
 
     def __init__(self, ep: Endpoint, home: Path, identity: str | None, workdir: str, python: str = "",
                  connect_timeout_s: float = 30.0, retry_auth: bool = False,
-                 progress: Callable[[str], None] | None = None, tmux_socket: str = "gpuctl"):
+                 progress: Callable[[str], None] | None = None, tmux_socket: str = "gpuctl",
+                 command_timeout_s: float = COMMAND_TIMEOUT_S):
         from gpuctl.remote.ssh_connect import open_chain
 
         ep = replace(ep, identity=identity or ep.identity)
         self.ep = ep
+        self.command_timeout_s = command_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.home = home
         self.identity = ep.identity
         self.label = ep.name
@@ -167,22 +75,63 @@ class SshHost:
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None, cwd: bool = True,
             stdin: bytes | None = None) -> CommandResult:
-        try:
-            chan = self._client.get_transport().open_session()
-            chan.exec_command(self.command_line(argv, cwd and bool(self.root)))
-        except Exception as exc:
-            raise self._lost(exc) from None
+        limit = self.deadline(timeout)
+        chan = self._start(argv, cwd and bool(self.root), limit)
         if stdin is not None:
             chan.sendall(stdin)
             chan.shutdown_write()
-        return self._finish(chan, argv, check, timeout)
+        return self._finish(chan, argv, check, limit)
+
+    @contextmanager
+    def _cut_after(self, limit: float | None, what: str) -> Iterator[None]:
+        """For paramiko calls that wait without a timeout of their own (a channel's exec request,
+        opening SFTP): past `limit` the connection is closed under them, which ends the wait, and
+        the host counts as hung."""
+        if limit is None:
+            yield
+            return
+        fired = threading.Event()
+
+        def cut() -> None:
+            fired.set()
+            try:
+                self._client.get_transport().close()
+            except Exception:  # noqa: BLE001 - closing what may already be gone
+                pass
+
+        timer = threading.Timer(limit, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except Exception:
+            if fired.is_set():
+                raise self.timed_out(what, limit) from None
+            raise
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            raise self.timed_out(what, limit)
+
+    def _start(self, argv: Sequence[str], cwd: bool, limit: float | None) -> Any:
+        """A channel running argv (its exec request answered within `limit`)."""
+        with self._cut_after(limit, shown(argv)):
+            try:
+                chan = self._client.get_transport().open_session(timeout=limit)
+                chan.exec_command(self.command_line(argv, cwd))
+            except Exception as exc:
+                raise self._lost(exc) from None
+        return chan
 
     def run_feeding(self, argv: Sequence[str], feed: Callable[[Any], None]) -> CommandResult:
         """Run argv with its stdin written by `feed(stream)` while it runs: `stream.write` blocks
         while SSH's window is full, so memory stays flat whatever is sent. A command that ends
-        early (it refused the input, the disk filled) ends the feeding; its result says why."""
-        chan = self._client.get_transport().open_session()
-        chan.exec_command(self.command_line(argv, False))
+        early (it refused the input, the disk filled) ends the feeding; its result says why. A
+        command that takes no input for command_timeout_s is a hung host (RemoteTimeout)."""
+        limit = self.deadline()
+        chan = self._start(argv, False, limit)
+        chan.settimeout(limit)  # how long one write may wait for the window to open
+        host = self
 
         class Gone(Exception):
             pass
@@ -191,6 +140,8 @@ class SshHost:
             def write(self, data: bytes) -> int:
                 try:
                     chan.sendall(data)
+                except socket.timeout:
+                    raise host.timed_out(f"{shown(argv)} taking its input", limit or 0) from None
                 except (OSError, EOFError) as exc:
                     raise Gone() from exc
                 return len(data)
@@ -203,7 +154,7 @@ class SshHost:
         except BaseException:
             chan.close()  # the feeding failed here: the command sees its input end, not a pause
             raise
-        return self._finish(chan, argv, False, None)
+        return self._finish(chan, argv, False, limit)
 
     def _lost(self, exc: Exception) -> Exception:
         """The connection dropped (the machine went away): a RemoteError that says so, not paramiko's
@@ -227,7 +178,7 @@ class SshHost:
                 select.select([chan], [], [], 0.5)
                 if deadline and time.monotonic() > deadline:
                     chan.close()
-                    raise RemoteError(f"`{' '.join(argv[:3])} ...` timed out after {timeout}s on {self.label}")
+                    raise self.timed_out(shown(argv), timeout or 0)
         code = chan.recv_exit_status()
         chan.close()
         res = CommandResult(argv=tuple(argv), returncode=code, stdout=out.decode("utf-8", "replace"),
@@ -251,18 +202,40 @@ class SshHost:
 
     @property
     def sftp(self) -> Any:
-        return self._conn.sftp()  # Fabric opens it once, on the host's connection, and keeps it
+        """The host's SFTP session (Fabric opens it once and keeps it); a reply that does not come
+        within command_timeout_s raises socket.timeout (`_sftp_call` names it)."""
+        limit = self.deadline()
+        if getattr(self._conn, "_sftp", None) is None:
+            with self._cut_after(limit, "opening SFTP"):
+                try:
+                    self._conn.sftp().get_channel().settimeout(limit)
+                except Exception as exc:
+                    raise self._lost(exc) from None
+        return self._conn.sftp()
 
-    def read_bytes(self, path: str, offset: int = 0) -> bytes | None:
+    @contextmanager
+    def _sftp_call(self, what: str) -> Iterator[None]:
+        """An SFTP call whose reply did not come within command_timeout_s: the host is hung."""
+        try:
+            yield
+        except socket.timeout:
+            raise self.timed_out(what, self.command_timeout_s) from None
+
+    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
         try:
             with self.sftp.open(path, "rb") as fh:
-                if offset:
-                    fh.seek(offset)
-                else:
-                    fh.prefetch()  # pipelined reads: one round trip's wait, not one per 32 KB
-                return fh.read()
+                size = fh.stat().st_size
+                start = max(0, size + offset) if offset < 0 else offset
+                end = min(size, start + max(0, limit))
+                if start >= end:
+                    return b""
+                fh.seek(start)
+                fh.prefetch(end)  # pipelined reads of the part wanted: one round trip's wait, not one per 32 KB
+                return fh.read(end - start)
         except FileNotFoundError:
             return None
+        except socket.timeout:
+            raise self.timed_out(f"reading {path}", self.command_timeout_s) from None
         except OSError as exc:
             if getattr(exc, "errno", None) == 2:
                 return None
@@ -277,6 +250,8 @@ class SshHost:
             try:
                 self.sftp.stat(path)
                 break
+            except socket.timeout:
+                raise self.timed_out(f"looking at {path}", self.command_timeout_s) from None
             except FileNotFoundError:
                 missing.append(path)
                 path = posixpath.dirname(path)
@@ -288,6 +263,8 @@ class SshHost:
         for d in reversed(missing):
             try:
                 self.sftp.mkdir(d)
+            except socket.timeout:
+                raise self.timed_out(f"creating {d}", self.command_timeout_s) from None
             except OSError as exc:
                 raise RemoteError(f"cannot create {d} on {self.label}: {exc}", "Is the disk full, or the path not writable?") from None
 
@@ -305,11 +282,13 @@ class SshHost:
                 fh.write(data)
             self.sftp.chmod(tmp, mode)
             self.sftp.posix_rename(tmp, path)
+        except socket.timeout:
+            raise self.timed_out(f"writing {path}", self.command_timeout_s) from None
         except OSError as exc:
             raise RemoteError(f"cannot write {path} on {self.label}: {exc}", "Is the disk full? `gpuctl exec -- df -h`") from None
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
-        from gpuctl.remote.sync import push_remote
+        from gpuctl.remote.sync_ssh import push_remote
 
         return push_remote(self, src, dest, progress=progress)
 
@@ -320,38 +299,51 @@ class SshHost:
             return True
         except FileNotFoundError:
             return False
+        except socket.timeout:
+            raise self.timed_out(f"copying {path}", self.command_timeout_s) from None
         except OSError as exc:
             if getattr(exc, "errno", None) == 2:
                 return False
             raise
 
     def remove_tree(self, path: str) -> None:
-        self.run(["rm", "-rf", "--", path])
+        self.run(["rm", "-rf", "--", path], timeout=REMOVE_TIMEOUT_S)
 
     def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
         """rsync from the host where both ends have it, else an SFTP walk (same connection); both
         keep what the instance lists inside `local` (remote/pull.py)."""
         import subprocess
 
-        from gpuctl.remote.pull import pull_walk
-        from gpuctl.remote.sync import REMOTE_RSYNC_MISSING, _rsync_host
+        from gpuctl.remote.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
+        from gpuctl.remote.sync_ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, rsync_host
 
         local.mkdir(parents=True, exist_ok=True)
         if self.has_rsync is not False and shutil.which("rsync"):
             # --safe-links: no link that is absolute or climbs out of the tree is recreated here;
-            # --no-D: no device or FIFO either (as the SFTP walk).
+            # --no-D: no device or FIFO either (as the SFTP walk). --info=name1 with an empty
+            # --out-format prints what those two skipped (as "ignoring unsafe symlink") and no names.
+            limit = self.deadline()
+            # --timeout: a host that sends nothing for that long ends the pull (rsync exits 30).
             proc = subprocess.run(
-                ["rsync", "-a", "--safe-links", "--no-D", "--stats", "-e", shlex.join(self.ssh_argv()),
-                 f"{self.ep.user}@{_rsync_host(self.ep.host)}:{path}/", f"{local}/"],
+                # -rlpt, not -a: no owner or group from the instance (root would keep them), and
+                # --chmod makes its modes safe (remote/pull.py pulled_mode), files pulled before too.
+                ["rsync", "-rlpt", f"--chmod={rsync_chmod(current_umask())}", "--safe-links", "--no-D",
+                 "--info=name1,nonreg1", "--out-format=",
+                 *([f"--timeout={max(1, round(limit))}"] if limit else []),
+                 "-e", shlex.join(self.ssh_argv()),
+                 f"{self.ep.user}@{rsync_host(self.ep.host)}:{path}/", f"{local}/"],
                 capture_output=True, text=True,
             )
+            if proc.returncode == RSYNC_TIMED_OUT:
+                raise self.timed_out(f"rsync of {path}", limit or 0)
             if proc.returncode in (12, 126, 127) and REMOTE_RSYNC_MISSING.search(proc.stderr):
                 self.has_rsync = False  # the documented fallback: SFTP below
             elif proc.returncode != 0:
                 raise RemoteError(f"pull from {self.label} failed: {proc.stderr.strip()[-300:]}")
             else:
-                return sum(len(files) for _, _, files in os.walk(local)), ()
-        return pull_walk(self.sftp, path, local)
+                return sum(len(files) for _, _, files in os.walk(local)), rsync_left_out(proc.stdout)
+        with self._sftp_call(f"copying {path}"):
+            return pull_walk(self.sftp, path, local)
 
     def ssh_argv(self, *extra: str) -> list[str]:
         """An OpenSSH client command for this host (the caller adds `user@host`): through the same
@@ -362,7 +354,10 @@ class SshHost:
         if self._openssh_config is None:
             self._openssh_config = config_file(self.ep, self.home)
         argv = ["ssh", "-F", str(self._openssh_config), "-p", str(self.ep.port),
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                # A host that stops answering is given up on (rsync, a forward) rather than waited for.
+                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}",
+                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
         return argv + list(extra)
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
@@ -372,7 +367,9 @@ class SshHost:
 
     def forward(self, local_port: int, remote_port: int) -> list[str] | None:
         """OpenSSH forwarding 127.0.0.1:local_port here to 127.0.0.1:remote_port on the host."""
-        return self.ssh_argv("-N", "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", self.target)
+        # A port taken between gpuctl's check and ssh's bind: ssh fails rather than only warns.
+        return self.ssh_argv("-N", "-o", "ExitOnForwardFailure=yes",
+                             "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", self.target)
 
     @property
     def target(self) -> str:
@@ -383,11 +380,3 @@ class SshHost:
         from gpuctl.remote.ssh_connect import close_all
 
         close_all(self._conns)
-
-
-def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from gpuctl.errors import RemoteError
+from gpuctl.remote.endpoint import Endpoint, known_hosts_path
 from gpuctl.retry import TimedOut, poll
-
-if TYPE_CHECKING:
-    from gpuctl.remote.ssh import Endpoint
 
 
 def _pin_policy(path: Path, alias: str = "") -> Any:
@@ -38,6 +37,12 @@ def _pin_policy(path: Path, alias: str = "") -> Any:
             os.chmod(path, 0o600)
 
     return PinOnFirstContact()
+
+
+def pinned_name(ep: Endpoint) -> str:
+    """The name the host's key is pinned under in known_hosts: its key alias, else its address as
+    OpenSSH and paramiko write it (`[host]:port` off port 22)."""
+    return ep.key_alias or (ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}")
 
 
 def _connection(ep: Endpoint, known: Path, gateway: Any) -> Any:
@@ -59,7 +64,7 @@ def _connection(ep: Endpoint, known: Path, gateway: Any) -> Any:
         # paramiko looks keys up by address: show it the alias's keys (and none an earlier machine
         # left under this address), as OpenSSH's HostKeyAlias does.
         keys = client.get_host_keys()
-        name = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+        name = pinned_name(replace(ep, key_alias=""))
         pinned = keys.lookup(ep.key_alias)
         if name in keys:
             del keys[name]
@@ -96,14 +101,15 @@ def _why(exc: BaseException, step: Endpoint, via: Endpoint | None) -> str:
     return str(exc) or type(exc).__name__
 
 
+WAIT_EVERY_S = 10.0  # a slow connection is said at its first wait, then once in this many seconds
+
+
 def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = False,
                progress: Callable[[str], None] | None = None) -> list[Any]:
     """Open Connections to the jump hosts and the host, retrying with backoff up to `timeout_s`;
     the list ends with the host's. Hops already open are kept across attempts (one connection
     each per command), so a host still booting behind a bastion costs one bastion login."""
     import paramiko
-
-    from gpuctl.remote.ssh import known_hosts_path
 
     known = known_hosts_path(home)
     deadline = time.monotonic() + timeout_s
@@ -132,7 +138,7 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
             raise RemoteError(
                 f"the host key of {_named(step, ep)} has CHANGED (expected {exc.expected_key.get_name()} "
                 f"{exc.expected_key.get_fingerprint().hex()[:16]}..., got {exc.key.get_fingerprint().hex()[:16]}...)",
-                f"If the machine was rebuilt, delete its line ({step.key_alias or step.host}) from {known}; "
+                f"If the machine was rebuilt, delete its line ({pinned_name(step)}) from {known}; "
                 "otherwise do not connect: "
                 "someone may be intercepting the connection.",
             ) from None
@@ -165,9 +171,18 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
             seen.update(last=_why(exc, step, via), failing=step)
         return None
 
+    said = {"at": float("-inf")}
+
+    def waiting(elapsed: float, last: str) -> None:
+        # Never silent for long (a train to a host still booting waited 120 s without a word), and
+        # not a line per retry either.
+        if progress and elapsed - said["at"] >= WAIT_EVERY_S:
+            said["at"] = elapsed
+            progress(f"waiting for SSH on {ep.name}: {elapsed:.0f} s of {timeout_s:.0f} s ({last})")
+
     try:
         return poll(attempt, timeout_s, first_delay_s=0.5, max_delay_s=8.0, describe=lambda: seen["last"],
-                    on_wait=(lambda _, last: progress(f"waiting for SSH on {ep.name}: {last}")) if progress else None)
+                    on_wait=waiting)
     except TimedOut:
         close_all(hops)
         failing = seen["failing"]

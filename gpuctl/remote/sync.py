@@ -16,23 +16,17 @@ import errno
 import json
 import os
 import posixpath
-import re
 import shlex
 import secrets
 import shutil
-import signal
 import stat
-import subprocess
-import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
-from functools import lru_cache
+from contextlib import nullcontext
 from pathlib import Path
 
 from gpuctl.remote.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
-from gpuctl.remote.tar_push import tar_push
 from gpuctl.types import SyncStats
 
 Progress = Callable[[str], None]
@@ -40,7 +34,14 @@ Progress = Callable[[str], None]
 
 def encode_manifest(files: dict[str, tuple[int, int]]) -> bytes:
     """zlib-compressed JSON: a 3000-file manifest is ~40 KB instead of ~150 KB on every push."""
-    return zlib.compress(json.dumps({k: list(v) for k, v in files.items()}).encode(), 6)
+    raw = json.dumps({k: list(v) for k, v in files.items()}).encode()
+    if len(raw) > MANIFEST_MAX:  # the next push would not believe it
+        from gpuctl.errors import ProjectError
+
+        raise ProjectError(f"the project has {len(files):,} files: more than a push keeps track of "
+                           f"({MANIFEST_MAX >> 20} MiB of names)", "Leave out what the job does not need "
+                           "(.gpuctlignore), or pack small files into archives.")
+    return zlib.compress(raw, 6)
 
 
 def decode_manifest(data: bytes | None) -> dict[str, tuple[int, int]]:
@@ -48,8 +49,8 @@ def decode_manifest(data: bytes | None) -> dict[str, tuple[int, int]]:
     that is not plain and relative (`../victim`, `/etc/x`), or anything malformed, voids it all
     (a full push, and nothing deleted), never a deletion outside the destination."""
     try:
-        raw = json.loads(zlib.decompress(data or b""))
-    except (ValueError, zlib.error):
+        raw = json.loads(inflate(data or b"", MANIFEST_MAX))
+    except (ValueError, zlib.error, RecursionError):  # ManifestTooLarge is no ValueError: it is said
         return {}
     if not isinstance(raw, dict):
         return {}
@@ -60,6 +61,36 @@ def decode_manifest(data: bytes | None) -> dict[str, tuple[int, int]]:
             return {}
         out[rel] = (sig[0], sig[1])
     return out
+
+
+# What a manifest may expand to: ~300,000 files. A larger one is not believed (a 1.5 MB zlib bomb
+# would expand to gigabytes), and decoding stops there.
+MANIFEST_MAX = 16 << 20
+
+
+class ManifestTooLarge(Exception):
+    """The previous push's manifest expands past MANIFEST_MAX."""
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """zlib data expanded to at most `limit` bytes (ManifestTooLarge past it): never more held."""
+    z = zlib.decompressobj()
+    out = z.decompress(data, limit + 1)
+    if len(out) > limit or z.unconsumed_tail:
+        raise ManifestTooLarge(f"expands past {limit >> 20} MiB")
+    return out
+
+
+def previous_manifest(data: bytes | None, where: str, path: str) -> dict[str, tuple[int, int]]:
+    """decode_manifest, with a manifest too large to believe a clear error (RemoteError)."""
+    from gpuctl.errors import RemoteError
+
+    try:
+        return decode_manifest(data)
+    except ManifestTooLarge as exc:
+        raise RemoteError(f"the previous push's manifest {path} on {where} {exc} (over ~300,000 files, or not "
+                          "written by gpuctl)", f"Remove it to push everything afresh: gpuctl exec -- rm -f "
+                          f"{shlex.quote(path)}; a project that large needs a .gpuctlignore.") from None
 
 
 def _plain_relative(rel: object) -> bool:
@@ -119,12 +150,12 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             files[rel] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
             if progress is not None and len(files) % 500 == 0 and time.monotonic() - t0 >= 1.0:
-                progress(f"scanning: {len(files):,} files ({_size(total)}) so far")
+                progress(f"scanning: {len(files):,} files ({size_text(total)}) so far")
     return files
 
 
 def unique_suffix() -> str:
-    """For temporary names: two pushes to one place at once must not share one (issue 11)."""
+    """For temporary names: two pushes to one place at once must not share one."""
     return f"{os.getpid()}-{secrets.token_hex(3)}"
 
 
@@ -151,7 +182,7 @@ def _odd(path: str, root: str) -> str:
 PROGRESS_EVERY_S = 1.0
 
 
-class _Meter:
+class Meter:
     """Passes progress lines on at most once per PROGRESS_EVERY_S (the first at once), so a caller
     can print each line as it is, terminal or not; `final` always goes out."""
 
@@ -172,7 +203,7 @@ class _Meter:
             self._out(line)
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             break
@@ -180,35 +211,43 @@ def _size(n: float) -> str:
     return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def _rate(nbytes: int, seconds: float) -> str:
-    return f"{_size(nbytes / seconds)}/s" if seconds > 0 else "-"
+def rate_text(nbytes: int, seconds: float) -> str:
+    return f"{size_text(nbytes / seconds)}/s" if seconds > 0 else "-"
 
 
-def _scanned(meter: _Meter, current: dict[str, tuple[int, int]]) -> None:
-    meter(f"scanned {len(current):,} files ({_size(sum(size for size, _ in current.values()))})")
+def scanned(meter: Meter, current: dict[str, tuple[int, int]]) -> None:
+    meter(f"scanned {len(current):,} files ({size_text(sum(size for size, _ in current.values()))})")
 
 
-def _done(meter: _Meter, stats: SyncStats) -> SyncStats:
+def finished(meter: Meter, stats: SyncStats) -> SyncStats:
     if stats.files_copied == stats.files_deleted == 0:
         meter.final(f"up to date: {stats.files_total:,} files unchanged ({stats.seconds:.1f} s)")
     else:
-        meter.final(f"pushed {stats.files_copied:,} of {stats.files_total:,} files, {_size(stats.bytes_copied)} "
-                    f"in {stats.seconds:.1f} s ({_rate(stats.bytes_copied, stats.seconds)}), "
+        meter.final(f"pushed {stats.files_copied:,} of {stats.files_total:,} files, {size_text(stats.bytes_copied)} "
+                    f"in {stats.seconds:.1f} s ({rate_text(stats.bytes_copied, stats.seconds)}), "
                     f"{stats.files_deleted:,} deleted")
     return stats
+
+
+def begin(src: Path, progress: Progress | None) -> tuple[Meter, dict[str, tuple[int, int]], list[str]]:
+    """How every push starts: its meter, the project's files under its ignore rules (said on the
+    meter), and what the scan skipped."""
+    meter = Meter(progress)
+    skipped: list[str] = []
+    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
+    scanned(meter, current)
+    return meter, current, skipped
 
 
 def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncStats:
     """Mirror `src` into `dest` on this filesystem, copying only what changed since the last push.
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
     t0 = time.perf_counter()
-    meter = _Meter(progress)
-    skipped: list[str] = []
-    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
-    _scanned(meter, current)
+    meter, current, skipped = begin(src, progress)
     dest.mkdir(parents=True, exist_ok=True)
     manifest = Path(manifest_path(str(dest)))
-    previous = decode_manifest(manifest.read_bytes() if manifest.exists() else None)
+    with open(manifest, "rb") if manifest.is_file() else nullcontext() as fh:
+        previous = previous_manifest(fh.read(MANIFEST_MAX) if fh else None, "this machine", str(manifest))
 
     todo = [(rel, sig) for rel, sig in current.items() if not (
         previous.get(rel) == sig and (dest / rel).is_file() and (dest / rel).stat().st_size == sig[0])]
@@ -224,8 +263,8 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
         copied += 1
         nbytes += sig[0]
         if meter.due():
-            meter(f"sent {copied:,}/{len(todo):,} files, {_size(nbytes)} of {_size(want)}, "
-                  f"{_rate(nbytes, time.perf_counter() - t1)}")
+            meter(f"sent {copied:,}/{len(todo):,} files, {size_text(nbytes)} of {size_text(want)}, "
+                  f"{rate_text(nbytes, time.perf_counter() - t1)}")
 
     deleted = 0
     for rel in previous.keys() - current.keys():
@@ -238,167 +277,5 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
     tmp_manifest = manifest.with_name(f"{manifest.name}.{unique_suffix()}.tmp")
     tmp_manifest.write_bytes(encode_manifest(current))
     os.replace(tmp_manifest, manifest)
-    return _done(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=nbytes,
+    return finished(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=nbytes,
                                   files_deleted=deleted, seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
-
-
-def _remote_manifest(host, dest: str) -> dict[str, tuple[int, int]]:
-    return decode_manifest(host.read_bytes(manifest_path(dest)))
-
-
-# What the remote shell says when it cannot run rsync at all.
-REMOTE_RSYNC_MISSING = re.compile(r"rsync: (command )?not found|rsync: Permission denied")
-
-
-def _disk_full(host, dest: str) -> str:
-    """'No space left on device (...)' when the destination's filesystem is (nearly) full."""
-    res = host.run(["df", "-Pk", dest], check=False)
-    try:
-        fields = res.stdout.strip().splitlines()[-1].split()
-        size_kb, avail_kb = int(fields[1]), int(fields[3])
-    except (IndexError, ValueError):
-        return ""
-    if avail_kb < max(1024, size_kb // 100):
-        return f"No space left on device ({avail_kb} KB free of {size_kb} KB where {dest} lives)"
-    return ""
-
-
-def _disk_hint(text: str) -> str:
-    return ("The instance's disk is full: free space (`gpuctl exec -- df -h`) or use a bigger disk."
-            if "No space left" in text or "ENOSPC" in text else "Rerun with --debug for the whole output.")
-
-
-@lru_cache(maxsize=1)
-def _rsync_has_progress2() -> bool:
-    """--info=progress2 came with rsync 3.1; macOS ships 2.6.9 (or openrsync, "2.6.9 compatible")."""
-    try:
-        out = subprocess.run(["rsync", "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    m = re.search(r"version (\d+)\.(\d+)", out)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (3, 1)
-
-
-# "  1,238,099  99%  1.23MB/s  0:00:00 (xfr#202, to-chk=0/204)"; the parenthesis only once a file is done.
-_PROGRESS2 = re.compile(r"^\s*([\d,.]+)\s+\d+%\s+\S+\s+[\d:]+(?:\s+\(xfr#(\d+), (?:ir|to)-chk=(\d+)/(\d+)\))?")
-
-
-def _progress2_line(m: re.Match[str], seconds: float) -> str:
-    """A human line for one rsync --info=progress2 update."""
-    nbytes = int(re.sub(r"[,.]", "", m.group(1)))
-    text = f"sent {int(m.group(2) or 0):,} files, {_size(nbytes)}, {_rate(nbytes, seconds)}"
-    if m.group(3):
-        left, listed = int(m.group(3)), int(m.group(4))
-        text += f" ({listed - left:,}/{listed:,} checked)"  # rsync's list counts directories too
-    return text
-
-
-def _pdeathsig() -> Callable[[], None] | None:
-    """For Popen's preexec_fn on Linux: the child gets SIGTERM when gpuctl dies. Without it a
-    `kill -9` of gpuctl mid-push left rsync uploading on for ~40 s (issue 11). prctl is looked up
-    here, in the parent: between fork and exec the child must not import anything (other threads,
-    the heartbeat's, may hold the import lock)."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], meter: _Meter) -> tuple[int, str, str]:
-    """Run rsync, turning its progress into `meter` lines as they come; (exit code, stdout, stderr)."""
-    # -L: a link the scan kept (it stays inside the project) goes as its content, as on every provider.
-    argv = ["rsync", "-a", "-L", "--stats", "--files-from=-", "--from0", "-e", shlex.join(host.ssh_argv())]
-    if meter.on and _rsync_has_progress2():
-        argv.append("--info=progress2")
-    argv += [f"{src}/", f"{host.ep.user}@{_rsync_host(host.ep.host)}:{dest}/"]
-    # The file list and stderr go through files, not pipes: nothing stalls while stdout is read live.
-    with tempfile.TemporaryFile() as listing, tempfile.TemporaryFile() as errors:
-        listing.write(b"\0".join(os.fsencode(rel) for rel in current))
-        listing.seek(0)
-        proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors, preexec_fn=_pdeathsig())
-        kept: list[str] = []
-        t0, pending = time.perf_counter(), b""
-        try:
-            while chunk := os.read(proc.stdout.fileno(), 65536):  # returns whatever rsync has written
-                *lines, pending = re.split(rb"[\r\n]", pending + chunk)  # progress2 ends its lines with \r
-                for raw in lines:
-                    line = raw.decode("utf-8", "replace")
-                    if not (m := _PROGRESS2.match(line)):
-                        kept.append(line)
-                    elif meter.due():
-                        meter(_progress2_line(m, time.perf_counter() - t0))
-            kept.append(pending.decode("utf-8", "replace"))
-            code = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            proc.stdout.close()
-        errors.seek(0)
-        return code, "\n".join(kept), errors.read().decode("utf-8", "replace").strip()
-
-
-def push_remote(host, src: Path, dest: str, progress: Progress | None = None) -> SyncStats:
-    """Mirror `src` to `dest` on an SSH host: rsync over SSH where both ends have it, else one tar
-    stream over the existing connection (tar_push.py). Each file lands whole (both write a temporary
-    file and rename it), the manifest is written last, and only files gpuctl pushed before are deleted.
-    Besides rsync's own connection, a push costs SFTP requests only: no remote shell.
-    `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
-    from gpuctl.errors import RemoteError
-
-    t0 = time.perf_counter()
-    meter = _Meter(progress)
-    skipped: list[str] = []
-    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
-    _scanned(meter, current)
-    host.makedirs(dest)
-    previous = _remote_manifest(host, dest)
-    copied = sent = -1
-    if host.has_rsync is not False and shutil.which("rsync"):
-        # rsync's own quick check (size + mtime) decides what to send; --files-from keeps it to
-        # exactly the files the ignore rules allow.
-        code, out, err = _rsync(host, src, dest, current, meter)
-        if code in (12, 126, 127) and REMOTE_RSYNC_MISSING.search(err):
-            host.has_rsync = False  # the host has none: tar from now on
-        elif code != 0:
-            lines = err.splitlines() or [""]
-            # rsync ends with a generic "error in file IO"; the cause is on an earlier line, or
-            # lost when the receiver dies first: then ask the disk itself.
-            cause = next((ln for ln in lines if "No space left" in ln), "") or _disk_full(host, dest) or lines[-1]
-            raise RemoteError(f"push to {host.label} failed (rsync exit {code}): {cause.strip()}",
-                              _disk_hint(cause + err))
-        else:
-            host.has_rsync = True
-            copied = _stat(out, "Number of regular files transferred")
-            sent = _stat(out, "Total bytes sent")
-    if copied < 0:
-        changed = [rel for rel, sig in current.items() if previous.get(rel) != sig]
-        code, sent, err = tar_push(host, src, dest, changed, meter) if changed else (0, 0, "")
-        if code != 0:
-            cause = next((ln for ln in err.splitlines() if "No space left" in ln or ln.startswith("gpuctl:")),
-                         "") or _disk_full(host, dest) or (err.strip().splitlines() or [f"exit {code}"])[-1]
-            raise RemoteError(f"push to {host.label} failed (tar stream): {cause.strip()[-300:]}", _disk_hint(err))
-        copied = len(changed)
-    gone = sorted(previous.keys() - current.keys())
-    for i in range(0, len(gone), 500):  # batched: one command per 500 deletions, not one per file
-        host.run(["rm", "-f", "--", *[f"{dest}/{rel}" for rel in gone[i : i + 500]]])
-    # rsync needs the manifest only for deletions (the set of paths); tar needs the signatures.
-    if host.has_rsync is False or previous.keys() != current.keys():
-        host.write_bytes(manifest_path(dest), encode_manifest(current))
-    return _done(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=sent,
-                                  files_deleted=len(gone), seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
-
-
-def _rsync_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _stat(text: str, label: str) -> int:
-    m = re.search(re.escape(label) + r":\s*([\d,.]+)", text)
-    return int(m.group(1).replace(",", "").replace(".", "")) if m else 0

@@ -1,8 +1,8 @@
 """The push for hosts without rsync: one tar stream over the open SSH connection, written as it is
 read (memory flat whatever the tree's size), unpacked on the host by a few lines of Python that
 write each file under a temporary name and rename it into place. An interrupted push leaves every
-file either as it was or whole and new, never truncated (issue 11: the old fallback built the
-whole tar in memory, 172 s for 128 MB, and extracted in place).
+file either as it was or whole and new, never truncated (a tar built whole in memory took 172 s for
+128 MB, and one extracted in place leaves half-written files).
 
 The host is python3's: the ssh provider checks for it at `up`, and every AMI gpuctl uses has it.
 """

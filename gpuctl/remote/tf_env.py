@@ -7,15 +7,14 @@ finds it ready (or waits for it). This side starts it and follows its log.
 
 from __future__ import annotations
 
-import json
 import posixpath
-import shlex
 import time
 from typing import Any, Callable
 
+from gpuctl import untrusted
 from gpuctl.errors import RemoteError
 from gpuctl.remote.host import Host
-from gpuctl.remote.jobs import MARK_VAR
+from gpuctl.remote.jobs import start_detached
 
 SETUP = "gpuctl_setup.py"
 STEP = "gpuctl-setup: "
@@ -40,8 +39,8 @@ def probe(host: Host, payload_dir: str, root: str, version: str) -> dict[str, An
     if res.returncode == 127:
         raise _no_python3(host)
     try:
-        where = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        where = untrusted.loads(res.stdout.strip().splitlines()[-1])
+    except (untrusted.Untrusted, IndexError):
         raise RemoteError(f"the setup probe failed on {host.label}: {(res.stderr or res.stdout).strip()[-300:]}",
                           "Check that python3 runs there, or set `remote.python`.") from None
     problem = _unreadable(where, version)
@@ -90,13 +89,7 @@ def start_install(host: Host, payload_dir: str, root: str, version: str, wheelho
     """Start the install in the background on the host; its pid. It carries the cluster's process
     mark, so `down` of an ssh cluster ends it with the cluster's jobs."""
     argv = _payload(payload_dir, "install", root, version, *(["--wheelhouse", wheelhouse] if wheelhouse else []))
-    script = (f"cd / && {MARK_VAR}={shlex.quote(host.tmux_socket)} setsid nohup {shlex.join(argv)} "
-              "</dev/null >/dev/null 2>&1 & echo $!")
-    res = host.run(["sh", "-c", script], timeout=60)
-    try:
-        return int(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RemoteError(f"could not start the setup step on {host.label}: {res.stderr.strip()[-300:]}") from None
+    return start_detached(host, argv, "the setup step")
 
 
 def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str], None],
@@ -135,10 +128,10 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
 
 def _result(host: Host, path: str) -> dict[str, Any] | None:
     """The install's result, once whole; only its plain fields, checked (it is the instance's file)."""
-    raw = host.read_bytes(path)
+    raw = host.read_bytes(path, 0, untrusted.MAX_JSON + 1)
     try:
-        data = json.loads(raw) if raw else None
-    except ValueError:
+        data = untrusted.loads(raw) if raw else None
+    except untrusted.Untrusted:
         return None  # being written (it is renamed into place, so only a foreign file is torn)
     if not isinstance(data, dict):
         return None

@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -19,6 +21,7 @@ def test_readme_starts_with_exactly_two_commands_and_ci_runs_the_second():
     assert "exec ./scripts/test" in ci
 
 
+@pytest.mark.tf  # the demo trains ResNet-34
 def test_readme_command_1_runs_the_whole_loop(tmp_path):
     env = dict(os.environ, GPUCTL_HOME=str(tmp_path / "home"), DEMO_CLUSTER="e2e-demo",
                DEMO_LIMIT="128", HOME=str(tmp_path))

@@ -8,7 +8,6 @@ a malformed --ssh-cidr, no --ssh-cidr when the public IP cannot be detected."""
 
 from __future__ import annotations
 
-import base64
 import http.server
 import json
 import threading
@@ -17,7 +16,7 @@ import time
 import pytest
 
 from gpuctl.provision.aws import access
-from tests.aws import BASE_AMIS, NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created
+from tests.aws import BASE_AMIS, NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created, user_data
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 
@@ -49,8 +48,7 @@ def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
     assert root["Size"] == 100 and root["VolumeType"] == "gp3"
     assert {"gpuctl:cluster", "gpuctl:owner", "gpuctl:created-by"} <= set(tag_dict(root))
 
-    user_data = aws.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
-    script = base64.b64decode(user_data).decode()
+    script = user_data(aws, iid)
     assert "OnBootSec=480min" in script and "systemctl poweroff" in script  # 8 h hard cap, armed at boot
     assert "aws_access_key_id" not in script.lower() and "AKIA" not in script
 
@@ -123,8 +121,7 @@ def test_pinned_image_and_options(gpuctl, aws):
     assert inst["ImageId"] == old and "pinned with --image" in res.stderr
     vols = aws.describe_volumes(VolumeIds=[m["Ebs"]["VolumeId"] for m in inst["BlockDeviceMappings"]])["Volumes"]
     assert vols[0]["Size"] == 250
-    ud = aws.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]["Value"]
-    assert "OnBootSec=90min" in base64.b64decode(ud).decode()
+    assert "OnBootSec=90min" in user_data(aws, inst["InstanceId"])
 
 
 def test_open_to_the_world_only_when_asked_and_with_a_warning(gpuctl, aws):
@@ -132,6 +129,10 @@ def test_open_to_the_world_only_when_asked_and_with_a_warning(gpuctl, aws):
     assert "WARNING: SSH is open to the whole internet (0.0.0.0/0)" in res.stderr
     (group,) = gpuctl_groups(aws)
     assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] == ["0.0.0.0/0"]
+    gpuctl("down", "-y")
+    # Half the internet is no narrower (issue 22): any range wider than a /16 gets the warning.
+    res = gpuctl("up", "--ssh-cidr", "0.0.0.0/1", "--no-wait", "-y")
+    assert "WARNING: SSH is open to 2,147,483,648 addresses (0.0.0.0/1)" in res.stderr
 
 
 def _ingress(aws):
@@ -245,6 +246,8 @@ def test_undetectable_address_is_refused_before_anything_exists(gpuctl, aws, mon
         (["--image", "ami-0000000000deadbee"], 9, "ami-0000000000deadbee"),
         (["--ssh-cidr", "10.0.0.300/32"], 3, "aws.ssh_cidr"),
         (["--disk-gb", "2"], 3, "aws.disk_gb"),
+        (["--tf", "9.99"], 3, "--tf 9.99: no such TensorFlow release"),  # issue 21 item 10
+        (["--tf", "abc"], 3, "train.tensorflow"),
     ],
 )
 def test_bad_up_inputs_create_nothing(gpuctl, aws, isolated, args, code, needle):
@@ -255,6 +258,18 @@ def test_bad_up_inputs_create_nothing(gpuctl, aws, isolated, args, code, needle)
     nothing_created(aws)
     # Not even in the ledger: an `up` that created nothing leaves no row (issue 9).
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+
+
+def test_type_hints_never_suggest_a_type_the_base_image_refuses(gpuctl, aws):
+    # A typo of a P3 type got "Did you mean 'p3dn.24xlarge'?", which `up` then refuses on the base image.
+    base = ["up", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
+    hint = next(line for line in gpuctl(*base, "--type", "p3dn.24xlargee", code=3).stderr.splitlines()
+                if line.startswith("Hint:"))
+    assert "Did you mean" in hint and "p3" not in hint
+    nothing_created(aws)
+    refused = gpuctl(*base, "--type", "p3dn.24xlarge", code=3).stderr
+    assert "cannot boot the Base OSS" in refused and "p3" not in refused.split("Hint:")[1]
+    nothing_created(aws)
 
 
 def test_no_credentials(gpuctl, aws, monkeypatch):
@@ -440,3 +455,84 @@ def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isola
     assert cost["compute_usd"] == pytest.approx(billing.compute_cost(rec.periods, [(0, 1.006)]))
     assert cost["compute_usd"] == pytest.approx(2 * 60 * 1.006 / 3600)
     assert cost["storage_usd"] == pytest.approx(billing.storage_cost(100, rec.launched_at, rec.terminated_at))
+
+
+def _spot_prices(monkeypatch, base=0.3871):
+    """Zone prices as AWS quotes them (one zone cheapest): moto answers DescribeSpotPriceHistory
+    with 0.00001 in every zone, and nothing in moto sets a price, so its answer is replaced (in the
+    in-process server, still over HTTP). The cheapest price and its zone."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    def history(self):
+        offers = self.ec2_backend.describe_spot_price_history(self._get_param("InstanceTypes", []), {})
+        zones = sorted({o["Location"] for o in offers})
+        return ActionResult({"SpotPriceHistory": [
+            {"InstanceType": o["InstanceType"], "ProductDescription": "Linux/UNIX (Amazon VPC)",
+             "SpotPrice": f"{base + 0.0125 * ((zones.index(o['Location']) + 1) % len(zones)):.4f}",
+             "AvailabilityZone": o["Location"], "Timestamp": "2026-12-01T20:00:00.000Z"} for o in offers]})
+
+    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", history)
+    return base
+
+
+def _cheapest_spot(aws, instance_type="g5.xlarge"):
+    prices = {}
+    for item in aws.describe_spot_price_history(InstanceTypes=[instance_type])["SpotPriceHistory"]:
+        prices.setdefault(item["AvailabilityZone"], float(item["SpotPrice"]))
+    return min(prices.values())
+
+
+def test_the_launch_question_names_the_price_the_hard_cap_in_dollars_and_the_budget(gpuctl, aws, monkeypatch):
+    # Issue 21 item 3: "billed until `gpuctl down` or the 8 h hard cap" said no dollars at all.
+    monkeypatch.setenv("GPUCTL_GUARDS__BUDGET_USD", "5")
+    _spot_prices(monkeypatch)
+    base = ["up", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait"]
+    spot = gpuctl(*base, "--spot", "--nodes", "2", code=2).stderr  # no terminal: the question is the error
+    usd = _cheapest_spot(aws) * 2
+    assert f"launch 2 x g5.xlarge in one zone (spot) for cluster 'default' at ${usd:,.4f}/h" in spot
+    assert "(2 nodes at $" in spot and "spot price in us-east-1" in spot
+    assert "spot cap $1.0060/h a node (the on-demand price, AWS's default)" in spot
+    assert f"8 h hard cap (8 h x ${usd:,.4f}/h = ${usd * 8:,.2f}); budget $5.00" in spot
+    on_demand = gpuctl(*base, "--on-demand", code=2).stderr
+    assert "at $1.0060/h (built-in table (2025-01, us-east-1)), billed until" in on_demand
+    assert "(8 h x $1.0060/h = $8.05)" in on_demand
+    nothing_created(aws)
+
+
+def test_a_max_price_under_every_zones_spot_price_is_refused_before_anything_exists(gpuctl, aws, isolated, monkeypatch):
+    _spot_prices(monkeypatch)
+    cheapest = _cheapest_spot(aws)
+    assert cheapest == pytest.approx(0.3871)
+    res = gpuctl(*UP, "--max-price", "0.0001", code=3)
+    assert f"(cheapest: ${cheapest:.4f}/h in us-east-1" in res.stderr and "Traceback" not in res.stderr
+    assert f"Hint: Raise it to at least {cheapest:.4f}" in res.stderr
+    nothing_created(aws)
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+    # A cap the cheapest zone meets launches, and the cap in force is said.
+    out = gpuctl(*UP, "--max-price", f"{cheapest + 0.01:.4f}").stderr  # progress
+    assert f"spot price cap in force: ${cheapest + 0.01:.4f}/h a node (--max-price)" in out
+
+
+def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch):
+    # Issue 21 item 4: with `up --no-wait` only the 8 h hard cap was armed until the first `train`.
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "20m")
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    script = user_data(aws, inst["InstanceId"])
+    assert "OnBootSec=480min" in script and "gpuctl boot-time idle guard" in script
+    from gpuctl.ops.guards import PAYLOAD_DIR
+
+    from gpuctl.remote.guard import WATCHDOG_FILES
+
+    assert "gpuctl_decide.py" in WATCHDOG_FILES
+    for name in WATCHDOG_FILES:  # the same code `train` pushes
+        assert (PAYLOAD_DIR / name).read_text().rstrip("\n") in script
+    assert '"idle_s": 1200' in script and '"on_fire": "poweroff"' in script
+    assert "root=/home/ubuntu/gpuctl" in script and "systemctl enable --now gpuctl-watchdog.service" in script
+    # guards.idle = 0 (never): no idle guard at boot, the hard cap alone.
+    gpuctl("down", "-y")
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "0")
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert "idle guard" not in user_data(aws, inst["InstanceId"])

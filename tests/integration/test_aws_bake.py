@@ -3,9 +3,10 @@ test_aws_e2e.py), its TensorFlow proven by the real preflight there, imaged and 
 (spot: rebooted by CreateImage, never stopped), the cluster released; the next `up` boots the
 baked image. The test hosts have no GPU, so the bake runs with --allow-cpu and makes a CPU-only
 image, which the next `up` boots on a type without a GPU. The first test runs the real setup step
-(the lab's remote.python is set, and a bake ignores it; pip installs tensorflow-cpu from the local
-wheelhouse), and the "instance" booted from the baked image is the same host, so it finds the env
-the bake made, as a real one finds it in its image."""
+(the lab's remote.python is set, and a bake ignores it; pip installs from a local wheelhouse the
+small stand-ins of tests/small_wheels.py: the real TensorFlow's install and preflight are
+test_setup_step's), and the "instance" booted from the baked image is the same host, so it finds
+the env the bake made, as a real one finds it in its image."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ def _on_the_lab(ssh, monkeypatch):
     return host.base / "authorized_keys"
 
 
-def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, wheels, monkeypatch, isolated):
+def test_bake_makes_a_tagged_image_that_the_next_up_boots(gpuctl, aws, ssh, small_wheels, monkeypatch, isolated):
     authorized = _on_the_lab(ssh, monkeypatch)
     lab_key = authorized.read_text()
-    work = ssh.hosts[0].base / "bake-work"  # /srv is too small a tmpfs for a TensorFlow venv
+    work = ssh.hosts[0].base / "bake-work"  # /srv is a small tmpfs
     assert "GPUCTL_REMOTE__PYTHON" in os.environ  # the lab's: a bake ignores it and runs the setup step
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
-    monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(wheels))
+    monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(small_wheels))
     try:
         installer = cloud_init(ssh.hosts[0], isolated, "bake-tf2-21-*")
         res = gpuctl(*BAKE, "--allow-cpu", "--json")

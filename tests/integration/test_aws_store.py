@@ -36,6 +36,16 @@ def clients():
     return boto3.client("s3", region_name=REGION), boto3.client("iam", region_name=REGION)
 
 
+def store_place(home: Path, name: str = "default") -> str:
+    from gpuctl.state import Ledger
+
+    led = Ledger(home)
+    try:
+        return led.live_cluster(name).spec.store_place
+    finally:
+        led.close()
+
+
 def gpuctl_roles(iam):
     return iam.list_roles(PathPrefix=store_iam.PATH)["Roles"]
 
@@ -45,14 +55,14 @@ def gpuctl_profiles(iam):
 
 
 def test_up_makes_a_private_bucket_and_a_profile_for_the_clusters_prefix_only(gpuctl, aws, isolated):
-    # The administrator's permissions boundary (docs/aws-iam.md): every gpuctl role gets it.
-    boundary = clients()[1].create_policy(PolicyName=store_iam.BOUNDARY, PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject",
-                                                "Resource": "arn:aws:s3:::gpuctl-*/clusters/*"}]}))["Policy"]["Arn"]
+    # The administrator's permissions boundary (docs/aws-iam.md; the aws fixture makes it): every
+    # gpuctl role gets it.
+    boundary = f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}"
     res = gpuctl(*UP)
     owner = owner_of(isolated)
     bucket = bucket_name(ACCOUNT, REGION, owner)
-    assert f"checkpoints: s3://{bucket}/clusters/default/" in res.stderr
+    place = store_place(isolated)
+    assert place.startswith("default.") and f"checkpoints: s3://{bucket}/clusters/{place}/" in res.stderr
     s3, iam = clients()
 
     assert s3.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 200
@@ -73,7 +83,7 @@ def test_up_makes_a_private_bucket_and_a_profile_for_the_clusters_prefix_only(gp
 
     name = store_iam.profile_name(owner, "default", REGION)
     (role,) = gpuctl_roles(iam)
-    assert role["RoleName"] == name and role["Path"] == store_iam.PATH
+    assert role["RoleName"] == name and role["Path"] == store_iam.owner_path(owner)
     trust = role["AssumeRolePolicyDocument"]
     trust = json.loads(trust) if isinstance(trust, str) else trust
     assert trust["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
@@ -84,14 +94,19 @@ def test_up_makes_a_private_bucket_and_a_profile_for_the_clusters_prefix_only(gp
     assert iam.list_role_policies(RoleName=name)["PolicyNames"] == [store_iam.POLICY_NAME]
     doc = iam.get_role_policy(RoleName=name, PolicyName=store_iam.POLICY_NAME)["PolicyDocument"]
     doc = json.loads(doc) if isinstance(doc, str) else doc
-    assert doc == store_iam.access_policy(bucket, "default")
-    assert doc["Statement"][0]["Resource"] == f"arn:aws:s3:::{bucket}/clusters/default/*"
+    assert doc == store_iam.access_policy(bucket, place)
+    assert doc["Statement"][0]["Resource"] == f"arn:aws:s3:::{bucket}/clusters/{place}/*"
     (profile,) = gpuctl_profiles(iam)
     assert profile["InstanceProfileName"] == name and [r["RoleName"] for r in profile["Roles"]] == [name]
     assert tag_dict(iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Tags"])["gpuctl:owner"] == owner
 
     (inst,) = live_instances(aws)
-    assert inst["IamInstanceProfile"]["Arn"].endswith(f"instance-profile{store_iam.PATH}{name}")
+    assert inst["IamInstanceProfile"]["Arn"].endswith(f"instance-profile{store_iam.owner_path(owner)}{name}")
+    # IMDS answers the instance's own processes only (a container gets nothing of its role).
+    assert inst["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    # Versions: an instance that overwrites or deletes its checkpoints leaves the earlier ones for 3 days.
+    assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
+    assert lifecycle["gpuctl-earlier-versions"]["NoncurrentVersionExpiration"] == {"NoncurrentDays": 3}
 
     # The profile is the cluster's: status --all lists it, down removes it; the bucket stays.
     listed = json.loads(gpuctl("status", "--all", "--json").stdout)
@@ -123,7 +138,10 @@ def test_expiry_zero_keeps_checkpoints_until_runs_rm(gpuctl, aws, isolated, monk
     assert "kept until `gpuctl runs rm`" in res.stderr
     s3, _ = clients()
     rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket_name(ACCOUNT, REGION, owner_of(isolated)))["Rules"]
-    assert [r["ID"] for r in rules] == ["gpuctl-abort-incomplete-uploads"]
+    # No expiry of the checkpoints themselves; earlier versions (aws.checkpoint_versions_days)
+    # still expire, so a checkpoint overwritten every epoch does not pile up for ever.
+    assert [r["ID"] for r in rules] == ["gpuctl-abort-incomplete-uploads", "gpuctl-earlier-versions",
+                                        "gpuctl-lone-delete-markers"]
     gpuctl("down", "-y")
 
 
@@ -167,6 +185,63 @@ def test_iam_refused_says_so_and_leaves_nothing(gpuctl, aws, monkeypatch):
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
 
 
+def test_up_without_the_permissions_boundary_is_refused_and_creates_nothing(gpuctl, aws, monkeypatch):
+    """Issue 22, item 8: without the boundary policy, `up` made the cluster's role with
+    `PermissionsBoundary: None` and said nothing (the README says it fails first)."""
+    _, iam = clients()
+    iam.delete_policy(PolicyArn=f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}")
+    res = gpuctl(*UP, code=9)
+    assert f"the permissions boundary {store_iam.BOUNDARY} does not exist in account {ACCOUNT}" in res.stderr
+    assert 'aws.checkpoints = "instance"' in res.stderr and "docs/aws-iam.md" in res.stderr
+    assert "Traceback" not in res.stderr
+    nothing_created(aws)
+    assert gpuctl_roles(iam) == [] and clients()[0].list_buckets()["Buckets"] == []
+    assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
+    # Checkpoints on the instance need no role: `up` goes ahead.
+    monkeypatch.setenv("GPUCTL_AWS__CHECKPOINTS", "instance")
+    gpuctl(*UP)
+    assert len(live_instances(aws)) == 1 and gpuctl_roles(iam) == []
+    gpuctl("down", "-y")
+
+
+def test_a_later_cluster_of_the_same_name_cannot_reach_the_earlier_ones_checkpoints(gpuctl, aws, isolated,
+                                                                                   monkeypatch):
+    """Issue 22, item 10: the prefix was the cluster's name, so a later cluster of the same name read
+    and deleted the earlier one's checkpoints (kept 30 days)."""
+    _, iam = clients()
+    places = []
+    for _ in range(2):
+        gpuctl(*UP)
+        name = store_iam.profile_name(owner_of(isolated), "default", REGION)
+        places.append(store_place(isolated))
+        doc = iam.get_role_policy(RoleName=name, PolicyName=store_iam.POLICY_NAME)["PolicyDocument"]
+        doc = json.loads(doc) if isinstance(doc, str) else doc
+        resources = json.dumps(doc)
+        assert f"clusters/{places[-1]}/" in resources
+        assert all(f"clusters/{p}/" not in resources for p in places[:-1]), resources  # not the earlier one's
+        gpuctl("down", "-y")
+    assert places[0] != places[1] and all(p.startswith("default.") for p in places)
+    # Containers get the metadata service (and the role) only when asked for.
+    monkeypatch.setenv("GPUCTL_AWS__IMDS_FOR_CONTAINERS", "true")
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    assert inst["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    gpuctl("down", "-y")
+
+
+def test_versions_off_suspends_versioning(gpuctl, aws, isolated, monkeypatch):
+    gpuctl(*UP)
+    gpuctl("down", "-y")
+    monkeypatch.setenv("GPUCTL_AWS__CHECKPOINT_VERSIONS_DAYS", "0")
+    gpuctl(*UP)
+    s3, _ = clients()
+    bucket = bucket_name(ACCOUNT, REGION, owner_of(isolated))
+    assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Suspended"
+    rules = [r["ID"] for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]]
+    assert "gpuctl-earlier-versions" not in rules
+    gpuctl("down", "-y")
+
+
 # --- the payload on a real host, against the moto server, with instance-profile credentials -----------
 
 
@@ -187,9 +262,10 @@ def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl
     bucket = bucket_name(ACCOUNT, REGION, owner)
     session = Session(isolated)
     cluster = session.ledger.live_cluster("default")
-    target = session.provider(cluster.spec).checkpoint_store().target("default")  # what a run's config is given
+    place = cluster.spec.store_place
+    target = session.provider(cluster.spec).checkpoint_store().target(place)  # what a run's config is given
     session.close()
-    assert (target.bucket, target.prefix, target.endpoint) == (bucket, "clusters/default/", s3_endpoint(moto_server, host))
+    assert (target.bucket, target.prefix, target.endpoint) == (bucket, f"clusters/{place}/", s3_endpoint(moto_server, host))
     prefix = target.run_prefix("proj-20261130-101500-ab12")
     imds.role(store_iam.profile_name(owner, "default", REGION))  # what EC2 serves an instance with that profile
 
@@ -298,7 +374,8 @@ def test_runs_rm_on_a_provider_without_a_store_removes_the_runs_directory(gpuctl
     # local (as ssh): checkpoints stay in the run's directory on the host; no AWS here.
     gpuctl("up")
     run_id = json.loads(gpuctl("train", quick_project, "--wait", "--json").stdout)["run"]["run_id"]
-    from gpuctl.state import Ledger, gpuctl_home
+    from gpuctl.ledger_schema import gpuctl_home
+    from gpuctl.state import Ledger
 
     run_dir = Path(Ledger(gpuctl_home()).run(run_id).run_dir)
     assert run_dir.is_dir()
@@ -308,3 +385,24 @@ def test_runs_rm_on_a_provider_without_a_store_removes_the_runs_directory(gpuctl
     gpuctl("down", "-y")
     res = json.loads(gpuctl("runs", "rm", run_id, "-y", "--json").stdout)
     assert res["store_files"] == 0 and res["host_dir"] is None and "is down" in res["note"]
+
+
+def test_down_asks_with_the_runs_whose_outputs_exist_only_on_the_instance(gpuctl, aws, isolated, monkeypatch):
+    """Issue 21 item 6: with aws.checkpoints = "instance" the release deletes the runs' files, and
+    the prompt says which (from the ledger: moto's made-up addresses are never dialled)."""
+    monkeypatch.setenv("GPUCTL_AWS__CHECKPOINTS", "instance")
+    monkeypatch.setenv("GPUCTL_AWS__CHECKPOINT_EXPIRY_DAYS", "0")
+    gpuctl(*UP)
+    add_run(isolated, "r1-20261130-000000-aaaa", "succeeded")
+    err = gpuctl("down", code=2).stderr
+    assert "on the instance's disk only" in err
+    assert "1 run(s) have outputs only on the instance (r1-20261130-000000-aaaa)" in err
+    assert "`gpuctl down default --pull`" in err
+    gpuctl("down", "--force", "-y")  # its host (an address of the tests' seam) does not answer
+
+
+def test_down_says_the_store_keeps_the_runs_files(gpuctl, aws):
+    gpuctl(*UP)
+    err = gpuctl("down", code=2).stderr
+    assert "stay in the S3 checkpoint store" in err and "only on the instance" not in err
+    gpuctl("down", "-y")

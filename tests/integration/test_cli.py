@@ -64,7 +64,8 @@ def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolat
     # Reports and logs outlive the cluster.
     assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][2]["epoch"] == 3
     assert "done" in gpuctl("logs", run["run_id"]).stdout
-    assert "which is down" in gpuctl("pull", run["run_id"], code=4).stderr
+    # The run's directory was kept under the home (issue 21 item 6): pull still brings it back.
+    assert "Pulled" in gpuctl("pull", run["run_id"], "--dest", back).stdout
     assert "which is down" in gpuctl("attach", run["run_id"], code=4).stderr
     assert "nothing to do" in gpuctl("down", "-y").stdout
     assert "already down" in gpuctl("down", "default", "-y").stdout
@@ -210,6 +211,14 @@ def test_destroying_needs_confirmation_off_a_terminal(gpuctl):
     assert_one_line_error(gpuctl("up", "--name", "paid", "--usd-per-hour", "2", code=2), 2, "without confirmation")
 
 
+def test_the_local_launch_question_has_the_aws_shape_with_its_dollars(gpuctl):
+    # Issue 21 item 3: the price, the hard cap in dollars and the budget, as on aws.
+    err = gpuctl("up", "--name", "paid", "--nodes", "2", "--usd-per-hour", "1.5", code=2).stderr
+    assert ("start local cluster 'paid' (2 nodes) at $3.0000/h (2 nodes at $1.5000/h each, local.usd_per_hour), "
+            "billed until `gpuctl down` or the 8 h hard cap (8 h x $3.0000/h = $24.00)") in err
+    assert ledger_snapshot(gpuctl)[0] == []
+
+
 def test_crashing_script_shows_failed_with_the_tail_of_its_log(gpuctl, make_project):
     proj = make_project("crash", {"train.py": "print('loading data', flush=True)\nraise ValueError('shapes do not match')\n"})
     gpuctl("up")
@@ -330,3 +339,59 @@ def test_attach_off_a_terminal_and_a_plot_that_is_not_a_png(gpuctl, quick_projec
     assert "tmux" in gpuctl("attach", "--print").stdout
     assert ".png" in gpuctl("cost", "--plot", tmp_path / "cost.txt", code=3).stderr
     assert not (tmp_path / "cost.txt").exists()
+
+
+def test_a_mistyped_provider_gets_a_did_you_mean(gpuctl, monkeypatch):
+    out = gpuctl("up", "--provider", "locl", "-y", code=3)
+    assert "unknown provider 'locl'; did you mean 'local'?" in out.stderr
+    monkeypatch.setenv("GPUCTL_PROVIDER", "locl")  # the setting, not the flag
+    out = gpuctl("up", "-y", code=3)
+    assert "did you mean 'local'?" in out.stderr
+
+
+def test_answering_no_to_a_prompt_says_nothing_done_and_exits_1(gpuctl):
+    gpuctl("up")
+    # The prompt is only asked on a terminal: a real pty on stdin, the real gpuctl process.
+    import os
+    import subprocess
+    import sys
+
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "gpuctl"), "down"], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.write(master, b"n\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert proc.returncode == 1, (out, err)
+    assert "Nothing done." in out
+    assert "default" in gpuctl("status").stdout  # still up
+
+
+def test_cost_on_an_empty_home_says_how_to_start(gpuctl):
+    out = gpuctl("cost").stdout
+    assert "No runs yet. Start one with: gpuctl up, then gpuctl train PROJECT" in out
+    report = json.loads(gpuctl("cost", "--json").stdout)
+    assert report["clusters"] == [] and report["runs"] == []
+
+
+def test_a_run_is_named_by_a_unique_prefix_or_suffix_of_its_id(gpuctl, make_project):
+    import os.path
+
+    proj = make_project("hi", {"train.py": "print('hello from', 'the job', flush=True)\n"})
+    gpuctl("up")
+    a = json.loads(gpuctl("train", proj, "--wait", "--json").stdout)["run"]["run_id"]
+    b = json.loads(gpuctl("train", proj, "--wait", "--json").stdout)["run"]["run_id"]
+    assert "hello from the job" in gpuctl("logs", a[:-1]).stdout  # a prefix
+    suffix = next(a[-n:] for n in range(1, len(a) + 1) if not b.endswith(a[-n:]) and not b.startswith(a[-n:]))
+    assert [r["run_id"] for r in json.loads(gpuctl("cost", suffix, "--json").stdout)["runs"]] == [a]
+    common = os.path.commonprefix([a, b])
+    if common:
+        out = gpuctl("logs", common, code=ExitCode.CONFLICT)
+        assert a in out.stderr and b in out.stderr and "\n" not in out.stderr.split("Hint:")[0].strip()
+    out = gpuctl("logs", "", code=ExitCode.NOT_FOUND)
+    assert "gpuctl status" in out.stderr
+    out = gpuctl("logs", "nosuchrun", code=ExitCode.NOT_FOUND)
+    assert "no run named 'nosuchrun'" in out.stderr and "gpuctl status" in out.stderr

@@ -13,6 +13,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from tests.integration.test_ssh import up_ssh
 
 
@@ -102,6 +104,7 @@ def test_what_looked_like_success_is_an_error_now(gpuctl, make_project, isolated
     assert "99999 is not in the range" in gpuctl("tensorboard", "--port", "99999", code=2).stderr
 
 
+@pytest.mark.tf  # two real TensorBoards, which load TensorFlow: ~15 s each
 def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
     """Item 14: the second `tensorboard --port` printed a URL nothing served (local provider,
     where the instance's port is the one asked)."""
@@ -146,6 +149,7 @@ def test_pull_refuses_a_destination_inside_the_home(gpuctl, make_project, isolat
     assert "inside gpuctl's home" in res.stderr and "internal error" not in res.stderr
 
 
+@pytest.mark.slow  # real idle limits pass, twice (~12 s)
 def test_a_shorter_interval_applies_at_once_and_idle_fires_once_per_stretch(gpuctl, make_project, isolated,
                                                                              monkeypatch):
     monkeypatch.setenv("GPUCTL_GUARDS__CHECK_INTERVAL", "60s")

@@ -102,6 +102,7 @@ def test_never_fires_while_training_then_idle_after(gpuctl, fast_guards, make_pr
     assert not [t for t in fire_times(host, "idle") if start + 1 < t < end - 1]
 
 
+@pytest.mark.tf  # the graceful stop is the Keras hook's: at a batch end inside fit
 def test_budget_stops_the_job_gracefully_then_fires(gpuctl, fast_guards, make_project, monkeypatch):
     host = fast_guards.hosts[0]
     monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "0")
@@ -367,3 +368,25 @@ def test_a_run_ended_in_its_pane_is_over_and_idle_fires_after(gpuctl, fast_guard
     assert f["reason"] == "idle"
     print(f"figure: idle fired {f['at'] - t_end:.1f}s after the run's pane died ({how})")
     assert t_end + 4.0 - 1.0 <= f["at"] <= t_end + 4.0 + 1.0 + 3.0, f["at"] - t_end
+
+
+def test_the_boot_user_data_starts_the_watchdog_and_it_powers_off_an_instance_nobody_trains_on(ssh):
+    """Issue 21 item 4: the aws user data's idle guard, run on a test host as root as cloud-init
+    would (its hard-cap half is left out: without systemd it would `shutdown -h` this machine)."""
+    import base64
+
+    from gpuctl.provision.aws.userdata import idle_guard_script
+
+    host = ssh.hosts[0]
+    script = idle_guard_script({"idle_s": 3, "check_interval_s": 1, "on_fire": "poweroff",
+                                "poweroff_command": f"date +%s.%N >> {MARK}"}, "root", ROOT)
+    encoded = base64.b64encode(script.encode()).decode()
+    res = host.run(f"echo {encoded} | base64 -d > /tmp/user-data.sh && bash /tmp/user-data.sh")
+    assert res.returncode == 0, res.stderr
+    assert host.run("tmux -L gpuctl has-session -t =gpuctl-watchdog").returncode == 0  # as `train` would find it
+    f = wait_fired(host)
+    assert f["reason"] == "idle" and f["action"] == "poweroff"
+    assert marks(host), "the poweroff command ran"
+    cfg = json.loads(host.run(f"cat {ROOT}/guard/config.json").stdout)
+    assert cfg["boot_guard"] is True and 0 < time.time() - cfg["started_at"] < 10 ** 7  # idle from boot
+    host.run("tmux -L gpuctl kill-server")

@@ -10,7 +10,6 @@ local provider, `--tf 2.x` (up and image bake), a region with no base image and 
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
@@ -27,6 +26,7 @@ from tests.aws import (
     nothing_created,
     parameter_name,
     remove_parameter,
+    user_data,
 )
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
@@ -300,8 +300,7 @@ def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_h
     (bake,) = [c for c in s.ledger.clusters() if c.name.startswith("bake-")]
     assert bake.spec.remote.python == "" and bake.spec.max_hours == 2
     (launched,) = [i for r in aws.describe_instances()["Reservations"] for i in r["Instances"]]
-    user_data = aws.describe_instance_attribute(InstanceId=launched["InstanceId"], Attribute="userData")
-    assert "OnBootSec=120min" in base64.b64decode(user_data["UserData"]["Value"]).decode()
+    assert "OnBootSec=120min" in user_data(aws, launched["InstanceId"])
     assert "powers off after 2 h at most" in images.bake_question(s)
     nothing_created(aws)
     s.close()

@@ -1,6 +1,9 @@
 """Multi-node training on real parts: sshd hosts in their own network namespaces that reach each
-other through this machine (as a cluster's nodes do on their private network), real tmux, real
-TensorFlow on CPU, and the unmodified MultiWorkerMirroredStrategy script of examples/multiworker.
+other through this machine (as a cluster's nodes do on their private network), real tmux, and for
+the tests about TensorFlow (marked tf: two nodes training one model, resume from the chief's
+checkpoint) real TensorFlow on CPU running the unmodified MultiWorkerMirroredStrategy script of
+examples/multiworker. What gpuctl does around the nodes (their TF_CONFIG, a killed worker, a start
+that fails, status while they start) runs plain-Python jobs: the same gpuctl path in seconds.
 
 Bad inputs tried: `--nodes 3` with two --host (ssh), `--nodes 0`, `train --budget` on several
 nodes, `logs --node 5` of a two-node run, `logs --node 1 --guard`, `train.keras = "4"`, a node whose
@@ -22,8 +25,6 @@ from tests import sshd
 from tests.conftest import REPO, SshLab, use_hosts
 from tests.integration.test_ssh import up_ssh
 
-pytestmark = pytest.mark.tf
-
 EXAMPLE = REPO / "examples" / "multiworker"
 # Prints what gpuctl gave the job (no TensorFlow: a second, not a minute).
 SHOW_ENV = """
@@ -31,12 +32,38 @@ import json, os
 keys = ("TF_CONFIG", "GPUCTL_NODE_RANK", "GPUCTL_NUM_NODES", "TF_USE_LEGACY_KERAS")
 print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 """
+# Every node works through `--epochs` epochs of `--epoch-seconds` (arguments as the example's); the
+# chief reports each, as examples/multiworker's chief does. No TensorFlow: what gpuctl does with the
+# nodes' jobs is the same.
+NODE_EPOCHS = SHOW_ENV + """
+import os, sys, time
+import gpuctl_report
+
+def arg(name, default):
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+rank, n = int(os.environ["GPUCTL_NODE_RANK"]), os.environ["GPUCTL_NUM_NODES"]
+print("worker %d of %s" % (rank, n), flush=True)
+ckpt = os.path.join(os.environ["GPUCTL_OUTPUT_DIR"], "checkpoint")  # as the launcher's Keras hook makes it
+os.makedirs(ckpt, exist_ok=True)
+open(os.path.join(ckpt, "node-%d" % rank), "w").write("epoch 0\\n")
+cfg = gpuctl_report.run_config()
+writer = gpuctl_report.ReportWriter.shared(cfg["report_path"], cfg["run_id"], cfg["usd_per_hour"]) if rank == 0 else None
+epochs = arg("--epochs", 3)
+for _ in range(epochs):
+    start = time.time()
+    time.sleep(arg("--epoch-seconds", 0.2))
+    if writer:
+        writer.write(start, time.time(), 100, False, epochs, {"loss": 0.5})
+print("done", flush=True)
+"""
+SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(600)\n"
 
 
 @pytest.fixture(scope="module")
-def node_lab():
-    """Three sshd hosts that reach each other (forwarding on here while the module runs)."""
-    with sshd.peers(), sshd.running_lab("node-hosts", {5: "n5", 6: "n6", 7: "n7"}) as (key, hosts):
+def node_lab(forwarding):
+    """Three sshd hosts that reach each other (through this machine: `forwarding`)."""
+    with sshd.running_lab("node-hosts", {5: "n5", 6: "n6", 7: "n7"}) as (key, hosts):
         yield SshLab(key, hosts)
 
 
@@ -63,6 +90,7 @@ def _checksums(gpuctl, run_id, n):
     return sums
 
 
+@pytest.mark.tf
 def test_two_nodes_train_one_model_and_bill_both(gpuctl, nodes):
     h1, h2 = nodes.hosts[:2]
     up_ssh(gpuctl, nodes, h1, h2, extra=("--usd-per-hour", "1.8"))
@@ -104,14 +132,15 @@ def test_three_nodes_get_tf_config_and_agree(gpuctl, nodes, make_project):
     workers = json.loads(seen[0]["TF_CONFIG"])["cluster"]["worker"]
     assert [w.rsplit(":", 1)[0] for w in workers] == [h.ip for h in nodes.hosts]
     assert all(json.loads(e["TF_CONFIG"])["cluster"]["worker"] == workers for e in seen)
-    # The real thing on three nodes.
-    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "2", "--limit", "960")
-    run_id = _run_id(res)
-    assert len(set(_checksums(gpuctl, run_id, 3))) == 1
+    # Three nodes work through their epochs; the chief's reports are the run's.
+    run_id = _run_id(gpuctl("train", make_project("epochs", {"train.py": NODE_EPOCHS}), "--allow-cpu", "--wait",
+                            "--", "--epochs", "2"))
+    for node in range(3):
+        assert "worker %d of 3" % node in gpuctl("logs", run_id, "--node", str(node)).stdout
     assert [e["epoch"] for e in json.loads(gpuctl("cost", run_id, "--json").stdout)["runs"][0]["epochs"]] == [1, 2]
 
 
-def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes):
+def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes, make_project):
     h1, h2 = nodes.hosts[:2]
     up_ssh(gpuctl, nodes, h1, h2)
     killed = []
@@ -129,7 +158,8 @@ def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes):
 
     killer = threading.Thread(target=kill_worker_after_epoch_1)
     killer.start()
-    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "30", "--epoch-seconds", "1.5", code=8)
+    proj = make_project("epochs", {"train.py": NODE_EPOCHS})
+    res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", "--epochs", "300", "--epoch-seconds", "0.5", code=8)
     killer.join()
     assert killed, "node 1's job was never seen"
     run_id = _run_id(res)
@@ -144,6 +174,7 @@ def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes):
     assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run"), "a node still burns money"
 
 
+@pytest.mark.tf
 def test_resume_restores_every_node_from_the_chiefs_checkpoint(gpuctl, nodes):
     h1, h2 = nodes.hosts[:2]
     up_ssh(gpuctl, nodes, h1, h2)
@@ -173,7 +204,7 @@ def test_resume_restores_every_node_from_the_chiefs_checkpoint(gpuctl, nodes):
         assert "Epoch 1/5" not in log.split("worker")[-1]
 
 
-def test_bad_inputs_start_nothing(gpuctl, nodes, node_lab, monkeypatch):
+def test_bad_inputs_start_nothing(gpuctl, nodes, node_lab, monkeypatch, make_project):
     h1, h2 = nodes.hosts[:2]
     err = up_ssh(gpuctl, nodes, h1, h2, code=3, extra=("--nodes", "3")).stderr
     assert "--nodes 3 with 2 --host" in err and "Hint:" in err
@@ -195,18 +226,27 @@ def test_bad_inputs_start_nothing(gpuctl, nodes, node_lab, monkeypatch):
     assert "node 1" in err and "tf_keras is not installed" in err and "keras = \"3\"" in err
     assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run")
     assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
-    run_id = _run_id(gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "1"))
+    run_id = _run_id(gpuctl("train", make_project("env", {"train.py": SHOW_ENV}), "--allow-cpu", "--wait"))
     err = gpuctl("logs", run_id, "--node", "5", code=4).stderr
     assert "has no node 5" in err and "--node 0 to 1" in err
     assert "--node" in gpuctl("logs", "--node", "1", "--guard", code=2).stderr
 
 
-def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path):
+def test_local_nodes_are_workers_on_this_machine(gpuctl, tmp_path, make_project):
     gpuctl("up", "--provider", "local", "--nodes", "2", "--usd-per-hour", "1.5", "-y")
-    res = gpuctl("train", EXAMPLE, "--allow-cpu", "--wait", "--", "--epochs", "2", "--limit", "640")
+    res = gpuctl("train", make_project("epochs", {"train.py": NODE_EPOCHS}), "--allow-cpu", "--wait", "--",
+                 "--epochs", "2")
     run_id = _run_id(res)
-    a, b = _checksums(gpuctl, run_id, 2)
-    assert a == b
+    workers = []
+    for node in range(2):
+        log = gpuctl("logs", run_id, "--node", str(node)).stdout
+        assert f"worker {node} of 2" in log
+        cfg = json.loads(json.loads(re.search(r"ENV (.*)", log).group(1))["TF_CONFIG"])
+        assert cfg["task"]["index"] == node
+        workers.append(cfg["cluster"]["worker"])
+    # Both on this machine, each on a port of its own (what MultiWorkerMirroredStrategy needs).
+    assert workers[0] == workers[1] and len(set(workers[0])) == 2
+    assert all(w.startswith(("127.0.0.1:", "localhost:")) for w in workers[0]), workers
     root = tmp_path / "gpuctl-home" / "clusters" / "default"
     # Each node's watchdog counts the whole cluster's spend against the budget: $3/h, not $1.5/h.
     for node_root in (root, root / "nodes" / "1"):
@@ -240,7 +280,7 @@ def _local_two(gpuctl, name="two"):
     gpuctl("up", "--provider", "local", "--nodes", "2", "--name", name)
 
 
-def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch):
+def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch, make_project):
     """Node 1's job starts, then its connection drops (simulated: start_job raises after tmux has
     it): the run is failed and no node is left running it, billed."""
     from gpuctl.errors import RemoteError
@@ -255,7 +295,7 @@ def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch):
             raise RemoteError("connection to node 1 lost", "simulated")
 
     monkeypatch.setattr(jobs, "start_job", start_then_drop)
-    err = gpuctl("train", EXAMPLE, "--", "--epochs", "50", code=7).stderr
+    err = gpuctl("train", make_project("sleeper", {"train.py": SLEEPER}), code=7).stderr
     assert "connection to node 1 lost" in err
     run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
     assert run["state"] == "failed"
@@ -264,13 +304,13 @@ def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch):
     assert ps.stdout.strip() == "", "a node still runs the failed run"
 
 
-def test_status_while_nodes_start_leaves_the_run_alone(gpuctl):
+def test_status_while_nodes_start_leaves_the_run_alone(gpuctl, make_project):
     """A look while the jobs start node after node takes a node not started yet for no lost node
     (it used to stop the chief that had started)."""
     from gpuctl.ops.session import open_session
 
     _local_two(gpuctl)
-    run_id = _run_id(gpuctl("train", EXAMPLE, "--wait", "--", "--epochs", "1", "--limit", "320"))
+    run_id = _run_id(gpuctl("train", make_project("env", {"train.py": SHOW_ENV}), "--wait"))
     s = open_session()
     try:
         run = s.find_run(run_id)
@@ -281,13 +321,13 @@ def test_status_while_nodes_start_leaves_the_run_alone(gpuctl):
     assert _status(gpuctl, "half-started")["state"] == "starting"
 
 
-def test_resume_elsewhere_needs_as_many_nodes(gpuctl):
+def test_resume_elsewhere_needs_as_many_nodes(gpuctl, make_project):
     """A two-node run's checkpoint (Keras 2) would not be read by one node (Keras 3): refused
     before anything moves, instead of a run that starts over as if resumed."""
     from gpuctl.ops.session import open_session
 
     _local_two(gpuctl)
-    run_id = _run_id(gpuctl("train", EXAMPLE, "--wait", "--", "--epochs", "1", "--limit", "320"))
+    run_id = _run_id(gpuctl("train", make_project("env", {"train.py": SHOW_ENV}), "--wait"))
     gpuctl("up", "--provider", "local", "--name", "one")
     s = open_session()
     try:

@@ -12,6 +12,8 @@ import pytest
 from gpuctl.ops.guards import PAYLOAD_DIR
 from gpuctl.types import EpochReport
 
+pytestmark = pytest.mark.tf  # every test here runs real Keras in the payload
+
 MODEL = """
 import numpy as np
 import tensorflow as tf
@@ -25,12 +27,12 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
 def run_payload(tmp_path: Path, script: str, rate: float = 3.6, budget: float = 0.0, args=(), env_extra=None,
-                cfg_extra=None):
+                cfg_extra=None, model=MODEL):
     project = tmp_path / "project"
     run_dir = tmp_path / "run"
-    project.mkdir()
-    run_dir.mkdir()
-    (project / "train.py").write_text(textwrap.dedent(MODEL) + textwrap.dedent(script))
+    project.mkdir(exist_ok=True)
+    run_dir.mkdir(exist_ok=True)
+    (project / "train.py").write_text(textwrap.dedent(model) + textwrap.dedent(script))
     cfg = {"run_id": "r-tf", "entry": "train.py", "usd_per_hour": rate, "budget_usd": budget,
            "mixed_precision": "auto", "memory_growth": True, "report_path": str(run_dir / "epochs.jsonl"),
            **(cfg_extra or {})}
@@ -165,3 +167,52 @@ def test_a_notice_stops_fit_even_past_a_library_sigterm_handler_and_a_peers_erro
     assert "training stopped on the notice (RuntimeError" in proc.stderr
     assert "after fit" not in proc.stdout and (tmp_path / "run" / "preempted.json").exists()
     assert reports == []  # the cut epoch is not a finished one
+
+
+STANDALONE_KERAS = """
+import os
+import numpy as np
+import keras  # Keras 3 alone: it imports TensorFlow half-way through its own import
+rng = np.random.RandomState(0)
+x = rng.rand(100, 8).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int64")
+model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+
+
+def test_a_standalone_keras_script_reports_and_resumes_from_its_checkpoint(tmp_path):
+    """Issue 23 item 1: the launcher no longer imports TensorFlow itself; the script's own
+    `import keras` returning sets the hooks (reports, checkpoints). Killed at the start of epoch 3,
+    the resumed run restores epoch 2's checkpoint and reports epochs 3 and 4."""
+    script = """
+    class Die(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2 and os.environ.get("DIE"):
+                os._exit(9)  # as a SIGKILL: nothing of the launcher's runs after it
+    model.fit(x, y, batch_size=20, epochs=4, verbose=0, callbacks=[Die()])
+    """
+    ckpt = tmp_path / "ckpt"
+    proc, reports, _ = run_payload(tmp_path, script, env_extra={"DIE": "1"}, model=STANDALONE_KERAS,
+                                   cfg_extra={"checkpoint_dir": str(ckpt)})
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert [r.epoch for r in reports] == [1, 2]
+    assert "no GPU visible to TensorFlow" in proc.stderr and any((ckpt / "fit-0").rglob("*"))
+    proc, reports, _ = run_payload(tmp_path, script, model=STANDALONE_KERAS,
+                                   cfg_extra={"checkpoint_dir": str(ckpt), "resumed": True})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r.epoch for r in reports] == [1, 2, 3, 4]
+    assert [r.examples for r in reports] == [100] * 4 and {"loss", "accuracy"} <= set(reports[-1].metrics)
+
+
+def test_fit_stops_after_the_epochs_asked_and_the_run_ends_there(tmp_path):
+    """A plan's probe (`stop_after_epochs`): training stops after K epochs without the script's
+    help, and the script's code after fit does not run; the run ends with exit code 0."""
+    proc, reports, project = run_payload(tmp_path, """
+    model.fit(x, y, batch_size=16, epochs=10, verbose=0)
+    open("after_fit.txt", "w").write("ok")
+    """, cfg_extra={"stop_after_epochs": 2})
+    assert proc.returncode == 0, proc.stderr
+    assert [r.epoch for r in reports] == [1, 2] and reports[0].epochs_planned == 10
+    assert not (project / "after_fit.txt").exists()
+    assert "2 epoch(s) done, as many as this run was to measure" in proc.stderr

@@ -59,3 +59,41 @@ def test_train_env_passes_a_secret_without_recording_it(gpuctl, make_project, is
     for path in isolated.rglob("*"):
         if path.is_file() and not path.is_symlink():
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+PRIVILEGED_OUTPUTS = """
+import os
+out = os.environ["GPUCTL_OUTPUT_DIR"]
+os.makedirs(os.path.join(out, "sub"), exist_ok=True)
+for name, mode, text in (("suid", 0o4755, "x"), ("secret", 0o600, "s"), ("sub/sgid", 0o2775, "g")):
+    path = os.path.join(out, name)
+    with open(path, "w") as fh:
+        fh.write(text)
+    if os.geteuid() == 0 and name != "sub/sgid":
+        os.chown(path, 1234, 1234)  # before the chmod: a chown clears the setuid bit
+    os.chmod(path, mode)
+if os.geteuid() == 0:
+    os.chown(os.path.join(out, "sub"), 1234, 1234)
+os.chmod(os.path.join(out, "sub"), 0o1777)
+assert os.stat(os.path.join(out, "suid")).st_mode & 0o4000
+"""
+
+
+def test_pull_of_a_local_run_brings_no_setuid_bit_and_no_wider_mode(gpuctl, make_project, tmp_path):
+    """Issue 22, item 4, on the local provider's copy (shutil.copy2 kept the setuid bit)."""
+    from tests.integration.test_push_pull_safety import assert_pulled_plainly
+
+    gpuctl("up", "--provider", "local")
+    proj = make_project("priv", {"train.py": PRIVILEGED_OUTPUTS})
+    run_id = json.loads(gpuctl("train", str(proj), "--wait", "--json").stdout)["run"]["run_id"]
+    old = os.umask(0o022)
+    try:
+        dest = tmp_path / "back"
+        for _ in range(2):  # a second pull over the first sets the modes again
+            gpuctl("pull", run_id, "--dest", str(dest))
+            assert_pulled_plainly(dest / run_id / "outputs", "local")
+        gpuctl("down", "-y")  # the run is kept under the home: pulled from there the same way
+        gpuctl("pull", run_id, "--dest", str(tmp_path / "kept"))
+        assert_pulled_plainly(tmp_path / "kept" / run_id / "outputs", "local, kept")
+    finally:
+        os.umask(old)

@@ -3,7 +3,10 @@ a push killed half-way, pulls of what a hostile instance holds, and syncs racing
 
 Bad inputs tried: `kill -9` of gpuctl in the middle of a 48 MB push without rsync; a run's
 outputs holding links to /root/.ssh, to /etc/passwd, up and out of the run, a dangling link and
-a FIFO, pulled with rsync and without; eight syncs of one project to one cluster at once."""
+a FIFO and a link whose name holds an escape sequence, pulled with rsync and without (each
+listed as left out, in the output and in --json); a setuid, a setgid, a sticky directory, a 0600
+file and files of a foreign owner in the outputs (issue 22: pulled plain, twice); eight syncs of
+one project to one cluster at once."""
 
 from __future__ import annotations
 
@@ -61,11 +64,33 @@ def plant_hostile_outputs(host, run_dir: str) -> None:
     host.run(f"mkdir -p {out}/deep && echo weights > {out}/model.txt && echo d > {out}/deep/d.txt && "
              f"ln -s /root/.ssh {out}/keys && ln -s /etc/passwd {out}/passwd && ln -s ../../../.. {out}/up && "
              f"ln -s model.txt {out}/alias && ln -s ../model.txt {out}/deep/back && ln -s /nonexistent {out}/gone && "
-             f"mkfifo {out}/pipe")
+             f"mkfifo {out}/pipe && ln -s /etc \"{out}/esc$(printf '\\033')[31mred\"")
+
+LEFT_OUT = {"keys": "a link leading out of the run (/root/.ssh)", "passwd": "a link leading out of the run",
+            "up": "a link leading out of the run (../../../..)", "gone": "a link leading out of the run",
+            "pipe": "not a regular file", "esc": "a link leading out of the run (/etc)"}
+
+
+def assert_lists_left_out(skipped: list[str], where) -> None:
+    """Every entry the pull left out is listed, by its path under the run and why; no control
+    character of the instance's names reaches the list."""
+    for name, why in LEFT_OUT.items():
+        assert any(e.startswith(f"outputs/{name}") and why in e for e in skipped), (where, name, skipped)
+    assert not any(c < " " for e in skipped for c in e), (where, skipped)
 
 
 def test_pull_keeps_everything_a_hostile_instance_holds_inside_the_target(gpuctl, ssh, make_project, tmp_path):
+    """And (issue 22, item 4) brings no setuid bit, foreign owner or wider mode: over rsync a 4755
+    file landed -rwsr-xr-x (and root kept the instance's owner); over SFTP a 0600 file landed 0644."""
     host = ssh.hosts[0]
+    old = os.umask(0o022)
+    try:
+        _pull_hostile_twice(gpuctl, ssh, host, make_project, tmp_path)
+    finally:
+        os.umask(old)
+
+
+def _pull_hostile_twice(gpuctl, ssh, host, make_project, tmp_path) -> None:
     for rsync in (True, False):
         if not rsync:
             gpuctl("down", "-y")
@@ -74,16 +99,22 @@ def test_pull_keeps_everything_a_hostile_instance_holds_inside_the_target(gpuctl
         proj = make_project(f"outs{rsync}", {"train.py": "print('done')\n"})
         run = json.loads(gpuctl("train", str(proj), "--allow-cpu", "--wait", "--json").stdout)["run"]
         plant_hostile_outputs(host, run["run_dir"])
+        host.run(PRIVILEGED.format(out=f"{run['run_dir']}/outputs"))
         dest = tmp_path / f"back-{rsync}"
-        res = gpuctl("pull", run["run_id"], "--dest", str(dest))
+        res = gpuctl("pull", run["run_id"], "--dest", str(dest), "--json")
+        assert_lists_left_out(json.loads(res.stdout)["skipped"], f"rsync={rsync}")
+        assert_pulled_plainly(dest / run["run_id"] / "outputs", f"rsync={rsync}")
+        res = gpuctl("pull", run["run_id"], "--dest", str(dest))  # over the first: set again
         got = dest / run["run_id"] / "outputs"
+        assert_pulled_plainly(got, f"rsync={rsync}, again")
         assert (got / "model.txt").read_text() == "weights\n" and (got / "deep" / "d.txt").exists()
         assert os.readlink(got / "alias") == "model.txt" and os.readlink(got / "deep" / "back") == "../model.txt"
         for name in ("keys", "passwd", "up", "gone", "pipe"):
             assert not os.path.lexists(got / name), (rsync, name)
-        assert not any(p.name in ("authorized_keys", "id_ed25519") for p in dest.rglob("*"))
-        if not rsync:  # the SFTP walk says what it left out
-            assert "entries not pulled" in res.stderr and "keys: a link leading out of the run" in res.stderr
+        assert not any(p.name in ("authorized_keys", "id_ed25519") or p.name.startswith("esc") for p in dest.rglob("*"))
+        # Both paths say what they left out (rsync's own words read back), with no escape sequence.
+        assert "entries not pulled (6)" in res.stderr and "outputs/keys: a link leading out of the run" in res.stderr
+        assert "\x1b" not in res.stderr
 
 
 def test_eight_syncs_of_one_project_at_once_all_succeed(gpuctl, ssh, make_project):
@@ -120,3 +151,21 @@ def test_the_whole_ssh_loop_with_a_home_holding_spaces_and_non_ascii(gpuctl, ssh
     run_id = json.loads(gpuctl("status", "--json").stdout)["runs"][0]["run_id"]
     gpuctl("pull", run_id, "--dest", str(tmp_path / "pulled here"))
     assert (tmp_path / "pulled here" / run_id / "output.log").exists()
+
+
+# What a hostile (or careless) instance leaves in a run's outputs: a setuid and a setgid file, a
+# sticky world-writable directory, a file of its owner's alone, and files of a foreign owner (chown
+# first: it clears the setuid bit a chmod before it gave).
+PRIVILEGED = ("mkdir -p {out}/sub && printf x > {out}/suid && printf s > {out}/secret && printf g > {out}/sub/sgid && "
+              "chown 1234:1234 {out}/suid {out}/secret {out}/sub && chmod 4755 {out}/suid && chmod 600 {out}/secret && "
+              "chmod 2775 {out}/sub/sgid && chmod 1777 {out}/sub && stat -c '%A %u %n' {out}/suid | grep -q '^-rws.* 1234 '")
+
+
+def assert_pulled_plainly(got, where) -> None:
+    """No special bit, no foreign owner, nothing wider than the instance's mode less the umask (022)."""
+    for p in [got, *got.rglob("*")]:
+        st = os.lstat(p)
+        assert not st.st_mode & (0o4000 | 0o2000 | 0o1000), (where, p, oct(st.st_mode))
+        assert st.st_uid == os.getuid() and st.st_gid == os.getgid(), (where, p, st.st_uid)
+    modes = {name: oct(os.lstat(got / name).st_mode & 0o7777) for name in ("suid", "secret", "sub", "sub/sgid")}
+    assert modes == {"suid": "0o755", "secret": "0o600", "sub": "0o755", "sub/sgid": "0o755"}, (where, modes)

@@ -18,6 +18,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.integration.test_guards import GPUCTL, wait_for
 from tests.integration.test_ssh import up_ssh
 from tests.sshd import WORKDIR, gpuctl_servers, gpuctl_tmux
@@ -110,6 +112,7 @@ def test_status_says_when_no_watchdog_runs_and_guard_set_rearms_it(gpuctl, ssh, 
     assert "NO WATCHDOG RUNS" not in text and "box: watchdog pid" in text, text
 
 
+@pytest.mark.slow  # a job deaf to SIGTERM: down waits out its grace periods (~20 s)
 def test_down_of_a_local_cluster_ends_what_its_jobs_left_behind(gpuctl, make_project, isolated):
     """The local provider too: a job's HUP/TERM-deaf daemon outlived `tmux kill-server` before."""
     gpuctl("up", "--provider", "local")

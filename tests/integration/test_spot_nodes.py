@@ -30,10 +30,10 @@ pytestmark = pytest.mark.tf
 
 
 @pytest.fixture
-def four_hosts(aws, ssh, imds, moto_server, isolated, monkeypatch):
+def four_hosts(aws, ssh, imds, moto_server, isolated, monkeypatch, forwarding):
     """(first pair, replacement pair): two hosts of their own for the first nodes, the session's two
-    for the replacements; forwarding on here, so that each pair's nodes reach each other."""
-    with sshd.peers(), sshd.running_lab("spot-node-hosts", {8: "s8", 9: "s9"}) as (_, first):
+    for the replacements; each pair's nodes reach each other through this machine (`forwarding`)."""
+    with sshd.running_lab("spot-node-hosts", {8: "s8", 9: "s9"}) as (_, first):
         use_hosts(first, monkeypatch)
         with spot_world(monkeypatch, imds, moto_server, isolated, (*first, *ssh.hosts)):
             monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"node:0={first[0].ip},node:1={first[1].ip}")

@@ -1,9 +1,11 @@
 """A spot interruption notice, end to end on real parts: a moto-launched spot instance mapped to a
 real sshd host, its real watchdog polling a fake IMDSv2 (token required) that the test makes
-announce the interruption in the middle of epoch 3 of an unmodified Keras script (real TF).
+announce the interruption in the middle of epoch 3 of a job (a plain-Python one that checkpoints
+as Keras would, test_resume.RESUMABLE: the stop at a batch end inside Keras's fit is
+test_payload_tf's and test_spot_nodes').
 
-The job stops at a batch end as preempted (exit 75), epochs 1-2 reported and checkpointed, the cut
-epoch neither reported nor checkpointed; EC2 then takes the instance (moto's backend, state reason
+The job stops as preempted (exit 75), epochs 1-2 reported and checkpointed, the cut epoch neither
+reported nor checkpointed; EC2 then takes the instance (moto's backend, state reason
 Server.SpotInstanceTermination). With checkpoints on the instance's disk (aws.checkpoints =
 "instance"), nothing can resume it: `train --resume` says why and launches nothing.
 """
@@ -13,18 +15,10 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 
 from tests.aws import ACCOUNT, REGION, live_instances
 from tests.integration.test_aws_e2e import cloud_init
-from tests.integration.test_resume import SLOW
-
-pytestmark = pytest.mark.tf
-
-# Epochs of ~8.5 s: the watchdog asks IMDS every 5 s, so a notice given at the start of epoch 3
-# is heard, and the job stopped, inside it.
-SLOWER = SLOW.replace("time.sleep(0.5)", "time.sleep(1.2)")
-assert SLOWER != SLOW
+from tests.integration.test_resume import RESUMABLE
 
 
 def spot_terminate(instance_id: str) -> None:
@@ -58,6 +52,7 @@ def spot_env(monkeypatch, host, imds, checkpoints: str = "instance") -> None:
     monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
     monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={host.ip}")
     monkeypatch.setenv("GPUCTL_AWS__IMDS_ENDPOINT", imds.url(host))
+    monkeypatch.setenv("GPUCTL_AWS__IMDS_POLL_S", "1")  # the notice heard within a second, not five
     monkeypatch.setenv("GPUCTL_AWS__CHECKPOINTS", checkpoints)
 
 
@@ -71,7 +66,7 @@ def test_notice_stops_the_run_as_preempted_at_a_batch_end(gpuctl, aws, ssh, imds
         gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "-y")
         installer.join(60)
         (inst,) = live_instances(aws)
-        proj = make_project("slow", {"train.py": SLOWER})
+        proj = make_project("resumable", {"train.py": RESUMABLE})
         run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json", "--", "--epochs", "6").stdout)["run"]["run_id"]
 
         wait_for("epoch 2's report", lambda: len(epochs_on(host, run_id)) >= 2)
@@ -85,7 +80,7 @@ def test_notice_stops_the_run_as_preempted_at_a_batch_end(gpuctl, aws, ssh, imds
         notice = json.loads(host.run("cat /srv/gpuctl/guard/notice.json").stdout)
         assert notice["action"] == "terminate" and notice["seen_at"]
         assert "NOTICE spot interruption" in gpuctl("logs", "--guard").stdout
-        assert "spot interruption notice: stopping training after this batch" in gpuctl("logs", run_id).stdout
+        assert "preempted: the last whole epoch's checkpoint is kept" in gpuctl("logs", run_id).stdout
         # Epochs 1-2 reported, the cut epoch 3 not; the checkpoint is epoch 2's.
         assert [e["epoch"] for e in epochs_on(host, run_id)] == [1, 2]
         status = next(r for r in json.loads(gpuctl("status", "--json").stdout)["runs"] if r["run_id"] == run_id)

@@ -2,14 +2,16 @@
 spot instance in its backend with state reason Server.SpotInstanceTermination, as EC2 would), two
 real sshd hosts (the first instance is mapped to the first host, every later one to the second),
 the fake IMDSv2 (the notice for the first host alone; the instance role's credentials for both),
-S3 in moto reached by the hosts, and real TensorFlow running an unmodified Keras script.
+S3 in moto reached by the hosts.
 
-1. The notice arrives during epoch 3 of 6: the job stops at a batch end, its checkpoint and reports
+1. The notice arrives during epoch 3 of 6: the job stops as preempted, its checkpoint and reports
    are in S3; `train --wait` waits for EC2 to end the instance (it is free then), launches a
    replacement, and the run finishes there: epochs 1-6 once, two segments, both instances in the
-   cost, the cut epoch as lost work.
+   cost, the cut epoch as lost work. A plain-Python job that checkpoints as Keras would
+   (test_resume.RESUMABLE): the stop at a batch end inside Keras's fit is test_payload_tf's.
 2. No notice: the instance vanishes (EC2 ends it, the host is gone). `train --wait` notices, and the
-   run resumes on the replacement from the last epoch in S3.
+   run resumes on the replacement from the last epoch in S3. Real TensorFlow (marked tf): the
+   launcher's Keras hook is what puts each epoch's checkpoint in S3.
 3. Recovery that cannot get capacity gives up after recover.max_attempts, naming every try.
 """
 
@@ -23,12 +25,11 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.aws import live_instances
+from gpuctl.state import Ledger
+from tests.aws import boto3_session, live_instances
 from tests.integration.test_aws import _fail_run_instances
-from tests.integration.test_resume import SLOW
-from tests.integration.test_spot_notice import SLOWER, epochs_on, spot_terminate, wait_for
-
-pytestmark = pytest.mark.tf
+from tests.integration.test_resume import RESUMABLE, SLOW
+from tests.integration.test_spot_notice import epochs_on, spot_terminate, wait_for
 
 
 @pytest.fixture
@@ -47,8 +48,10 @@ def spot_world(monkeypatch, imds, moto_server, isolated, hosts):
     lab's services address, and accept the cluster's key once `up` made it (cloud-init)."""
     monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")
     monkeypatch.setenv("GPUCTL_AWS__IMDS_ENDPOINT", imds.url(hosts[0]))
+    monkeypatch.setenv("GPUCTL_AWS__IMDS_POLL_S", "1")  # the notice heard within a second, not five
     monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", f"http://{hosts[0].services_ip}:{urlparse(moto_server).port}")
     imds.role("gpuctl-instance-role")  # boto3 on the hosts reads its credentials here, as on EC2
+    imds.reached_by(hosts)
     from gpuctl.ops import recovery
     from gpuctl.provision.aws import provider
 
@@ -106,12 +109,11 @@ def finished(thread, out, timeout: float = 400):
 
 
 def stored_keys(_ec2, run_id):
-    import boto3
-
-    s3 = boto3.session.Session(region_name="us-east-1").client("s3")
+    s3 = boto3_session().client("s3")
     (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("gpuctl-")]
-    res = s3.list_objects_v2(Bucket=bucket, Prefix=f"clusters/default/runs/{run_id}/")
-    return [o["Key"].split(f"runs/{run_id}/", 1)[1] for o in res.get("Contents", [])]
+    # clusters/default.<id>/: the cluster's own place (issue 22)
+    res = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/default.")
+    return [o["Key"].split(f"runs/{run_id}/", 1)[1] for o in res.get("Contents", []) if f"/runs/{run_id}/" in o["Key"]]
 
 
 def run_id_on(host, out) -> str:
@@ -136,7 +138,7 @@ def train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, script: str
 def test_a_notice_mid_epoch_3_and_the_run_finishes_on_a_replacement(gpuctl, aws, spot_lab, imds, make_project,
                                                                      monkeypatch):
     h0, h1 = spot_lab
-    first, thread, out, run_id = train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, SLOWER, 6)
+    first, thread, out, run_id = train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, RESUMABLE, 6)
     imds.interrupt(h0)  # as epoch 3 begins
     assert wait_for("the job's exit", lambda: h0.run(f"cat /srv/gpuctl/runs/{run_id}/exitcode 2>/dev/null")
                     .stdout.strip(), timeout=60) == "75"
@@ -176,6 +178,7 @@ def test_a_notice_mid_epoch_3_and_the_run_finishes_on_a_replacement(gpuctl, aws,
     assert stored_keys(aws, run_id)  # down keeps the run's checkpoints
 
 
+@pytest.mark.tf
 def test_an_instance_that_vanishes_without_notice_is_replaced(gpuctl, aws, spot_lab, imds, make_project, monkeypatch):
     h0, h1 = spot_lab
     first, thread, out, run_id = train_to_epoch_2(gpuctl, aws, monkeypatch, h0, h1, make_project, SLOW, 4)
@@ -191,7 +194,16 @@ def test_an_instance_that_vanishes_without_notice_is_replaced(gpuctl, aws, spot_
     assert [e["epoch"] for e in rc["epochs"]] == [1, 2, 3, 4]
 
 
-def test_recovery_gives_up_after_max_attempts_naming_each_try(gpuctl, aws, spot_lab, imds, make_project, monkeypatch):
+def _event(home, kind: str, run_id: str) -> bool:
+    ledger = Ledger(home)
+    try:
+        return any(k == kind and run == run_id for _, _, run, k, _ in ledger.events())
+    finally:
+        ledger.close()
+
+
+def test_recovery_gives_up_after_max_attempts_naming_each_try(gpuctl, aws, spot_lab, imds, make_project, monkeypatch,
+                                                              isolated):
     h0, h1 = spot_lab
     monkeypatch.setenv("GPUCTL_RECOVER__MAX_ATTEMPTS", "2")
     first = up_first(gpuctl, aws, monkeypatch, h0, h1)
@@ -199,6 +211,10 @@ def test_recovery_gives_up_after_max_attempts_naming_each_try(gpuctl, aws, spot_
     thread, out = train_in_background(gpuctl, ("train", proj, "--allow-cpu", "--wait"), code=8)
     run_id = run_id_on(h0, out)
     wait_for("the job", lambda: "working" in h0.run(f"cat /srv/gpuctl/runs/{run_id}/output.log").stdout)
+    # And `train` done starting it (the watchdog re-armed, the start recorded), following it now: the
+    # job prints at once without TensorFlow to import, and the host went while `train` still
+    # re-armed the watchdog there (exit 7, lost connection) instead of during the follow.
+    wait_for("train's start recorded", lambda: _event(isolated, "train", run_id))
     seen = _fail_run_instances(monkeypatch, lambda z, m: "InsufficientInstanceCapacity")
     spot_terminate(first["InstanceId"])
     h0.stop()

@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import REPO
 from tests.sshd import ROOT, gpuctl_servers, gpuctl_tmux
 from tests.integration.test_payload_tf import MODEL
 
@@ -35,16 +36,22 @@ def up_ssh(gpuctl, lab, *hosts, name="box", code=0, extra=()):
     return gpuctl(*args, code=code)
 
 
+@pytest.mark.tf  # the one whole loop over ssh with real Keras
 def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project, tmp_path):
     host = ssh.hosts[0]
     out = up_ssh(gpuctl, ssh).stderr
     assert f"{host.address}:22: reachable, host key pinned" in out
+    # `up` started the preflight in the background (issue 23, item 3): the first train finds it kept.
+    deadline = time.monotonic() + 120
+    while not host.run("ls /srv/gpuctl/_preflight/*.json").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.5)
     proj = make_project("tiny tf 'proj'", {"train.py": TF_TRAIN})
     data = tmp_path / "my data"
     data.mkdir()
     (data / "shard-0.bin").write_bytes(b"\0" * 1000)
     res = gpuctl("train", proj, "--data", data, "--allow-cpu", "--wait", "--", "--epochs", "2")
     assert "preflight on root@" in res.stderr and "TensorFlow 2." in res.stderr
+    assert "kept from an earlier check" in res.stderr
     assert "data dir: ['shard-0.bin']" in res.stdout
     # TensorFlow's C++ start-up chatter stays in the log but off the terminal (issue 9).
     assert "oneDNN custom operations" not in res.stdout and "absl::InitializeLog" not in res.stdout
@@ -56,6 +63,14 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     assert "oneDNN custom operations" in gpuctl("logs", "--raw", run["run_id"]).stdout
     # The job really ran on the host: its files are in the host's own /srv.
     assert host.run(f"cat {ROOT}/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
+    # Preflight once per environment (issue 23, item 2): the next train reuses the answer, without
+    # importing TensorFlow there; --recheck looks again. A plain script never imports TensorFlow.
+    quick = make_project("quick", {"train.py": "import sys\nprint('tf imported:', 'tensorflow' in sys.modules)\n"})
+    again = gpuctl("train", quick, "--allow-cpu", "--wait")
+    assert "TensorFlow 2." in again.stderr and "kept from an earlier check" in again.stderr
+    assert "tf imported: False" in again.stdout
+    rechecked = gpuctl("train", quick, "--allow-cpu", "--recheck", "--wait").stderr
+    assert "TensorFlow 2." in rechecked and "kept from an earlier check" not in rechecked
     pulled = gpuctl("pull", run["run_id"], "--dest", tmp_path / "back").stdout
     assert "Pulled" in pulled
     assert (tmp_path / "back" / run["run_id"] / "outputs" / "model.txt").read_text() == "weights"
@@ -83,7 +98,12 @@ def test_incremental_push_and_quoting_over_ssh(gpuctl, ssh, make_project):
     nasty = ["a b", "$(touch pwned2)", "`touch pwned3`", "it's", "ünï"]
     res = gpuctl("train", proj, "--allow-cpu", "--wait", "--", *nasty)
     assert f"ARGS {nasty!r}" in res.stdout and "odd name ok" in res.stdout
-    assert ssh.hosts[0].run("find / -xdev -name 'pwned*' 2>/dev/null; find /srv /tmp -name 'pwned*'").stdout.strip() == ""
+    # Where an injected `touch` would land: the commands' working dirs (the work dir, the project's
+    # copy), the homes, /tmp, and this checkout (a local shell's cwd). Not `find /`: the whole disk
+    # of a developer's machine took minutes.
+    found = ssh.hosts[0].run(f"find /srv /tmp /var/tmp -maxdepth 8 -name 'pwned*' 2>/dev/null; "
+                             f"find {REPO} /root -maxdepth 2 -name 'pwned*' 2>/dev/null").stdout
+    assert found.strip() == ""
 
 
 def test_tar_fallback_when_the_host_has_no_rsync(gpuctl, ssh, make_project):
@@ -178,13 +198,37 @@ def test_tensorboard_is_forwarded_to_localhost_only(gpuctl, ssh):
     finally:
         proc.terminate()
         proc.wait(10)
+    # Its `ssh -N -L` child ends with it (it outlived a SIGTERM of gpuctl, holding the port).
+    deadline = time.monotonic() + 10
+    while _forwarders(16006) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _forwarders(16006)
     # On the host it listens on 127.0.0.1 only: nothing is opened to the network.
     listening = ssh.hosts[0].run("cat /proc/net/tcp").stdout
     assert "0100007F:1776" in listening  # 127.0.0.1:6006
     assert "00000000:1776" not in listening
 
 
+def _forwarders(port: int) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"127.0.0.1:{port}:127.0.0.1"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if " -N " in line]
+
+
 # --- bad inputs ---------------------------------------------------------------------------------
+
+
+def test_tensorboard_refuses_a_local_port_in_use(gpuctl, ssh):
+    import socket
+
+    up_ssh(gpuctl, ssh)
+    with socket.socket() as taken:  # someone else's server on that port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = gpuctl("tensorboard", "--port", str(port), code=5)
+    assert f"port {port} is in use on this machine" in error_line(res)
+    assert "--port" in res.stderr and "http://" not in res.stdout
+    assert not _forwarders(port)
 
 
 def error_line(res):
@@ -295,3 +339,37 @@ def test_a_lab_torn_down_leaves_the_others_their_services_address(ssh, imds):
         assert other.run(ask.replace(host.services_ip, other.services_ip)).stdout.strip() == "200"
     result = host.run(ask)
     assert result.stdout.strip() == "200", result.stderr[-300:]
+
+
+def test_train_to_a_host_ssh_cannot_reach_yet_says_it_waits(gpuctl, ssh, quick_project):
+    # It waited connect_timeout_s (120 s by default) without a word.
+    up_ssh(gpuctl, ssh)  # remote.connect_timeout_s = 15 (the fixture's), recorded with the cluster
+    ssh.hosts[0].unreachable()
+    try:
+        res = gpuctl("train", quick_project, "--allow-cpu", code=7)
+    finally:
+        ssh.hosts[0].restart()
+    waits = [line for line in res.stderr.splitlines() if f"waiting for SSH on {ssh.hosts[0].address}" in line]
+    assert waits and " of 15 s" in waits[0], res.stderr
+    assert len(waits) <= 3  # said every ~10 s, not at every retry
+    assert "timed out after 15s" in error_line(res)
+
+
+def test_a_changed_host_key_on_another_port_names_the_pinned_line(gpuctl, ssh, isolated):
+    """Issue 22 (smaller): on port 2222 the hint said "delete its line (10.0.0.3)" while the
+    pinned line is `[10.0.0.3]:2222`, which is what the user must find and delete."""
+    host = ssh.hosts[0]
+    host.extra_config = ["Port 2222"]
+    try:
+        host.restart()
+        gpuctl("up", "--provider", "ssh", "--name", "box", "--identity", str(ssh.key), "--host", f"{host.address}:2222")
+        pinned = f"[{host.ip}]:2222"
+        assert any(line.startswith(pinned + " ") for line in (isolated / "known_hosts").read_text().splitlines())
+        host.new_host_key()
+        host.restart()
+        res = gpuctl("exec", "--", "true", code=7)
+        assert f"delete its line ({pinned})" in res.stderr, res.stderr
+    finally:
+        host.extra_config = []
+        host.restart()
+

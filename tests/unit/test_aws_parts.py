@@ -13,7 +13,7 @@ from gpuctl.provision.aws import catalog
 from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
-from gpuctl.remote.ssh import tcp_reachable as port_open
+from gpuctl.remote.endpoint import tcp_reachable as port_open
 from gpuctl.retry import TimedOut, poll
 
 
@@ -169,7 +169,7 @@ class _FakeAws:
         self.region = "eu-west-1"
         self.pricing = self.session.client("pricing", region_name="us-east-1")
 
-    def client(self, service, region=None):
+    def client(self, service, region=None, retries=5):
         assert service == "pricing"
         return self.pricing
 
@@ -214,6 +214,21 @@ def test_config_error_for_bad_cidr_setting(tmp_path):
 
     with pytest.raises(ConfigError, match="aws.ssh_cidr"):
         load_settings(env={"GPUCTL_AWS__SSH_CIDR": "1.2.3.4/33"}, cwd=tmp_path)
+
+
+def test_ssh_open_wider_than_a_16_gets_the_warning():
+    """Issue 22 (smaller): only 0.0.0.0/0 was warned of; 0.0.0.0/1 is half the internet."""
+    from gpuctl.provision.aws.access import ssh_cidr
+
+    assert ssh_cidr("0.0.0.0/0", detect=False) == ("0.0.0.0/0", "the whole internet (0.0.0.0/0)")
+    cidr, wide = ssh_cidr("0.0.0.0/1", detect=False)
+    assert cidr == "0.0.0.0/1" and wide == "2,147,483,648 addresses (0.0.0.0/1)"
+    assert ssh_cidr("10.0.0.0/15", detect=False)[1] == "131,072 addresses (10.0.0.0/15)"
+    assert ssh_cidr("10.1.0.0/16", detect=False) == ("10.1.0.0/16", None)  # a /16 is the widest said nothing of
+    assert ssh_cidr("203.0.113.7/32", detect=False) == ("203.0.113.7/32", None)
+    assert ssh_cidr("::/0", detect=False)[1] == "the whole internet (::/0)"
+    assert "(2001:db8::/32)" in ssh_cidr("2001:db8::/32", detect=False)[1]
+    assert ssh_cidr("2001:db8::/48", detect=False)[1] is None  # one site's allocation
 
 
 def _ec2():

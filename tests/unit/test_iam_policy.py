@@ -169,9 +169,25 @@ def _run_instances(p: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def iam_arn(kind: str, name: str) -> str:
-    """gpuctl's roles and profiles live under its path /gpuctl/ (store_iam.PATH); others under /."""
-    return f"arn:aws:iam::{ACCOUNT}:{kind}{store_iam.PATH if name.startswith('gpuctl-') else '/'}{name}"
+def iam_arn(kind: str, name: str, owner: str = OWNER) -> str:
+    """gpuctl's roles and profiles live under its owner's path /gpuctl/<H>/ (store_iam.owner_path);
+    others under /."""
+    return f"arn:aws:iam::{ACCOUNT}:{kind}{store_iam.owner_path(owner) if name.startswith('gpuctl-') else '/'}{name}"
+
+
+BOUNDARY_ARN = f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}"
+# Roles that carry the boundary: gpuctl's (CreateRole is allowed only with it), as IAM tells
+# PutRolePolicy through `iam:PermissionsBoundary`. Any other role (an administrator's, even one
+# put at gpuctl's path) has none.
+BOUNDED_ROLES = {PROFILE}
+
+
+def _role_policy(op: str) -> Callable[[dict[str, Any]], list[Check]]:
+    def checks(p: dict[str, Any]) -> list[Check]:
+        name = p.get("RoleName", PROFILE)
+        arn_ = p.get("_arn") or iam_arn("role", name)
+        return [(f"iam:{op}", arn_, {"iam:PermissionsBoundary": BOUNDARY_ARN} if name in BOUNDED_ROLES else {})]
+    return checks
 
 
 def _iam_creating(noun: str, kind: str, name: str, p: dict[str, Any], ctx: dict[str, Any]) -> list[Check]:
@@ -229,13 +245,14 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
         (c[0], c[1], {**c[2], **_request_tags({t["Key"]: t["Value"] for t in p.get("Tags", [])})})
         for c in (_existing("CreateTags", "snapshot" if rid.startswith("snap-") else "instance", rid)
                   for rid in p["Resources"])],
-    **{f"iam:{op}": _anywhere("iam", op) for op in ("ListRoles", "ListInstanceProfiles", "GetPolicy")},
+    **{f"iam:{op}": _anywhere("iam", op) for op in ("ListRoles", "ListInstanceProfiles")},
+    "iam:GetPolicy": lambda p: [("iam:GetPolicy", p.get("PolicyArn", BOUNDARY_ARN), {})],
     "iam:CreateRole": lambda p: _iam_creating("Role", "role", p["RoleName"], p, {
         **({"iam:PermissionsBoundary": p["PermissionsBoundary"]} if p.get("PermissionsBoundary") else {})}),
     "iam:CreateInstanceProfile": lambda p: _iam_creating("InstanceProfile", "instance-profile",
                                                          p["InstanceProfileName"], p, {}),
-    **{f"iam:{op}": (lambda op: lambda p: [(f"iam:{op}", iam_arn("role", p.get("RoleName", PROFILE)), {})])(op)
-       for op in ("PutRolePolicy", "DeleteRolePolicy", "ListRolePolicies", "ListRoleTags", "DeleteRole")},
+    **{f"iam:{op}": _role_policy(op) for op in ("PutRolePolicy", "DeleteRolePolicy", "ListRolePolicies",
+                                                 "ListRoleTags", "DeleteRole")},
     **{f"iam:{op}": (lambda op: lambda p: [(f"iam:{op}", iam_arn("instance-profile", p.get("InstanceProfileName", PROFILE)), {})])(op)
        for op in ("GetInstanceProfile", "DeleteInstanceProfile")},
     # The role goes to EC2 with the profile: PassRole on it too (AWS's note on the operation).
@@ -253,6 +270,7 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "s3:PutPublicAccessBlock": _s3("PutBucketPublicAccessBlock"),
     "s3:PutBucketPolicy": _s3("PutBucketPolicy"),
     "s3:PutBucketLifecycleConfiguration": _s3("PutLifecycleConfiguration"),
+    "s3:PutBucketVersioning": _s3("PutBucketVersioning"),
     "s3:PutBucketTagging": _s3("PutBucketTagging"),
     "s3:GetBucketTagging": _s3("GetBucketTagging"),
     "s3:CopyObject": lambda p: [("s3:GetObject", f"arn:aws:s3:::{p['CopySource']['Bucket']}/{p['CopySource']['Key']}", {}),
@@ -370,13 +388,14 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
     session = SimpleNamespace(get_partition_for_region=lambda region: "aws", client=lambda name, **_: clients[name])
     aws = SimpleNamespace(region=REGION, session=session, client=lambda name, region=None: clients[name])
     provider = SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home,
-                               spec=SimpleNamespace(region=REGION, checkpoint_expiry_days=30, wait_timeout_s=5))
+                               spec=SimpleNamespace(region=REGION, checkpoint_expiry_days=30, checkpoint_versions_days=3,
+                                                    wait_timeout_s=5))
     stubs = {name: Stubber(client) for name, client in clients.items()}
     iam, s3, sts = stubs["iam"], stubs["s3"], stubs["sts"]
-    profile = {"InstanceProfile": {"Path": store_iam.PATH, "InstanceProfileName": PROFILE, "InstanceProfileId": "AIPA1234567890ABCDEF",
+    profile = {"InstanceProfile": {"Path": store_iam.owner_path(OWNER), "InstanceProfileName": PROFILE, "InstanceProfileId": "AIPA1234567890ABCDEF",
                                    "Arn": iam_arn("instance-profile", PROFILE), "CreateDate": "2026-11-30T00:00:00Z",
                                    "Roles": [], "Tags": access.tags(CLUSTER, OWNER)}}
-    role = {"Path": store_iam.PATH, "RoleName": PROFILE, "RoleId": "AROA1234567890ABCDEF", "Arn": iam_arn("role", PROFILE),
+    role = {"Path": store_iam.owner_path(OWNER), "RoleName": PROFILE, "RoleId": "AROA1234567890ABCDEF", "Arn": iam_arn("role", PROFILE),
             "CreateDate": "2026-11-30T00:00:00Z"}
     objects = {"Contents": [{"Key": f"clusters/{CLUSTER}/runs/r1/ckpt.index", "Size": 10},
                             {"Key": f"clusters/{CLUSTER}/runs/r1/../escape", "Size": 1}]}
@@ -392,10 +411,10 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
         iam.add_response("add_role_to_instance_profile", {})
         s3.add_client_error("head_bucket", service_error_code="404", http_status_code=404)
         for op in ("create_bucket", "put_bucket_encryption", "put_public_access_block", "put_bucket_policy",
-                   "put_bucket_lifecycle_configuration", "put_bucket_tagging"):
+                   "put_bucket_versioning", "put_bucket_lifecycle_configuration", "put_bucket_tagging"):
             s3.add_response(op, {})
         store = S3Store(provider)
-        store.prepare(CLUSTER, lambda _: None)
+        store.prepare(CLUSTER, f"{CLUSTER}.0123456789ab", lambda _: None)
         s3.add_response("list_objects_v2", objects)
         assert store.files(CLUSTER, "r1") == [("ckpt.index", 10)]
         s3.add_response("list_objects_v2", objects)
@@ -536,6 +555,12 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
         "RoleName": PROFILE, "Tags": access.tags(CLUSTER, OWNER),
         "PermissionsBoundary": "arn:aws:iam::aws:policy/AdministratorAccess"}),
     ("put a policy on a foreign role", "iam:PutRolePolicy", {"RoleName": "admin"}),
+    # Issue 22, item 9: a role at gpuctl's path without the boundary (an administrator's) gets no
+    # policy from gpuctl, and the only policy gpuctl reads is the boundary.
+    ("put a policy on a role at gpuctl's path that lacks the boundary", "iam:PutRolePolicy",
+     {"RoleName": "gpuctl-made-by-hand"}),
+    ("read a managed policy other than the boundary", "iam:GetPolicy",
+     {"PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/prod-admin"}),
     ("put a foreign role into gpuctl's profile", "iam:AddRoleToInstanceProfile",
      {"InstanceProfileName": PROFILE, "RoleName": "admin"}),
     ("launch with a foreign instance profile", "ec2:RunInstances", _launch(IamInstanceProfile={"Name": "admin"})),
@@ -583,3 +608,55 @@ def test_the_evaluator_decides_as_iam_does():
     assert _arn_matches("arn:aws:ec2:*:*:image/*", arn("image", "ami-1"))
     assert _condition("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {})  # a missing key: true
     assert not _condition("ForAllValues:StringEquals", "aws:TagKeys", ["a"], {"aws:TagKeys": ["a", "b"]})
+
+
+# --- the per-owner tightening docs/aws-iam.md describes ------------------------------------------
+
+COLLEAGUE = "bob@desk-9f8e7d"
+
+
+def per_owner(pol: dict[str, Any], owner: str) -> dict[str, Any]:
+    """The policy tightened to one install, exactly as docs/aws-iam.md says to."""
+    h = store_iam.owner_hash(owner)
+    text = (json.dumps(pol).replace("role/gpuctl/*", f"role/gpuctl/{h}/*")
+            .replace("instance-profile/gpuctl/*", f"instance-profile/gpuctl/{h}/*")
+            .replace("arn:aws:s3:::gpuctl-*", f"arn:aws:s3:::gpuctl-*-{h}"))
+    tight = json.loads(text)
+    (release,) = [st for st in tight["Statement"] if st["Sid"] == "ChangeAndReleaseOnlyGpuctlsOwn"]
+    release["Condition"]["StringEquals"]["aws:ResourceTag/gpuctl:owner"] = owner
+    return tight
+
+
+def test_the_per_owner_tightening_still_allows_every_call_of_its_owner(tmp_path):
+    pol, sent, found = per_owner(policy(), OWNER), recorded_requests(tmp_path), calls_in_code()
+    assert json.dumps(pol) != json.dumps(policy())
+    looks = {op for op in found if op.split(":")[1].startswith(("Describe", "Get", "List", "Head"))}
+    for op, params in sent + [(op, {}) for op in sorted(looks)]:
+        checks = REQUESTS[op](params)
+        assert not refused(pol, checks), f"{op} refused: {refused(pol, checks)}"
+
+
+def test_the_per_owner_tightening_keeps_a_colleagues_roles_bucket_and_objects_out():
+    """Issue 22, item 9: it covered only the release statement; a colleague's checkpoint objects,
+    role policies and roles to pass stayed open."""
+    pol = per_owner(policy(), OWNER)
+    theirs = store_iam.profile_name(COLLEAGUE, CLUSTER, REGION)
+    their_bucket = bucket_name(ACCOUNT, REGION, COLLEAGUE)
+    their_role = iam_arn("role", theirs, COLLEAGUE)
+    bounded = {"iam:PermissionsBoundary": BOUNDARY_ARN}
+    for what, checks in [
+        ("pass a colleague's role to EC2", [("iam:PassRole", their_role, {"iam:PassedToService": "ec2.amazonaws.com"})]),
+        ("put a policy on a colleague's role", [("iam:PutRolePolicy", their_role, bounded)]),
+        ("delete a colleague's role", [("iam:DeleteRole", their_role, bounded)]),
+        ("make a role at a colleague's path", [("iam:CreateRole", their_role, {
+            **_request_tags({t["Key"]: t["Value"] for t in access.tags(CLUSTER, COLLEAGUE)}), **bounded})]),
+        ("delete a colleague's instance profile", [("iam:DeleteInstanceProfile",
+                                                    iam_arn("instance-profile", theirs, COLLEAGUE), {})]),
+        ("read a colleague's checkpoint", [("s3:GetObject", f"arn:aws:s3:::{their_bucket}/clusters/c/runs/r/x", {})]),
+        ("delete a colleague's checkpoint", [("s3:DeleteObject", f"arn:aws:s3:::{their_bucket}/clusters/c/runs/r/x", {})]),
+        ("list a colleague's bucket", [("s3:ListBucket", f"arn:aws:s3:::{their_bucket}", {})]),
+        ("terminate a colleague's instance", [("ec2:TerminateInstances", arn("instance", "i-bob"), {
+            f"aws:ResourceTag/{t['Key']}": t["Value"] for t in access.tags(CLUSTER, COLLEAGUE)})]),
+    ]:
+        assert refused(pol, checks), what
+        assert not refused(policy(), checks), f"the untightened policy allows it (so the tightening is what keeps it out): {what}"

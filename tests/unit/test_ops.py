@@ -7,7 +7,7 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.errors import CloudError, ConfigError
-from gpuctl.ops import clusters, costs, run_state
+from gpuctl.ops import clusters, costs, release, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.types import ClusterSpec, RunRecord
@@ -31,11 +31,11 @@ def test_each_up_of_a_name_is_its_own_cluster_with_its_own_dollars(fake, tmp_pat
     first = clusters.up(s, usd_per_hour=36.0).cluster
     (i1,) = s.ledger.instances(first.id)
     fake["ended"][i1.id] = i1.launched_at + 100  # ran 100 s at $36/h = $1
-    clusters.down(s, "default")
+    release.down(s, "default")
     second = clusters.up(s, usd_per_hour=3600.0).cluster
     (i2,) = s.ledger.instances(second.id)
     fake["ended"][i2.id] = i2.launched_at + 10  # 10 s at $3600/h = $10
-    clusters.down(s, "default")
+    release.down(s, "default")
     report = costs.cost(s)
     assert [c.id for c in report.clusters] == [first.id, second.id]
     assert [round(c.usd, 6) for c in report.clusters] == [1.0, 10.0]
@@ -54,7 +54,7 @@ def test_a_failed_up_leaves_no_cluster_unless_something_exists(fake, tmp_path):
     (kept,) = s.ledger.clusters()
     assert kept.state == "up"  # so `status` shows it and `down` releases it
     fake["fail_launch"] = None
-    assert clusters.down(s, "default").released
+    assert release.down(s, "default").released
     # A provider that cannot even be asked (no credentials, say) refuses before anything is recorded.
     fake["refuse"] = CloudError("no AWS credentials")
     with pytest.raises(CloudError):
@@ -69,8 +69,8 @@ def test_status_cost_and_down_work_from_the_recorded_spec_when_settings_break(fa
         broken.settings()
     assert costs.status(broken).clusters[0].state == "up"
     assert costs.cost(broken).clusters[0].usd >= 0
-    assert clusters.down_target(broken, None) == "default"
-    assert clusters.down(broken, None).cluster == "default"
+    assert release.down_target(broken, None) == "default"
+    assert release.down(broken, None).cluster == "default"
 
 
 def test_reconcile_closes_a_cluster_at_the_providers_end_time(fake, tmp_path):
@@ -108,7 +108,7 @@ def test_a_run_of_an_earlier_cluster_never_reads_the_new_cluster_of_that_name(fa
     old = clusters.up(s).cluster
     s.ledger.put_run(RunRecord(run_id="r-old", cluster="default", cluster_id=old.id, project="/p", entry="t.py",
                                state="running", started_at=1.0, run_dir="/fake/runs/r-old"))
-    clusters.down(s, "default")  # its host is gone; the run was stopped or lost there
+    release.down(s, "default")  # its host is gone; the run was stopped or lost there
     clusters.up(s)
     assert run_state.refresh(s, s.ledger.run("r-old")).state in ("stopped", "lost")
 
@@ -158,7 +158,7 @@ def test_down_waits_for_a_starting_train_and_a_waiting_train_finds_the_cluster_d
     holder = session(tmp_path)
     done = threading.Event()
     with holder.cluster_lock(c):  # a train in the middle of starting its job
-        t = threading.Thread(target=lambda: (clusters.down(session(tmp_path), "default"), done.set()))
+        t = threading.Thread(target=lambda: (release.down(session(tmp_path), "default"), done.set()))
         t.start()
         assert not done.wait(0.5)  # down waits for the start to finish
     t.join(10)
@@ -213,3 +213,35 @@ def test_a_command_waiting_for_the_cluster_lock_says_so(fake, tmp_path):
     with s.cluster_lock(c, said.append):  # free: nothing said
         pass
     assert len(said) == 1
+
+
+def test_the_cluster_lock_file_is_the_owners_alone(fake, tmp_path):
+    """Issue 22 (smaller): locks/cluster-N.lock was created 0644 (by the umask), every other file 0600."""
+    import os
+    import stat
+
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    old = os.umask(0o022)
+    try:
+        with s.cluster_lock(c):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(s.home / "locks" / f"cluster-{c.id}.lock").st_mode) == 0o600
+
+
+def test_a_cluster_a_use_case_launched_for_itself_is_never_the_only_one_picked(fake, tmp_path):
+    """A plan's probe cluster (or a bake's) was "the only one up" for a `train`, `stop` or `down`
+    that named no cluster: the user's run landed there and the plan's release ended it."""
+    from gpuctl.errors import NoClusterError
+
+    s = session(tmp_path, GPUCTL_CLUSTER="plan-1a2b-g5-xlarge")
+    probe = clusters.up(s, make_default=False, launched_for="plan").cluster
+    assert probe.spec.launched_for == "plan" and s.ledger.default_cluster() is None
+    mine = session(tmp_path)
+    with pytest.raises(NoClusterError):
+        mine.resolve_cluster(None)
+    assert mine.resolve_cluster("plan-1a2b-g5-xlarge").id == probe.id  # by its name, still
+    own = clusters.up(session(tmp_path, GPUCTL_CLUSTER="lab"), make_default=False).cluster
+    assert mine.resolve_cluster(None).id == own.id  # the user's one, not the probe

@@ -16,7 +16,7 @@ import pytest
 
 from gpuctl.errors import ConfigError
 from gpuctl.remote import openssh, ssh_resolve
-from gpuctl.remote.ssh import Endpoint, split_target
+from gpuctl.remote.endpoint import Endpoint, split_target
 from gpuctl.types import InstanceRecord
 
 

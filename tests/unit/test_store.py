@@ -296,3 +296,29 @@ def test_run_instances_waits_while_ec2_does_not_see_the_new_profile_yet(monkeypa
             stub.add_client_error("run_instances", "InvalidParameterValue", "Invalid IAM Instance Profile name")
         with pytest.raises(Exception, match="InvalidParameterValue"):
             nodes.launch_nodes(aws, plan, seen.append)
+
+
+def test_a_restore_waits_for_a_store_it_cannot_reach_yet(tmp_path, monkeypatch):
+    """A replacement instance whose role credentials were not served yet (NoCredentialsError at
+    its first list) gave up at once and the run failed; the pull is tried again, then it stands."""
+    bucket = MemoryBucket()
+    tries, said = [], []
+
+    class NotYet(Exception):
+        pass
+
+    def client(target):
+        tries.append(1)
+        if len(tries) < 3:
+            raise NotYet("Unable to locate credentials")
+        return bucket
+
+    monkeypatch.setattr(payload, "client", client)
+    monkeypatch.setattr(payload.time, "sleep", lambda s: None)
+    got = payload.pull_when_reachable(TARGET, PREFIX, str(tmp_path / "run"), said.append)
+    assert got["downloaded"] == 0 and len(tries) == 3
+    assert said[0] == "the store did not answer (NotYet: Unable to locate credentials): trying again in 2 s"
+    tries.clear()
+    monkeypatch.setattr(payload, "client", lambda target: (_ for _ in ()).throw(NotYet("still not")))
+    with pytest.raises(NotYet):  # after the last wait, the error is the caller's to say
+        payload.pull_when_reachable(TARGET, PREFIX, str(tmp_path / "run"), waits=(1,))

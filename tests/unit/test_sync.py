@@ -12,15 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuctl.remote import sync
+from gpuctl.remote.host import Deadlines
+from gpuctl.remote import sync, sync_ssh
 from gpuctl.remote.sync import (
     IgnoreRules,
     decode_manifest,
     manifest_path,
     push_local,
-    push_remote,
     scan,
 )
+from gpuctl.remote.sync_ssh import push_remote
 
 
 def tree(root, files):
@@ -209,13 +210,13 @@ def test_push_local_progress(tmp_path, monkeypatch):
 
 def test_meter_passes_a_line_a_second_and_always_the_last():
     now, lines = [0.0], []
-    meter = sync._Meter(lines.append, clock=lambda: now[0])
+    meter = sync.Meter(lines.append, clock=lambda: now[0])
     for t in (0.0, 0.5, 0.99, 1.0, 1.7, 2.05, 2.1):
         now[0] = t
         meter(f"at {t}")
     meter.final("done")
     assert lines == ["at 0.0", "at 1.0", "at 2.05", "done"]
-    quiet = sync._Meter(None)
+    quiet = sync.Meter(None)
     quiet("x")
     quiet.final("y")  # nobody listening: nothing to do, nothing raised
     assert not quiet.due()
@@ -223,8 +224,8 @@ def test_meter_passes_a_line_a_second_and_always_the_last():
 
 def test_rsync_progress2_lines():
     def line(text):
-        m = sync._PROGRESS2.match(text)
-        return m and sync._progress2_line(m, 2.0)
+        m = sync_ssh._PROGRESS2.match(text)
+        return m and sync_ssh._progress2_line(m, 2.0)
 
     assert line("      6,000,000 100%   89.11MB/s    0:00:00 (xfr#300, to-chk=0/301)") == \
         "sent 300 files, 6.0 MB, 3.0 MB/s (301/301 checked)"
@@ -248,7 +249,7 @@ os.execvp("sh", ["sh", "-c", " ".join(args[1:])])
 """
 
 
-class StandInHost:
+class StandInHost(Deadlines):
     """What push_remote uses of SshHost, on this machine; "ssh" is a script running the command here."""
 
     def __init__(self, tmp_path, rsync_missing=False):
@@ -262,8 +263,8 @@ class StandInHost:
     def makedirs(self, path):
         Path(path).mkdir(parents=True, exist_ok=True)
 
-    def read_bytes(self, path):
-        return Path(path).read_bytes() if Path(path).is_file() else None
+    def read_bytes(self, path, offset=0, limit=8 << 20):
+        return Path(path).read_bytes()[offset:offset + limit] if Path(path).is_file() else None
 
     def write_bytes(self, path, data, mode=0o644):
         Path(path).write_bytes(data)
@@ -298,7 +299,7 @@ def test_push_remote_reports_rsync_progress(tmp_path, monkeypatch):
     first = push_remote(host, src, dest, progress=lines.append)
     assert host.has_rsync is True and first.files_copied == first.files_total == 301
     assert lines[0] == "scanned 301 files (600.0 KB)" and lines[-1].startswith("pushed 301 of 301 files, ")
-    if sync._rsync_has_progress2():
+    if sync_ssh._rsync_has_progress2():
         assert any(ln.startswith("sent 301 files, 600.0 KB, ") for ln in lines)
     assert (Path(dest) / "we ird $(touch x) 'q'.py").read_text() == "odd"
 

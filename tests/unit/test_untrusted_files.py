@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpuctl.remote.pull import LocalFiles, link_stays_inside, pull_walk
-from gpuctl.remote.sync import decode_manifest, encode_manifest, manifest_path, push_local, push_remote
+from gpuctl.remote.sync import decode_manifest, encode_manifest, manifest_path, push_local
+from gpuctl.remote.sync_ssh import push_remote
 from tests.unit.test_sync import StandInHost, tree
 
 
@@ -49,9 +50,9 @@ class HostileSftp:
     def readlink(self, path):
         return self.links[path]
 
-    def get(self, path, local):
+    def getfo(self, path, fh):
         self.got.append(path)
-        Path(local).write_text(f"content of {path}")
+        fh.write(f"content of {path}".encode())
 
 
 def test_a_pull_keeps_whatever_the_instance_lists_inside_the_target(tmp_path):
@@ -221,3 +222,16 @@ def test_two_links_leading_into_each_other_are_one_loop_not_forty(tmp_path):
     got = sorted(str(p.relative_to(tmp_path / "d")) for p in (tmp_path / "d").rglob("*") if p.is_file())
     assert got == ["a/b/y.py", "a/x.py", "c/d/x.py", "c/y.py"]
     assert sorted(s.split(":")[0] for s in stats.skipped) == ["a/b/d/", "c/d/b/"]
+
+
+def test_pulled_modes_lose_special_bits_and_what_the_umask_takes():
+    """Issue 22, item 4: the one rule both pull paths apply (rsync gets it as --chmod)."""
+    from gpuctl.remote.pull import pulled_mode, rsync_chmod
+
+    assert pulled_mode(0o104755, False, 0o022) == 0o755  # setuid gone
+    assert pulled_mode(0o100600, False, 0o022) == 0o600  # never widened to the umask's 0644
+    assert pulled_mode(0o041777, True, 0o022) == 0o755  # sticky gone, others' write too
+    assert pulled_mode(0o100444, False, 0o077) == 0o600  # the owner may always read and write
+    assert pulled_mode(0o040500, True, 0o077) == 0o700
+    assert rsync_chmod(0o022) == "ugo-st,g-w,o-w,u+rw,Du+x"
+    assert rsync_chmod(0o077) == "ugo-st,g-rwx,o-rwx,u+rw,Du+x"

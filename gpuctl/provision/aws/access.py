@@ -65,7 +65,7 @@ def _read_owner(path: Path) -> str:
 
 def key_alias(instance_id: str) -> str:
     """The name an instance's host key is pinned under: EC2 recycles public IPs, so an address
-    names no machine for long (issue 11); the pin goes at `down`."""
+    names no machine for long; the pin goes at `down`."""
     return f"gpuctl-{instance_id}"
 
 
@@ -146,18 +146,26 @@ def caller_cidr(timeout_s: float = 5.0) -> str | None:
     return f"{ip}/{32 if ip.version == 4 else 128}"
 
 
-def ssh_cidr(configured: str, detect: bool = True) -> tuple[str, bool]:
-    """(CIDR allowed to SSH in, is_open_to_the_world). Refuses when nothing is known."""
+# The widest range `up` opens SSH to without a warning: a /16 (65,536 addresses) for IPv4, one
+# site's /48 for IPv6. Anything wider is a good part of the internet, not "my office".
+WIDEST_QUIET = {4: 16, 6: 48}
+
+
+def ssh_cidr(configured: str, detect: bool = True) -> tuple[str, str | None]:
+    """(CIDR allowed to SSH in, how wide it is when wider than WIDEST_QUIET: the warning's words,
+    else None). Refuses when nothing is known."""
     if configured:
         net = ipaddress.ip_network(configured, strict=False)
-        return str(net), net.prefixlen == 0
+        if net.prefixlen >= WIDEST_QUIET[net.version]:
+            return str(net), None
+        return str(net), (f"the whole internet ({net})" if net.prefixlen == 0 else f"{net.num_addresses:,} addresses ({net})")
     found = caller_cidr() if detect else None
     if not found:
         raise ConfigError(
             "could not detect this machine's public IP address to open SSH to it alone",
             "Pass --ssh-cidr YOUR.IP.ADDRESS/32 (or set `[aws] ssh_cidr`).",
         )
-    return found, False
+    return found, None
 
 
 def default_vpc(aws: Aws) -> str:

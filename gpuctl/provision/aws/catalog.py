@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuctl.errors import ConfigError
+from gpuctl.errors import CloudError, ConfigError
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 
 # On-demand Linux $/h in us-east-1, used only when the Price List API cannot answer (no
@@ -27,8 +27,26 @@ ON_DEMAND_USD = {
 }
 
 
-def instance_type_info(aws: Aws, instance_type: str) -> dict[str, Any]:
-    """DescribeInstanceTypes for one type; a typo gets a did-you-mean from the region's list."""
+# The OSS-driver base AMIs list G4dn, G5, G6, G6e, P4 and P5; their driver no longer supports the
+# P2 (K80) and P3 (V100) families: such a type runs only on an image pinned with --image.
+NOT_ON_BASE = frozenset({"p2", "p3", "p3dn"})
+# The GPU types every hint suggests: none of them is refused on the base image.
+SUGGESTED_TYPES = ("g4dn.xlarge", "g5.xlarge", "g6.xlarge", "p4d.24xlarge")
+
+
+def suggested_types() -> str:
+    """The GPU types to name in a hint, as `a, b, c, ...`."""
+    return ", ".join(SUGGESTED_TYPES) + ", ..."
+
+
+def on_base(instance_type: str) -> bool:
+    """Whether the type can boot the Base OSS Nvidia Driver GPU AMI."""
+    return instance_type.split(".")[0] not in NOT_ON_BASE
+
+
+def instance_type_info(aws: Aws, instance_type: str, image_pinned: bool = False) -> dict[str, Any]:
+    """DescribeInstanceTypes for one type; a typo gets a did-you-mean from the region's list (of
+    types gpuctl would launch: none the base image refuses, unless an image is pinned)."""
     from botocore.exceptions import ClientError
 
     ec2 = aws.ec2()
@@ -44,10 +62,11 @@ def instance_type_info(aws: Aws, instance_type: str) -> dict[str, Any]:
     pages = call(lambda: list(ec2.get_paginator("describe_instance_types").paginate()))
     for page in pages:
         names += [t["InstanceType"] for t in page["InstanceTypes"]]
+    names = [n for n in names if image_pinned or on_base(n)]
     close = difflib.get_close_matches(instance_type, names, n=1, cutoff=0.6)
     raise ConfigError(
         f"unknown instance type {instance_type!r} in {aws.region}",
-        f"Did you mean {close[0]!r}?" if close else "GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, p3.2xlarge, ...",
+        f"Did you mean {close[0]!r}?" if close else f"GPU types: {suggested_types()}",
     )
 
 
@@ -80,6 +99,25 @@ def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
         if zone and (zone not in latest or (ts and latest[zone][0] and ts > latest[zone][0])):
             latest[zone] = (ts, price)
     return {z: p for z, (_, p) in latest.items()}
+
+
+def no_spot_offering(instance_type: str, region: str) -> CloudError:
+    return CloudError(f"{instance_type} has no spot offering in {region}",
+                      "Launch it on-demand (--on-demand), or let gpuctl fall back (--fallback-on-demand).")
+
+
+def refuse_unmeetable_cap(instance_type: str, region: str, prices: dict[str, float], max_price: float | None) -> None:
+    """A spot cap under the current price in every zone could only fail zone after zone (or bill
+    on-demand), after the key pair and group were made: refused first, naming the cheapest zone."""
+    if not max_price or not prices:
+        return
+    zone, cheapest = min(prices.items(), key=lambda kv: kv[1])
+    if cheapest > max_price:
+        raise ConfigError(
+            f"--max-price ${max_price:.4f}/h is under the spot price of {instance_type} in every zone of {region} "
+            f"(cheapest: ${cheapest:.4f}/h in {zone})",
+            f"Raise it to at least {cheapest:.4f} (setting `aws.max_price`), leave it out (the cap is then the "
+            "on-demand price), or launch --on-demand.")
 
 
 def _region_name(aws: Aws) -> str | None:
@@ -118,7 +156,9 @@ def _price_list(aws: Aws, instance_type: str) -> float | None:
     if not location:
         return None
     try:
-        pricing = aws.client("pricing", "us-east-1")  # the API lives in a few regions only
+        # The API lives in a few regions only. One try and one retry: the dated table answers
+        # otherwise, and four backed-off retries of a failing Price List held every `up` ~10 s.
+        pricing = aws.client("pricing", "us-east-1", retries=1)
         res = pricing.get_products(
             ServiceCode="AmazonEC2",
             Filters=[

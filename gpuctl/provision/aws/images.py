@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from gpuctl.errors import CloudError, ConfigError
 from gpuctl.provision import tf_matches
-from gpuctl.provision.aws import access
+from gpuctl.provision.aws import access, catalog
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
 
 Progress = Callable[[str], None]
@@ -42,9 +42,6 @@ BASE_PARAMETER = "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gp
 # "Deep Learning ARM64 Base OSS ..." is the arm64 build: the architecture filter tells them apart.
 BASE_PATTERN = "Deep Learning*Base OSS Nvidia Driver GPU AMI ({os})*"
 BASE_OS_NAMES = {"ubuntu-22.04": "Ubuntu 22.04", "ubuntu-24.04": "Ubuntu 24.04"}
-# The OSS-driver AMIs list G4dn, G5, G6, G6e, P4 and P5; their driver no longer supports the
-# P2 (K80) and P3 (V100) families.
-NOT_ON_BASE = frozenset({"p2", "p3", "p3dn"})
 
 
 @dataclass(frozen=True)
@@ -174,12 +171,11 @@ def _wildcard(tf: str) -> str:
 
 
 def refuse_on_base(instance_type: str) -> None:
-    family = instance_type.split(".")[0]
-    if family in NOT_ON_BASE:
+    if not catalog.on_base(instance_type):
         raise ConfigError(
             f"{instance_type} cannot boot the Base OSS Nvidia Driver GPU AMI: its driver supports G4dn, G5, G6, G6e, "
             "P4 and P5, not the P2/P3 families",
-            "Pick another type (--type g5.xlarge, g6.xlarge, p4d.24xlarge), or pin an image that supports it "
+            f"Pick another type ({catalog.suggested_types()}), or pin an image that supports it "
             "with --image ami-...",
         )
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from gpuctl.errors import CloudError
 from gpuctl.provision.aws import access, nodes, store_iam
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.remote.ssh import forget_host_keys
+from gpuctl.remote.endpoint import forget_host_keys
 from gpuctl.retry import TimedOut, poll
 from gpuctl.types import Resource
 

@@ -27,12 +27,15 @@ class LaunchPlan:
     max_price: float  # 0 = no cap
     fallback_on_demand: bool
     disk_gb: int
-    user_data: str  # the script itself: boto3 base64-encodes RunInstances' UserData
+    user_data: str | bytes  # the script itself (gzipped: userdata.py): boto3 base64-encodes RunInstances' UserData
     token_seed: str  # the same `up` retried reuses the same client tokens
     instance_profile: str = ""  # the cluster's (store_iam.py): its checkpoints' credentials; "" = none
     nodes: int = 1  # all in one zone or none (nodes.py)
     placement_group: str = ""  # a cluster placement group the nodes share; "" = none
     wait_timeout_s: float = 900.0  # for the nodes of a zone that failed to end
+    # IMDS answers this many hops away: 1 = the instance's own processes only; 2 also reaches
+    # containers on it (and so the cluster's role), only when aws.imds_for_containers asks.
+    imds_hop_limit: int = 1
 
 
 def client_token(plan: LaunchPlan, zone: str, market: str, node: int = 0, generation: int = 0) -> str:
@@ -54,7 +57,8 @@ def run_params(plan: LaunchPlan, zone: str, market: str, node: int = 0, generati
         "KeyName": plan.key_name,
         "UserData": plan.user_data,
         "InstanceInitiatedShutdownBehavior": "terminate",  # poweroff (guards) ends billing
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                            "HttpPutResponseHopLimit": plan.imds_hop_limit},
         "NetworkInterfaces": [{
             "DeviceIndex": 0,
             "SubnetId": plan.subnets[zone],

@@ -5,23 +5,25 @@ killed at any moment leaves nothing that `gpuctl status --all` cannot see and
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl import billing, seams
+from gpuctl import billing, seams, untrusted
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.provision import remote_spec
 from gpuctl.provision.aws import access, catalog, images, lifecycle, nodes
 from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.session import Aws, call, wait_for
-from gpuctl.provision.aws.userdata import HARD_CAP_MARK, hard_cap_script
+from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
-from gpuctl.remote.ssh import Endpoint, SshHost, split_target
+from gpuctl.remote.endpoint import Endpoint, split_target
+from gpuctl.remote.ssh import SshHost
 from gpuctl.settings import Settings
-from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord
+from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote
 
 Progress = Callable[[str], None]
 EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
@@ -39,11 +41,14 @@ class AwsProvider:
     arms_guard_at_up = True  # billed by the second from now on
     default_on_fire = "poweroff"  # shutdown behaviour terminate: powering off ends the bill
     boot_hard_cap = True
+    picks_instance_types = True
 
     def __init__(self, home: Path, spec: ClusterSpec):
         self.home = Path(home)
         self.spec = spec
         self._owner: str | None = None
+        self._sessions: dict[str, Aws] = {}
+        self._sessions_lock = threading.Lock()
 
     @classmethod
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
@@ -57,8 +62,13 @@ class AwsProvider:
             launch_token=secrets.token_hex(8), profile=a.profile or None, fallback_on_demand=a.fallback_on_demand,
             image_pattern=a.image_pattern, base_os=a.base_os, tensorflow=s.train.tensorflow, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
             max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second", checkpoints=a.checkpoints,
-            checkpoint_expiry_days=a.checkpoint_expiry_days, imds_endpoint=a.imds_endpoint,
+            checkpoint_expiry_days=a.checkpoint_expiry_days, checkpoint_versions_days=a.checkpoint_versions_days,
+            imds_endpoint=a.imds_endpoint, imds_poll_s=a.imds_poll_s, imds_hop_limit=2 if a.imds_for_containers else 1,
+            store_id=secrets.token_hex(6),
             nodes=s.nodes, placement=a.placement,
+            boot_guard={"idle_s": s.guards.seconds("idle"), "check_interval_s": s.guards.seconds("check_interval"),
+                        "gpu_idle_percent": s.guards.gpu_idle_percent, "on_fire": s.guards.on_fire or cls.default_on_fire,
+                        "poweroff_command": s.guards.poweroff_command},
         )
 
     def check(self) -> None:
@@ -69,8 +79,34 @@ class AwsProvider:
     def launch_question(self) -> str | None:
         s = self.spec
         what = f"{s.nodes} x {s.instance_type} in one zone" if s.nodes > 1 else f"a {s.instance_type}"
-        return (f"launch {what} ({s.market}) for cluster {s.name!r}, "
-                f"billed until `gpuctl down` or the {s.max_hours:g} h hard cap")
+        return f"launch {what} ({s.market}) for cluster {s.name!r}"
+
+    def price_quote(self) -> PriceQuote:
+        """Spot: the cheapest offering zone's current price (the zone tried first); on-demand (or
+        spot falling back to it): the list price. Times the nodes."""
+        spec = self.spec
+        aws = self.aws(spec.region)
+        catalog.instance_type_info(aws, spec.instance_type, spec.image is not None)  # a typo: did-you-mean first
+        if spec.market == "spot":
+            offered = set(catalog.zones_offering(aws, spec.instance_type))
+            prices = {z: p for z, p in catalog.spot_prices(aws, spec.instance_type).items() if z in offered}
+            if prices or not spec.fallback_on_demand:
+                if not prices:
+                    raise catalog.no_spot_offering(spec.instance_type, aws.region)
+                catalog.refuse_unmeetable_cap(spec.instance_type, aws.region, prices, spec.max_price)
+                zone, usd = min(prices.items(), key=lambda kv: kv[1])
+                cap, cap_source = self._spot_cap(aws)
+                return PriceQuote(usd_per_hour=usd * spec.nodes, nodes=spec.nodes, market="spot",
+                                  source=f"spot price in {zone} now", max_price=cap, cap_source=cap_source)
+        usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
+        return PriceQuote(usd_per_hour=usd * spec.nodes, nodes=spec.nodes, market="on-demand", source=source)
+
+    def _spot_cap(self, aws: Aws) -> tuple[float, str]:
+        """The highest spot $/h a node may be billed, and who set it."""
+        if self.spec.max_price:
+            return self.spec.max_price, "--max-price"
+        usd, _ = catalog.on_demand_price(aws, self.spec.instance_type, self.home / "cache")
+        return usd, "the on-demand price, AWS's default"
 
     @property
     def owner(self) -> str:
@@ -79,8 +115,13 @@ class AwsProvider:
         return self._owner
 
     def aws(self, region: str | None = None) -> Aws:
-        """A boto3 session for the region (the spec's by default) and the spec's profile."""
-        return Aws(region=region or self.spec.region or "", profile=self.spec.profile or "")
+        """A boto3 session for the region (the spec's by default) and the spec's profile: one per
+        region for this provider (one command), so each client is made once, not once per call."""
+        key = region or self.spec.region or ""
+        with self._sessions_lock:
+            if key not in self._sessions:
+                self._sessions[key] = Aws(region=key, profile=self.spec.profile or "")
+            return self._sessions[key]
 
     # --- launch ---------------------------------------------------------------------------------
 
@@ -98,12 +139,12 @@ class AwsProvider:
             return [self._record(aws, i, spec, None, "recorded at launch") for i in ranked]
 
         # Check everything that can be checked before creating anything.
-        info = catalog.instance_type_info(aws, spec.instance_type)
+        info = catalog.instance_type_info(aws, spec.instance_type, spec.image is not None)
         arch = catalog.architecture(info)
         gpus = bool(info.get("GpuInfo", {}).get("Gpus"))
         if not gpus:
             progress(f"warning: {spec.instance_type} has no GPU: training runs on its CPU, slowly, and `gpuctl train` "
-                     "refuses it without --allow-cpu (GPU types: g4dn.xlarge, g5.xlarge, g6.xlarge, ...)")
+                     f"refuses it without --allow-cpu (GPU types: {catalog.suggested_types()})")
         chosen = images.resolve(aws, spec, arch, self.owner, gpus)
         progress(f"image {chosen.name} ({chosen.id}, {chosen.image.get('CreationDate', '?')[:10]}): {chosen.why}")
         zones = catalog.zones_offering(aws, spec.instance_type)
@@ -115,14 +156,16 @@ class AwsProvider:
         spot = catalog.spot_prices(aws, spec.instance_type) if market == "spot" else {}
         if market == "spot" and not spot:
             if not spec.fallback_on_demand:
-                raise CloudError(
-                    f"{spec.instance_type} has no spot offering in {aws.region}",
-                    "Launch it on-demand (--on-demand), or let gpuctl fall back (--fallback-on-demand).",
-                )
+                raise catalog.no_spot_offering(spec.instance_type, aws.region)
             progress(f"{spec.instance_type} has no spot offering in {aws.region}: falling back to on-demand")
             market = "on-demand"
         if market == "spot":
             zones = sorted(zones, key=lambda z: spot.get(z, float("inf")))
+            catalog.refuse_unmeetable_cap(spec.instance_type, aws.region, {z: spot[z] for z in zones if z in spot},
+                                          spec.max_price)
+            # No second price lookup here: the question before launch said the on-demand price.
+            progress(f"spot price cap in force: ${spec.max_price:.4f}/h a node (--max-price)" if spec.max_price
+                     else "spot price cap in force: the on-demand price a node (AWS's default)")
         cidr = self._ssh_source(progress)
         vpc = access.default_vpc(aws)
         subnets = access.zone_subnets(aws, vpc)
@@ -134,7 +177,7 @@ class AwsProvider:
         # instance profile comes first: a caller without the IAM permissions is refused before
         # anything else is made.
         store = self.checkpoint_store()
-        profile = store.prepare(spec.name, progress)[1] if store is not None else ""
+        profile = store.prepare(spec.name, spec.store_place, progress)[1] if store is not None else ""
         key_name, key_path = access.ensure_key_pair(aws, self.home, spec.name, self.owner)
         progress(f"key pair {key_name} (private key {key_path}, 0600)")
         group = self._open_ssh(aws, vpc, cidr, progress)
@@ -147,9 +190,10 @@ class AwsProvider:
             root_device=chosen.image.get("RootDeviceName", "/dev/sda1"), key_name=key_name, security_group=group,
             subnets=ordered, market=market, max_price=spec.max_price or 0.0,
             fallback_on_demand=spec.fallback_on_demand, disk_gb=spec.disk_gb,
-            user_data=hard_cap_script(spec.max_hours),
+            user_data=boot_script(spec.max_hours, spec.boot_guard, spec.ssh_user, spec.remote.workdir),
             token_seed=f"{self.owner}|{spec.name}|{spec.launch_token}", instance_profile=profile,
             nodes=spec.nodes, placement_group=placement, wait_timeout_s=spec.wait_timeout_s,
+            imds_hop_limit=spec.imds_hop_limit,
         )
         launched, used = nodes.launch_nodes(aws, plan, progress)
         ids = [i["InstanceId"] for i in launched]
@@ -177,9 +221,9 @@ class AwsProvider:
         return records
 
     def _ssh_source(self, progress: Progress) -> str:
-        cidr, open_world = access.ssh_cidr(self.spec.ssh_cidr)
-        if open_world:
-            progress(f"WARNING: SSH is open to the whole internet ({cidr}) because you asked for it")
+        cidr, wide = access.ssh_cidr(self.spec.ssh_cidr)
+        if wide:
+            progress(f"WARNING: SSH is open to {wide} because you asked for it")
         return cidr
 
     def _open_ssh(self, aws: Aws, vpc: str, cidr: str, progress: Progress) -> str:
@@ -205,10 +249,12 @@ class AwsProvider:
         host.run(["mkdir", "-p", record.workdir], cwd=False)
         record = record.model_copy(update={"workdir": host.root})
         progress(f"SSH works: {host.label}, host key pinned")
-        cap = host.read_bytes(HARD_CAP_MARK)
+        cap = host.read_bytes(HARD_CAP_MARK, 0, 200)
         if cap:
-            at, _, how = cap.decode().strip().partition(" ")
-            progress(f"hard cap armed ({how}): powers off at {time.strftime('%Y-%m-%d %H:%M', time.localtime(float(at)))}")
+            at, _, how = cap.decode("utf-8", "replace").strip().partition(" ")
+            when = untrusted.number(at, float, untrusted.EARLIEST, untrusted.LATEST)  # the instance's word
+            progress(f"hard cap armed ({how}): powers off at "
+                     f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(when)) if when else '?'}")
         else:
             progress(f"WARNING: the boot-time hard cap is not confirmed yet ({HARD_CAP_MARK} missing; cloud-init "
                      "may still be running); the watchdog enforces max_hours as well")
@@ -218,7 +264,8 @@ class AwsProvider:
     def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
                 chosen: images.Chosen | None = None) -> InstanceRecord:
         # Where the tests map an instance to a test host, its peers reach it at that host's address.
-        mapped = seams.endpoint_override(inst.get("PublicIpAddress") or "", nodes.rank(inst))
+        mapped = seams.endpoint_override(inst.get("PublicIpAddress") or "", nodes.rank(inst),
+                                         inst.get("InstanceType") or "")
         return InstanceRecord(
             id=inst["InstanceId"],
             node=nodes.rank(inst),
@@ -251,7 +298,7 @@ class AwsProvider:
     def endpoint(self, instance: InstanceRecord) -> Endpoint:
         """Where to SSH: the instance's public IP, port 22 (the tests redirect it: gpuctl.seams)."""
         host, port = instance.public_ip or "", 22
-        target = seams.endpoint_override(host, instance.node)
+        target = seams.endpoint_override(host, instance.node, instance.instance_type or "")
         if target:
             ep = Endpoint.parse(target, default_user=instance.ssh_user or "ubuntu")
             host, port = ep.host, ep.port
@@ -266,13 +313,28 @@ class AwsProvider:
         # A new instance's sshd may accept the key only once cloud-init installed it: retry auth too.
         return SshHost(self.endpoint(instance), self.home, instance.key_path, instance.workdir, python=r.python,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, retry_auth=True, progress=progress,
-                       tmux_socket=instance.tmux_socket)
+                       tmux_socket=instance.tmux_socket, command_timeout_s=r.command_timeout_s)
 
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         return lifecycle.reconcile(self.aws, instances)
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return guard.set_hard_cap(host, hours)
+
+    def remember(self, instances: list[InstanceRecord]) -> None:
+        pass  # the instances' tags are EC2's view; the work dir is the ledger's alone
+
+    def kept_run(self, run_id: str) -> tuple[Host, str] | None:
+        return None  # what outlives the instance is in the checkpoint store
+
+    def loses_run_files(self) -> bool:
+        return self.spec.checkpoints != "s3"
+
+    def after_release(self) -> str:
+        if self.spec.checkpoints == "s3":
+            return "its runs' checkpoints, outputs, reports and logs stay in the S3 checkpoint store"
+        return ("its runs' outputs and checkpoints are on the instance's disk only and go with it "
+                "(`gpuctl pull RUN` first)")
 
     def was_interrupted(self, instance: InstanceRecord) -> bool:
         """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination). Not a user's
@@ -316,10 +378,10 @@ class AwsProvider:
 
     def interruption_notice(self) -> dict[str, Any] | None:
         """Spot instances hear of their interruption two minutes ahead through IMDSv2
-        (spot/instance-action); EC2 recommends polling it every 5 seconds."""
+        (spot/instance-action); EC2 recommends polling it every 5 seconds (aws.imds_poll_s)."""
         if self.spec.market != "spot" or not self.spec.imds_endpoint:
             return None
-        return {"endpoint": self.spec.imds_endpoint, "interval_s": 5.0}
+        return {"endpoint": self.spec.imds_endpoint, "interval_s": self.spec.imds_poll_s}
 
     def checkpoint_store(self) -> Any:
         """The owner's S3 bucket of the region (provision/aws/store.py) when the cluster keeps its
@@ -342,7 +404,7 @@ class AwsProvider:
 
         return inventory.discover(self, cluster, region)
 
-    def release(self, resources: list[Any], progress: Progress = _quiet) -> None:
+    def release(self, resources: list[Any], progress: Progress = _quiet, unreachable: frozenset[str] = frozenset()) -> None:
         from gpuctl.provision.aws import inventory
 
         inventory.release(self, resources, progress)

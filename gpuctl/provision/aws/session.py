@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from typing import Any, Callable, TypeVar
 
 from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError
@@ -113,6 +114,22 @@ def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, *
         raise translate(exc, waiter) from exc
 
 
+_LOADER: list[Any] = []  # botocore's data loader, shared by every session of this process
+
+
+def _botocore_session() -> Any:
+    """A new botocore session that reads AWS's service models through the process's one loader:
+    each session would parse them again (EC2's alone is megabytes of JSON, ~70 ms a session)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if _LOADER:
+        session.register_component("data_loader", _LOADER[0])
+    else:
+        _LOADER.append(session.get_component("data_loader"))
+    return session
+
+
 class Aws:
     """A boto3 session for one region, with retrying clients created on first use."""
 
@@ -121,7 +138,8 @@ class Aws:
         from botocore import exceptions as bx
 
         try:
-            self.session = boto3.session.Session(profile_name=profile or None, region_name=region or None)
+            self.session = boto3.session.Session(profile_name=profile or None, region_name=region or None,
+                                                 botocore_session=_botocore_session())
         except bx.BotoCoreError as exc:
             raise translate(exc) from exc
         self.region = self.session.region_name or ""
@@ -136,18 +154,23 @@ class Aws:
             )
         if self.session.get_credentials() is None:
             raise translate(bx.NoCredentialsError())
-        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients: dict[tuple[str, str, int], Any] = {}
+        self._lock = threading.Lock()  # creating clients is not thread-safe; using them is
 
-    def client(self, service: str, region: str | None = None) -> Any:
+    def client(self, service: str, region: str | None = None, retries: int = 5) -> Any:
+        """A client for the service; fewer `retries` for a call with a fallback (the Price List)."""
         from botocore.config import Config
 
-        key = (service, region or self.region)
-        if key not in self._clients:
-            # "standard" retries cover throttling and 5xx with backoff; capacity errors are not
-            # retried here (they are the caller's cue to try the next zone).
-            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60)
-            self._clients[key] = self.session.client(service, region_name=key[1], config=config)
-        return self._clients[key]
+        key = (service, region or self.region, retries)
+        with self._lock:
+            if key not in self._clients:
+                # "standard" retries cover throttling and 5xx with backoff; capacity errors are not
+                # retried here (they are the caller's cue to try the next zone).
+                # (botocore's retries["max_attempts"] counts the retries, not the first try.)
+                config = Config(retries={"mode": "standard", "max_attempts": retries}, connect_timeout=10,
+                                read_timeout=60)
+                self._clients[key] = self.session.client(service, region_name=key[1], config=config)
+            return self._clients[key]
 
     def ec2(self, region: str | None = None) -> Any:
         return self.client("ec2", region)

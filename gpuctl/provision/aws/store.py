@@ -15,7 +15,6 @@ as a run's files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 CLUSTERS = "clusters/"
 TAG_STORE = "gpuctl:store"  # what the bucket was set up as: written last, so a half-done setup is redone
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: versioning and its expiry: buckets set up as 1 are set up again
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
 COPY_LIMIT = 5 * 1024 ** 3  # CopyObject copies up to 5 GB; larger objects need the managed (multipart) copy
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -41,19 +40,27 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 def bucket_name(account: str, region: str, owner: str) -> str:
     """`gpuctl-<account>-<region>-<owner hash>`: lowercase, at most 63 characters, unique to this
     install in this account and region (bucket names are global: the account keeps others' apart)."""
-    name = f"gpuctl-{account}-{region}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}".lower()
+    name = f"gpuctl-{account}-{region}-{store_iam.owner_hash(owner)}".lower()
     assert len(name) <= 63 and re.fullmatch(r"[a-z0-9][a-z0-9-]*[a-z0-9]", name), name
     return name
 
 
-def cluster_prefix(cluster: str) -> str:
+STORE_ID = re.compile(r"[0-9a-f]{12}")
+
+
+def cluster_prefix(place: str) -> str:
+    """`clusters/<name>.<id>/` for the place a cluster has in the store (ClusterSpec.store_place:
+    a later cluster of the same name has another id), `clusters/<name>/` for one made before ids."""
     from gpuctl.settings import validate_name
 
+    name, _, store_id = place.partition(".")
     try:
-        validate_name(cluster)
+        validate_name(name)
+        if "." in place and not STORE_ID.fullmatch(store_id):
+            raise ValueError(f"{store_id!r} is no store id")
     except ValueError as exc:
-        raise ConfigError(f"cluster name {cluster!r} cannot name a place in the store: {exc}") from None
-    return f"{CLUSTERS}{cluster}/"
+        raise ConfigError(f"cluster {place!r} cannot name a place in the store: {exc}") from None
+    return f"{CLUSTERS}{place}/"
 
 
 def run_prefix(cluster: str, run_id: str) -> str:
@@ -88,6 +95,18 @@ def lifecycle_rules(expiry_days: int) -> list[dict[str, Any]]:
         rules.append({"ID": "gpuctl-checkpoint-expiry", "Status": "Enabled", "Filter": {"Prefix": CLUSTERS},
                       "Expiration": {"Days": expiry_days}})
     return rules
+
+
+def version_rules(versions_days: int) -> list[dict[str, Any]]:
+    """With versioning on: a checkpoint overwritten or deleted (by the instance, whose role may do
+    both) stays as a noncurrent version for `versions_days`, then goes; a delete marker left with no
+    version behind it goes too."""
+    if not versions_days:
+        return []
+    return [{"ID": "gpuctl-earlier-versions", "Status": "Enabled", "Filter": {"Prefix": CLUSTERS},
+             "NoncurrentVersionExpiration": {"NoncurrentDays": versions_days}},
+            {"ID": "gpuctl-lone-delete-markers", "Status": "Enabled", "Filter": {"Prefix": CLUSTERS},
+             "Expiration": {"ExpiredObjectDeleteMarker": True}}]
 
 
 def tls_only_policy(bucket: str, partition: str = "aws") -> dict[str, Any]:
@@ -146,7 +165,8 @@ class S3Store:
     # --- the contract --------------------------------------------------------------------------
 
     def target(self, cluster: str) -> StoreTarget:
-        """The cluster's place in the bucket; the bucket is made and set up first if need be."""
+        """The cluster's place in the bucket (`cluster`: its ClusterSpec.store_place); the bucket
+        is made and set up first if need be."""
         prefix = cluster_prefix(cluster)
         try:
             self.ensure_bucket()
@@ -154,15 +174,16 @@ class S3Store:
             raise store_iam.denied(exc, "the checkpoint bucket", "s3") from exc.__cause__
         return StoreTarget(bucket=self.bucket, prefix=prefix, region=self.region, endpoint=seams.s3_endpoint())
 
-    def prepare(self, cluster: str, progress: Progress) -> tuple[StoreTarget, str]:
-        """What a launch needs before RunInstances: the cluster's instance profile and the bucket
-        (the profile first: without IAM nothing is made; if the bucket then fails, the profile
-        goes again). (target, instance profile name)."""
+    def prepare(self, cluster: str, place: str, progress: Progress) -> tuple[StoreTarget, str]:
+        """What a launch needs before RunInstances: the instance profile of the cluster (named
+        `cluster`, its place in the store `place`) and the bucket (the profile first: without IAM
+        nothing is made; if the bucket then fails, the profile goes again). (target, instance
+        profile name)."""
         boundary = store_iam.boundary_arn(self.aws, self.account, self.partition)
         profile = store_iam.ensure_profile(self.aws, self.p.owner, cluster, self.region, self.bucket, self.partition,
-                                           progress, boundary)
+                                           progress, boundary=boundary, place=place)
         try:
-            target = self.target(cluster)
+            target = self.target(place)
         except GpuctlError:
             try:
                 store_iam.delete_profile(self.aws, profile)
@@ -223,6 +244,10 @@ class S3Store:
                 parts = key.split("/")
                 if len(parts) < 5 or parts[2] != "runs" or safe_relative(key, f"{CLUSTERS}{parts[1]}/runs/{parts[3]}/") is None:
                     continue
+                try:
+                    cluster_prefix(parts[1])  # a place gpuctl would make: anything else is not a cluster's
+                except ConfigError:
+                    continue
                 out[(parts[1], parts[3])] = out.get((parts[1], parts[3]), 0) + size
         except GpuctlError as exc:
             if exc.__cause__ is not None and error_code(exc.__cause__) == "NoSuchBucket":
@@ -242,10 +267,11 @@ class S3Store:
         from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, region, s3 = self.bucket, self.region, self.s3()
-        marker = f"v{STORE_VERSION}-expiry{self.p.spec.checkpoint_expiry_days}"
+        versions = self.p.spec.checkpoint_versions_days
+        marker = f"v{STORE_VERSION}-expiry{self.p.spec.checkpoint_expiry_days}-versions{versions}"
         if self._ready == marker:
             return
-        rules = lifecycle_rules(self.p.spec.checkpoint_expiry_days)
+        rules = lifecycle_rules(self.p.spec.checkpoint_expiry_days) + version_rules(versions)
         try:
             s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
             exists = True
@@ -285,6 +311,9 @@ class S3Store:
                                              "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
         call(s3.put_bucket_policy, Bucket=bucket, ExpectedBucketOwner=self.account,
              Policy=json.dumps(tls_only_policy(bucket, self.partition)))
+        if versions or exists:  # a bucket versioned before and asked for none now: suspended
+            call(s3.put_bucket_versioning, Bucket=bucket, ExpectedBucketOwner=self.account,
+                 VersioningConfiguration={"Status": "Enabled" if versions else "Suspended"})
         call(s3.put_bucket_lifecycle_configuration, Bucket=bucket, ExpectedBucketOwner=self.account,
              LifecycleConfiguration={"Rules": rules})
         call(s3.put_bucket_tagging, Bucket=bucket, ExpectedBucketOwner=self.account,

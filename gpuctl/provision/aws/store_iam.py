@@ -18,13 +18,25 @@ from gpuctl.errors import CloudError, GpuctlError
 from gpuctl.provision.aws import access
 from gpuctl.provision.aws.session import Aws, call, error_code, error_message, translate
 
-PATH = "/gpuctl/"
+PATH = "/gpuctl/"  # every gpuctl role and profile is below it; each owner's under PATH + owner_hash + "/"
 TAG_REGION = "gpuctl:region"
 POLICY_NAME = "gpuctl-checkpoints"
 MAX_NAME = 64  # IAM role names: 64 characters (instance profiles allow 128; one name serves both)
 NO_IAM_HINT = ('Set `aws.checkpoints = "instance"` (checkpoints then stay on the instance\'s disk and go with it), '
                "or grant the IAM and S3 permissions listed in docs/aws-iam.md.")
+NO_BOUNDARY_HINT = ("An administrator makes it once (the `aws iam create-policy` line in docs/aws-iam.md), or set "
+                    '`aws.checkpoints = "instance"` (checkpoints then stay on the instance\'s disk and go with it).')
 DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation")
+
+
+def owner_hash(owner: str) -> str:
+    """8 hex characters naming an owner (a gpuctl install) in ARNs: the end of its bucket's name
+    and its IAM path, so an administrator can keep colleagues apart in IAM (docs/aws-iam.md)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:8]
+
+
+def owner_path(owner: str) -> str:
+    return f"{PATH}{owner_hash(owner)}/"
 
 
 def profile_name(owner: str, cluster: str, region: str) -> str:
@@ -42,22 +54,27 @@ def profile_name(owner: str, cluster: str, region: str) -> str:
 BOUNDARY = "gpuctl-checkpoint-boundary"  # a managed policy an administrator may make (docs/aws-iam.md)
 
 
-def boundary_arn(aws: Aws, account: str, partition: str = "aws") -> str | None:
-    """The permissions boundary the cluster roles get, if the account has one for them.
+def boundary_arn(aws: Aws, account: str, partition: str = "aws") -> str:
+    """The permissions boundary every cluster role gets; refused (CloudError) where the account has
+    none, or gpuctl may not look at it, so no role is ever made without it.
 
     An identity allowed to create roles and put inline policies on them could grant such a role
     anything and pass it to an instance of its own; a boundary an administrator made (and gpuctl may
     not change) caps every gpuctl role at the checkpoint buckets whatever its inline policy says.
-    docs/aws-iam.md's policy requires it on CreateRole. Without it (or without iam:GetPolicy),
-    roles are made without one, as the IAM permissions of the caller allow."""
+    docs/aws-iam.md's policy requires it on CreateRole and PutRolePolicy."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     arn = f"arn:{partition}:iam::{account}:policy/{BOUNDARY}"
     try:
         aws.client("iam").get_policy(PolicyArn=arn)
     except ClientError as exc:
-        if error_code(exc) in ("NoSuchEntity", *DENIED):
-            return None
+        code = error_code(exc)
+        if code == "NoSuchEntity":
+            raise CloudError(f"the permissions boundary {BOUNDARY} does not exist in account {account}: gpuctl makes "
+                             "no checkpoint role without it", NO_BOUNDARY_HINT) from exc
+        if code in DENIED:
+            raise CloudError(f"not allowed to call iam:GetPolicy on {arn}, needed to put the permissions boundary on "
+                             "the checkpoint role", NO_BOUNDARY_HINT) from exc
         raise translate(exc, "GetPolicy") from exc
     except BotoCoreError as exc:
         raise translate(exc, "GetPolicy") from exc
@@ -69,10 +86,11 @@ def trust_policy() -> dict[str, Any]:
         "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
 
 
-def access_policy(bucket: str, cluster: str, partition: str = "aws") -> dict[str, Any]:
+def access_policy(bucket: str, place: str, partition: str = "aws") -> dict[str, Any]:
     """Read, write and delete the cluster's own objects, and list its own prefix: nothing else of
-    the bucket (another cluster's runs), nothing else in the account."""
-    prefix = f"clusters/{cluster}/"
+    the bucket (another cluster's runs, an earlier cluster's of the same name), nothing else in the
+    account. `place`: the cluster's ClusterSpec.store_place."""
+    prefix = f"clusters/{place}/"
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "ClusterObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
          "Resource": f"arn:{partition}:s3:::{bucket}/{prefix}*"},
@@ -100,9 +118,10 @@ def denied(exc: GpuctlError, what: str, service: str = "iam") -> GpuctlError:
 
 
 def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str, partition: str = "aws",
-                   progress: Callable[[str], None] | None = None, boundary: str | None = None) -> str:
-    """The cluster's role and instance profile, made or found and set to exactly the prefix policy;
-    their name. Whatever this call made is deleted again if a later step fails (no permission for
+                   progress: Callable[[str], None] | None = None, *, boundary: str, place: str = "") -> str:
+    """The cluster's role and instance profile, made or found and set to exactly the prefix policy
+    of its place in the store (`place`, ClusterSpec.store_place; default its name); their name.
+    Whatever this call made is deleted again if a later step fails (no permission for
     IAM, say), so a refused `up` leaves nothing behind."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -112,19 +131,18 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
     made = False
     try:
         try:
-            iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(trust_policy()),
+            iam.create_role(RoleName=name, Path=owner_path(owner), AssumeRolePolicyDocument=json.dumps(trust_policy()),
                             Description=f"gpuctl cluster {cluster} ({region}): its checkpoints in {bucket}",
-                            MaxSessionDuration=3600, Tags=tags,
-                            **({"PermissionsBoundary": boundary} if boundary else {}))
+                            MaxSessionDuration=3600, Tags=tags, PermissionsBoundary=boundary)
             made = True
         except (ClientError, BotoCoreError) as exc:  # a connection failure too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateRole") from exc
             _check_owner(call(iam.list_role_tags, RoleName=name).get("Tags", []), owner, f"role {name}")
         call(iam.put_role_policy, RoleName=name, PolicyName=POLICY_NAME,
-             PolicyDocument=json.dumps(access_policy(bucket, cluster, partition)))
+             PolicyDocument=json.dumps(access_policy(bucket, place or cluster, partition)))
         try:
-            iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
+            iam.create_instance_profile(InstanceProfileName=name, Path=owner_path(owner), Tags=tags)
             made = True
         except (ClientError, BotoCoreError) as exc:  # a connection failure too
             if error_code(exc) != "EntityAlreadyExists":
@@ -143,7 +161,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
                 pass  # `down` finds it by its path and tags
         raise denied(exc, f"the checkpoint role of cluster {cluster!r}") from exc.__cause__
     if progress:
-        progress(f"instance profile {name}: its checkpoints in s3://{bucket}/clusters/{cluster}/ only")
+        progress(f"instance profile {name}: its checkpoints in s3://{bucket}/clusters/{place or cluster}/ only")
     return name
 
 

@@ -1,11 +1,14 @@
 """The `local` provider: this machine plays the instance.
 
 A cluster is a work directory under the gpuctl home; its jobs run under a tmux server of its own.
-Nothing is rented, so `local.usd_per_hour` (default 0) is the price the reports use.
+Nothing is rented, so `local.usd_per_hour` (default 0) is the price the reports use. Releasing a
+cluster keeps each run's directory (outputs, checkpoints, log, reports) under the home's `runs/`
+(0700): work is never deleted by `down`, only by `gpuctl runs rm`.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
@@ -14,16 +17,16 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
-from gpuctl.remote import guard
 from gpuctl.remote.host import Host, LocalHost
-from gpuctl.remote.jobs import end_processes, kill_server
-from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+from gpuctl.remote.teardown import end_cluster
+from gpuctl.types import ClusterSpec, InstanceRecord, PriceQuote, Resource
 
 if TYPE_CHECKING:
     from gpuctl.settings import Settings
 
 
 NODES_DIR = "nodes"  # a multi-node cluster's nodes 1..N-1, inside node 0's work dir
+KEPT_RUNS_DIR = "runs"  # under the gpuctl home: runs of released clusters, one directory each
 
 
 class LocalProvider(MachinesThatStay):
@@ -52,8 +55,13 @@ class LocalProvider(MachinesThatStay):
         if self.spec.usd_per_hour <= 0:
             return None
         n = self.spec.nodes
-        nodes = f" ({n} nodes at ${self.spec.usd_per_hour:,.4f}/h each)" if n > 1 else ""
-        return f"start local cluster {self.spec.name!r} billed at ${self.spec.usd_per_hour * n:,.4f}/h{nodes}"
+        return f"start local cluster {self.spec.name!r}" + (f" ({n} nodes)" if n > 1 else "")
+
+    def price_quote(self) -> PriceQuote | None:
+        rate = self.spec.usd_per_hour
+        if rate <= 0:
+            return None
+        return PriceQuote(usd_per_hour=rate * self.spec.nodes, nodes=self.spec.nodes, source="local.usd_per_hour")
 
     def _clusters_dir(self) -> Path:
         return self.home / "clusters"
@@ -74,14 +82,47 @@ class LocalProvider(MachinesThatStay):
             ))
         return records
 
-    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> LocalHost:
-        return LocalHost(Path(instance.workdir))
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,
+             progress: Callable[[str], None] | None = None) -> LocalHost:
+        return LocalHost(Path(instance.workdir), self.spec.remote.command_timeout_s)
 
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         return instances  # this machine runs while gpuctl does
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
+
+    def _kept_dir(self) -> Path:
+        return self.home / KEPT_RUNS_DIR
+
+    def kept_run(self, run_id: str) -> tuple[Host, str] | None:
+        path = self._kept_dir() / run_id
+        if "/" in run_id or run_id in ("", ".", "..") or not path.is_dir():
+            return None
+        return LocalHost(self._kept_dir(), self.spec.remote.command_timeout_s), str(path)
+
+    def after_release(self) -> str:
+        return (f"its runs' outputs, checkpoints and logs are kept in {self._kept_dir()} (`gpuctl pull RUN` "
+                "still works; `gpuctl runs rm RUN` deletes one)")
+
+    def _keep_runs(self, workdir: Path, progress: Callable[[str], None]) -> None:
+        """Move the chief's run directories out of a work dir about to go (the other nodes'
+        checkpoints are the chief's). A run kept already (resumed elsewhere since) gives way to
+        this copy: a run lives on one cluster at a time, so the cluster going now has its latest."""
+        runs = workdir / "runs"
+        if not runs.is_dir():
+            return
+        kept = self._kept_dir()
+        kept.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for run in sorted(runs.iterdir()):
+            if run.is_symlink() or not run.is_dir():
+                continue
+            dest = kept / run.name
+            if dest.exists():
+                shutil.rmtree(dest, ignore_errors=True)
+            os.rename(run, dest)
+            os.chmod(dest, 0o700)
+            progress(f"kept run {run.name} in {dest}")
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._clusters_dir()
@@ -93,16 +134,17 @@ class LocalProvider(MachinesThatStay):
             for w in (*sorted(p for p in (d / NODES_DIR).glob("*") if p.is_dir()), d)
         ]
 
-    def release(self, resources: list[Resource], progress: Callable[[str], None] = lambda _: None) -> None:
+    def release(self, resources: list[Resource], progress: Callable[[str], None] = lambda _: None,
+                unreachable: frozenset[str] = frozenset()) -> None:
         for r in resources:
             if r.kind == "workdir":
-                host = LocalHost(Path(r.id))
-                guard.uninstall(host)  # its cron entry, if any, must not revive it
-                kill_server(host)  # ends every job of the cluster
-                # ...and what outlived its server: daemons a job started, TensorBoard (Linux: /proc)
-                survivors = end_processes(host)
+                host = LocalHost(Path(r.id), self.spec.remote.command_timeout_s)
+                # Every job of the cluster, and what outlived its server: daemons, TensorBoard (/proc)
+                survivors = end_cluster(host)
                 if survivors:
                     raise RemoteError(f"processes of cluster {r.cluster} survived SIGKILL: {'; '.join(survivors[:3])}",
                                       "Look at them with `ps`; run `gpuctl down` again once they are gone.")
+                if Path(r.id) == self._clusters_dir() / r.cluster:  # node 0's (the chief's) work dir
+                    self._keep_runs(Path(r.id), progress)
                 shutil.rmtree(r.id, ignore_errors=True)
                 progress(f"removed {r.id}")

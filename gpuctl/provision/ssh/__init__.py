@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Callable
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard, ssh_resolve
-from gpuctl.remote.host import Host
-from gpuctl.remote.jobs import end_processes, kill_server
-from gpuctl.remote.ssh import Endpoint, SshHost
+from gpuctl.remote.host import QUICK_CONNECT_S, Host
+from gpuctl.remote.teardown import end_cluster
+from gpuctl.remote.endpoint import Endpoint
+from gpuctl.remote.ssh import SshHost
 from gpuctl.types import ClusterSpec, InstanceRecord, Resource
 
 if TYPE_CHECKING:
     from gpuctl.settings import Settings
 
 NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
-RELEASE_CONNECT_TIMEOUT_S = 15.0
+RELEASE_CONNECT_TIMEOUT_S = QUICK_CONNECT_S  # one short wait, as every command that ends work (docs/cli.md)
 
 
 def _quiet(_: str) -> None:
@@ -89,11 +90,17 @@ class SshProvider(MachinesThatStay):
     def launch_question(self) -> str | None:
         return None  # the machines are the user's own: using them spends nothing new
 
+    def price_quote(self) -> None:
+        return None  # --usd-per-hour only prices reports here: nothing new is billed
+
     def reconcile(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         return instances  # owned machines do not end by themselves
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
+
+    def after_release(self) -> str:
+        return "its runs' files stay on the hosts, in remote.workdir (gpuctl leaves them there)"
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
@@ -103,6 +110,7 @@ class SshProvider(MachinesThatStay):
         r = self.remote
         # `ep` carries its jump hosts and their keys; `identity`, when given, is the host's key.
         return SshHost(ep, self.home, identity, workdir, python=r.python, tmux_socket=tmux_socket,
+                       command_timeout_s=r.command_timeout_s,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, progress=progress)
 
     def launch(self, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
@@ -142,14 +150,19 @@ class SshProvider(MachinesThatStay):
         with ThreadPoolExecutor(max_workers=8) as pool:  # many hosts: checked in parallel
             # Every --host is a node, ranked in the order given (node 0, the chief, first).
             records = [r.model_copy(update={"node": i}) for i, r in enumerate(pool.map(check, endpoints))]
-        self._registry().mkdir(parents=True, exist_ok=True)
-        (self._registry() / f"{spec.name}.json").write_text(json.dumps([r.model_dump() for r in records]))
+        self.remember(records)
         return records
 
-    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None) -> SshHost:
+    def remember(self, instances: list[InstanceRecord]) -> None:
+        # What `down --all` and `status --all` find of the cluster, and how they reach it (work dir, socket).
+        self._registry().mkdir(parents=True, exist_ok=True)
+        (self._registry() / f"{self.spec.name}.json").write_text(json.dumps([r.model_dump() for r in instances]))
+
+    def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,
+             progress: Callable[[str], None] | None = None) -> SshHost:
         # As recorded at `up` (jump hosts too): the ssh config is not read again.
         return self.connect(Endpoint.from_record(instance), None, instance.workdir, instance.tmux_socket,
-                            connect_timeout_s=connect_timeout_s)
+                            progress=progress, connect_timeout_s=connect_timeout_s)
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Resource]:
         root = self._registry()
@@ -161,15 +174,19 @@ class SshProvider(MachinesThatStay):
                     out.append(Resource(provider="ssh", kind="jobs", id=rec["id"], cluster=f.stem, state="reachable?"))
         return out
 
-    def release(self, resources: list[Resource], progress: Callable[[str], None] = _quiet) -> None:
+    def release(self, resources: list[Resource], progress: Callable[[str], None] = _quiet,
+                unreachable: frozenset[str] = frozenset()) -> None:
         left: list[str] = []
         by_cluster: dict[str, list[Resource]] = {}
         for r in resources:
             by_cluster.setdefault(r.cluster or "", []).append(r)
-        for cluster, items in by_cluster.items():
+        for cluster in by_cluster:
             path = self._registry() / f"{cluster}.json"
             records = [InstanceRecord.model_validate(x) for x in json.loads(path.read_text())] if path.exists() else []
             for rec in records:
+                if rec.id in unreachable:  # one wait per command: it did not answer a moment ago
+                    progress(f"{rec.id}: not reachable, its gpuctl jobs may still run (it did not answer in this command)")
+                    continue
                 try:
                     # The user's own machine answers at once or not at all: no booting to wait for.
                     host = self.host(rec, connect_timeout_s=min(RELEASE_CONNECT_TIMEOUT_S, self.remote.connect_timeout_s))
@@ -177,9 +194,7 @@ class SshProvider(MachinesThatStay):
                     progress(f"{rec.id}: not reachable, its gpuctl jobs may still run ({exc.message})")
                     continue
                 try:
-                    guard.uninstall(host)  # the host stays up: its cron entry must not revive the watchdog
-                    kill_server(host)  # this cluster's own tmux server: its jobs, nothing of other clusters'
-                    survivors = end_processes(host)  # what ignored the hangup, or left the server's session
+                    survivors = end_cluster(host)  # this cluster's processes only, nothing of other clusters'
                     if survivors:
                         left.append(f"{rec.id}: {'; '.join(survivors[:3])}")
                     else:

@@ -1,0 +1,190 @@
+"""What `gpuctl train --wait` costs on top of the training itself: a small Keras project (real
+TensorFlow, 2 tiny epochs) run by `gpuctl train --wait` against plain `python train.py`, on the
+local provider and on a real sshd test host (a network namespace; needs root) over the same SSH.
+
+Each round, in turn: plain python, then a new cluster's first `train --wait`, then its second;
+the figure is the median of --repeat rounds, the overhead each median less plain python's. On
+ssh each round's cluster is made on a host whose preflight cache was emptied first (as a fresh
+instance): its `up` starts the preflight in the background, and the first train comes right
+after the `up` (a user is slower), so it may still wait for part of that TensorFlow import. Targets (issue 23): a second
+`train` within 2 s of plain python on both, a first within 4 s.
+
+--timeline prints, for the last round, when each of gpuctl's progress lines came (seconds from the
+command's start): where the seconds go.
+
+Usage: sudo .venv/bin/python bench/train_overhead.py [--repeat 5] [--only local|ssh] [--timeline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests import sshd  # noqa: E402
+from tests.integration.test_payload_tf import MODEL  # noqa: E402
+
+GPUCTL = [sys.executable, "-m", "gpuctl"]
+FIRST_TARGET_S, SECOND_TARGET_S = 4.0, 2.0
+
+# The payload tests' tiny Keras model (100 examples), two epochs.
+TRAIN = textwrap.dedent(MODEL) + 'model.fit(x, y, batch_size=20, epochs=2, verbose=2)\nprint("trained")\n'
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> tuple[float, list[tuple[float, str]]]:
+    """(seconds, [(seconds since start, stderr line)]) of a command that must succeed."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    out = proc.stdout.read() if proc.stdout else ""
+    proc.wait()
+    took = time.monotonic() - start
+    reader.join(10)
+    if proc.returncode != 0 or "trained" not in out and argv[-1] != "-y" and "train" in argv:
+        tail = "\n".join(text for _, text in lines[-30:])
+        raise SystemExit(f"{shlex.join(argv)} failed ({proc.returncode}):\n{out[-2000:]}\n{tail}")
+    return took, lines
+
+
+class Local:
+    name = "local"
+
+    def __init__(self, base: Path, env: dict[str, str]):
+        self.env = {**env, "GPUCTL_PROVIDER": "local"}
+        self.project = base / "project"
+
+    def plain(self) -> float:
+        return timed([sys.executable, "train.py"], self.env, cwd=self.project)[0]
+
+    def up(self, name: str) -> None:
+        timed([*GPUCTL, "up", "--name", name], self.env)
+
+    def fresh_instance(self) -> None:
+        pass  # nothing of a local cluster's outlives its `down`
+
+    def down(self, name: str) -> None:
+        timed([*GPUCTL, "down", name, "-y"], self.env)
+
+
+class Ssh:
+    name = "ssh"
+
+    def __init__(self, base: Path, env: dict[str, str]):
+        self.key = sshd.client_key(base / "keys")
+        self.host = sshd.TestHost(8, base / "host", tag=f"t{os.getpid()}", srv_size="1g")
+        self.host.create(self.key.with_suffix(".pub").read_text())
+        self.host.start()
+        self.env = {**env, "GPUCTL_PROVIDER": "ssh", "GPUCTL_REMOTE__WORKDIR": sshd.WORKDIR,
+                    "GPUCTL_REMOTE__PYTHON": sys.executable}
+        self.known = base / "known_hosts"
+        subprocess.run(["sh", "-c", f"ssh-keyscan -t ed25519 {self.host.ip} > {self.known} 2>/dev/null"], check=True)
+        self.ssh = ["ssh", "-F", "/dev/null", "-i", str(self.key), "-o", "IdentitiesOnly=yes",
+                    "-o", f"UserKnownHostsFile={self.known}", "-o", "StrictHostKeyChecking=yes",
+                    "-o", "BatchMode=yes", self.host.address]
+        self.host.run(f"mkdir -p /srv/plain && cp {shlex.quote(str(base / 'project' / 'train.py'))} /srv/plain/")
+
+    def plain(self) -> float:
+        # The same SSH a user would type: one connection, the login shell, python, the output back.
+        cmd = f"cd /srv/plain && TF_CPP_MIN_LOG_LEVEL=2 {shlex.quote(sys.executable)} train.py"
+        return timed([*self.ssh, cmd], self.env)[0]
+
+    def up(self, name: str) -> None:
+        timed([*GPUCTL, "up", "--name", name, "--host", self.host.address, "--identity", str(self.key)], self.env)
+
+    def fresh_instance(self) -> None:
+        self.host.run(f"rm -rf {sshd.WORKDIR}/_preflight")  # what a new instance has not seen
+
+    def down(self, name: str) -> None:
+        timed([*GPUCTL, "down", name, "-y"], self.env)
+
+    def close(self) -> None:
+        self.host.destroy()
+
+
+def rounds(where, project: Path, repeat: int) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, str]]]]:
+    times: dict[str, list[float]] = {"plain": [], "first": [], "second": []}
+    lines: dict[str, list[tuple[float, str]]] = {}
+    for i in range(repeat):
+        times["plain"].append(where.plain())
+        name = f"ovh{os.getpid() % 10000}x{i}"
+        where.fresh_instance()
+        where.up(name)
+        try:
+            for which in ("first", "second"):
+                took, lines[which] = timed([*GPUCTL, "train", str(project), "--cluster", name, "--allow-cpu", "--wait"],
+                                           where.env)
+                times[which].append(took)
+        finally:
+            where.down(name)
+        print(f"  {where.name} round {i + 1}: plain {times['plain'][-1]:.2f} s, first {times['first'][-1]:.2f} s, "
+              f"second {times['second'][-1]:.2f} s", flush=True)
+    return times, lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=("local", "ssh"))
+    ap.add_argument("--timeline", action="store_true", help="when each progress line came, last round")
+    args = ap.parse_args()
+    kinds = [args.only] if args.only else ["local", "ssh"]
+    if "ssh" in kinds:
+        why = sshd.available()
+        if why:
+            sys.exit(f"bench/train_overhead: {why}")
+        sshd.cleanup_stale()
+    base = Path(tempfile.mkdtemp(prefix="gpuctl-bench-", dir="/var/tmp"))
+    (base / "project").mkdir()
+    (base / "project" / "train.py").write_text(TRAIN)
+    # gpuctl's bytecode is cached as an installed package's is (even where PYTHONDONTWRITEBYTECODE is
+    # set here): compiling its sources would add ~0.1 s to every command.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(GPUCTL_HOME=str(base / "home"), HOME=str(base / "user"), TF_CPP_MIN_LOG_LEVEL="2")
+    (base / "user").mkdir()
+    verdicts = []
+    print(f"median of {args.repeat} rounds; each round: plain python, a new cluster's first train --wait, its second")
+    for kind in kinds:
+        where = Local(base, env) if kind == "local" else Ssh(base, env)
+        try:
+            times, lines = rounds(where, base / "project", args.repeat)
+        finally:
+            if kind == "ssh":
+                where.close()
+        plain = statistics.median(times["plain"])
+        for which, target in (("first", FIRST_TARGET_S), ("second", SECOND_TARGET_S)):
+            median = statistics.median(times[which])
+            over = median - plain
+            verdicts.append(f"{kind:<6}{which:<8}{median:>9.2f}{plain:>9.2f}{over:>10.2f}   "
+                            f"{'ok' if over <= target else 'OVER'} (target {target:g} s)")
+            if args.timeline:
+                print(f"\n{kind}, {which} train, last round (seconds from the start: progress line):")
+                for at, text in lines[which]:
+                    print(f"  {at:6.2f}  {text[:110]}")
+    print(f"\n{'where':<6}{'train':<8}{'gpuctl':>9}{'plain':>9}{'overhead':>10}")
+    for line in verdicts:
+        print(line)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Commands that reach a cluster's hosts: exec, ssh, attach, ssh-config, tensorboard.
+
+exec, ssh, attach and tensorboard exit with the child's (the remote command's) status; gpuctl's own
+failures in them raise GpuctlError before the child runs, so they keep gpuctl's exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpuctl.cli_common import CONTEXT, json_option, run_child, session
+
+
+@click.command("exec", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@json_option
+@click.pass_context
+def exec_(ctx: click.Context, command: tuple[str, ...], cluster: str | None, as_json: bool) -> None:
+    """Run a command on every host of the cluster, in parallel: gpuctl exec -- nvidia-smi
+
+    \b
+    One argument is a shell line, as with ssh: gpuctl exec -- 'ls ~; echo $PATH'
+    Several are words, each passed as it is:   gpuctl exec -- ls -l 'a file'
+
+    Exits with the worst exit status of the hosts (also with --json).
+    """
+    from gpuctl import render, render_commands
+    from gpuctl.ops import runs
+
+    results = runs.exec_command(session(ctx), command, cluster=cluster)
+    if as_json:
+        render.emit_json(results)
+    else:
+        render_commands.exec_output(results)
+    codes = [128 - r.returncode if r.returncode < 0 else r.returncode for r in results]
+    worst = max(codes, default=0)
+    if worst:
+        ctx.exit(worst)
+
+
+@click.command("ssh", context_settings=CONTEXT)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.pass_context
+def ssh_(ctx: click.Context, command: tuple[str, ...], cluster: str | None) -> None:
+    """A shell on the cluster's first host (or run COMMAND there), with gpuctl's key and host key checks.
+
+    Exits with the remote command's status.
+    """
+    from gpuctl.ops import access
+
+    ctx.exit(access.shell(session(ctx), cluster, list(command) or None, run_child))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
+@click.pass_context
+def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
+    """Attach to a run's live tmux session (detach with Ctrl-b d; the run keeps going)."""
+    import shlex
+
+    from gpuctl.ops import access
+
+    if print_only:
+        click.echo(shlex.join(access.attach_command(session(ctx), run)[0]))
+        return
+
+    def in_terminal(argv: list[str], cwd: str | None) -> int:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            from gpuctl.errors import ConfigError
+
+            raise ConfigError("attach needs a terminal (tmux draws the run's screen there)",
+                              "Run it in a terminal, follow the output with `gpuctl logs -f`, or print the "
+                              "command with `gpuctl attach --print`.")
+        return run_child(argv, cwd)
+
+    ctx.exit(access.attach(session(ctx), run, in_terminal))
+
+
+@click.command("ssh-config", context_settings=CONTEXT)
+@click.option("--install", is_flag=True, help="Also add an Include line for it to ~/.ssh/config.")
+@click.pass_context
+def ssh_config(ctx: click.Context, install: bool) -> None:
+    """Write an ssh config for the live clusters, so plain `ssh CLUSTER` works."""
+    from gpuctl import render_commands
+    from gpuctl.ops import access
+
+    render_commands.ssh_config(access.ssh_config(session(ctx), install=install), install)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--port", type=click.IntRange(1, 65535), default=6006, show_default=True,
+              help="Local port to open TensorBoard on.")
+@click.pass_context
+def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
+    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""
+    from gpuctl.ops import access
+
+    argv, url = access.tensorboard(session(ctx), cluster, port)
+    click.echo(f"TensorBoard: {url}   (nothing is opened to the internet; Ctrl-C to stop forwarding)")
+    try:
+        ctx.exit(run_child(argv) if argv else 0)
+    except KeyboardInterrupt:
+        ctx.exit(0)

@@ -1,0 +1,244 @@
+"""The cluster's run queue, driven on the instance (a closed laptop never stalls it). Stdlib only.
+
+Usage:
+  python gpuctl_queue.py RUN_DIR/run.json LAUNCHER [ARGS...]   wait for the run's turn, then exec LAUNCHER
+  python gpuctl_queue.py dequeue QUEUE_DIR RUN_ID                remove a queued run (prints yes/no)
+  python gpuctl_queue.py close QUEUE_DIR                         runs queued until now never start (down)
+
+QUEUE_DIR holds one JSON file per run not yet over, named by its order of arrival, changed only
+under an flock on QUEUE_DIR/.lock. A run asks for `want` of the node's `slots` (its GPUs; one on a
+node without GPU) and starts when that many are free and no run that arrived before it waits:
+strict order, no run jumps a bigger one. `now` (train --now) starts at once: on free GPUs when
+there are enough (it holds them), else beside the others on theirs (it holds none). A run holds
+its slots until its process (this one, exec'd into the launcher: same pid) is gone.
+
+Each run's RUN_DIR/queue.json says where it is: queued (position), running (slots, share), or
+dequeued/cancelled. `share` = slots held / slots of the node: the part of the node's rate the run
+pays, so runs together never pay more than the node.
+"""
+
+import fcntl
+import json
+import os
+import sys
+import time
+
+CANCELLED_EXIT = 143  # as a stopped run: the job script records it, gpuctl reads "stopped"
+MAX_ENTRY = 65536
+
+
+def _write(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def _write_text(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _read(path):
+    try:
+        with open(path) as fh:
+            text = fh.read(MAX_ENTRY)
+        data = json.loads(text)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+class Locked(object):
+    def __init__(self, qdir):
+        os.makedirs(qdir, mode=0o700, exist_ok=True)
+        self.fd = os.open(os.path.join(qdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def entries(qdir):
+    """The runs in the queue, in order of arrival; those whose process is gone are removed."""
+    out = []
+    for name in sorted(os.listdir(qdir)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(qdir, name)
+        e = _read(path)
+        if e is None or not alive(e.get("pid")):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            continue
+        e["_path"] = path
+        out.append(e)
+    return out
+
+
+def ordinal(n):
+    """1st, 2nd, 3rd, 4th, 11th...: a queued run's place, as `gpuctl status` and `train` say it."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return "%d%s" % (n, suffix)
+
+
+def waiting_for(want, slots, gpus):
+    """What a queued run waits for: GPUs, or on a node without GPU its one slot."""
+    if gpus <= 0:
+        return "the node's one slot (no GPU there: its runs go one at a time)"
+    return "%d of the node's %d GPU(s)" % (want, slots)
+
+
+def position(queue, me):
+    """1 = next to start."""
+    return 1 + sum(1 for e in queue if e["state"] == "queued" and e["seq"] < me["seq"] and not e.get("now"))
+
+
+def decide(queue, me, slots):
+    """(held, visible) when the run may start now, else None."""
+    held = set()
+    for e in queue:
+        if e["state"] == "running":
+            held.update(e.get("held") or [])
+    free = [i for i in range(slots) if i not in held]
+    want = me["want"]
+    if me.get("now"):
+        if len(free) >= want:
+            return free[:want], free[:want]
+        return [], list(range(want))
+    if position(queue, me) == 1 and len(free) >= want:
+        return free[:want], free[:want]
+    return None
+
+
+def closed_since(qdir):
+    try:
+        return os.path.getmtime(os.path.join(qdir, "closed"))
+    except OSError:
+        return None
+
+
+def wait_turn(cfg, run_dir, poll_s=0.5):
+    """Queue the run and wait for its turn; its slots to use, or None when it was removed."""
+    q = cfg["queue"]
+    qdir, slots, want = q["dir"], max(1, int(q["slots"])), max(1, int(q["want"]))
+    status = os.path.join(run_dir, "queue.json")
+    with Locked(qdir):
+        seq = max([int(n.split("-")[0]) for n in os.listdir(qdir) if n.endswith(".json") and n.split("-")[0].isdigit()]
+                  or [0])
+        me = {"run_id": cfg["run_id"], "seq": seq + 1, "want": want, "now": bool(q.get("now")),
+              "pid": os.getpid(), "queued_at": time.time(), "state": "queued"}
+        path = os.path.join(qdir, "%012d-%s.json" % (me["seq"], cfg["run_id"]))
+        _write(path, me)
+    last = None
+    while True:
+        with Locked(qdir):
+            closed = closed_since(qdir)
+            if not os.path.exists(path) or (closed is not None and closed >= me["queued_at"]):
+                if os.path.exists(path):
+                    os.remove(path)
+                _write(status, dict(me, state="dequeued" if closed is None else "cancelled", ended_at=time.time()))
+                return None
+            queue = entries(qdir)
+            got = decide(queue, me, slots)
+            if got is not None:
+                held, visible = got
+                me.update(state="running", held=held, visible=visible, started_at=time.time(),
+                          share=float(len(held)) / slots)
+                _write(path, me)
+                _write(status, me)
+                return visible
+            pos = position(queue, me)
+        if pos != last:
+            _write(status, dict(me, position=pos))
+            if last is None:
+                sys.stderr.write("gpuctl: queued (%s): waiting for %s\n"
+                                 % (ordinal(pos), waiting_for(want, slots, int(q.get("gpus", 0)))))
+                sys.stderr.flush()
+            last = pos
+        time.sleep(poll_s)
+
+
+def run(argv):
+    config, launcher, args = argv[0], argv[1], argv[2:]
+    run_dir = os.path.dirname(os.path.abspath(config))
+    with open(config) as fh:
+        cfg = json.load(fh)
+    if cfg.get("queue"):
+        visible = wait_turn(cfg, run_dir, float(cfg["queue"].get("poll_s", 0.5)))
+        now = "%.6f\n" % time.time()
+        with open(os.path.join(run_dir, "started"), "w") as fh:
+            fh.write(now)  # how long it ran counts from here: its wait in the queue is not its time
+        if visible is None:
+            sys.stderr.write("gpuctl: removed from the queue before it started\n")
+            return CANCELLED_EXIT
+        place = _read(os.path.join(run_dir, "queue.json")) or {}
+        share = place.get("share", 1.0)
+        # A line in its log as it starts: its log grows again (the stall guard counts from here).
+        sys.stderr.write("gpuctl: starting after %.0fs in the queue, on slot(s) %s\n" % (
+            place.get("started_at", 0) - place.get("queued_at", 0), ",".join(str(i) for i in visible) or "-"))
+        sys.stderr.flush()
+        # Its epochs cost its share of the node's rate (the reports are computed here, from run.json).
+        cfg["usd_per_hour"] = float(cfg["queue"].get("node_usd_per_hour", cfg.get("usd_per_hour", 0.0))) * share
+        _write(config, cfg)
+        if int(cfg["queue"].get("gpus", 0)) > 0:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible)
+    if os.environ.get("GPUCTL_NUM_NODES", "1") != "1":
+        # Which node's job started here: gpuctl reads it back on each node (jobs.NODE_STARTED).
+        _write_text(os.path.join(run_dir, "node-started"), os.environ.get("GPUCTL_NODE_RANK", "") + "\n")
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, launcher, config] + list(args))
+
+
+def dequeue(qdir, run_id):
+    """Remove a run that waits; True when it waited (its process then exits, as stopped)."""
+    if not os.path.isdir(qdir):
+        return False
+    with Locked(qdir):
+        for e in entries(qdir):
+            if e.get("run_id") == run_id and e["state"] == "queued":
+                os.remove(e["_path"])
+                return True
+    return False
+
+
+def close(qdir):
+    """The cluster is going down: no run queued until now starts."""
+    with Locked(qdir):
+        with open(os.path.join(qdir, "closed"), "w") as fh:
+            fh.write("%.6f\n" % time.time())
+
+
+def main(argv):
+    if argv[:1] == ["dequeue"] and len(argv) == 3:
+        print("yes" if dequeue(argv[1], argv[2]) else "no")
+        return 0
+    if argv[:1] == ["close"] and len(argv) == 2:
+        close(argv[1])
+        return 0
+    if len(argv) >= 2:
+        return run(argv)
+    sys.stderr.write(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

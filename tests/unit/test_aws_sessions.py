@@ -1,0 +1,68 @@
+"""What the aws provider's boto3 sessions cost (issue 23): one session per region per command, one
+botocore loader per process (each new session parsed EC2's service model again, ~70 ms), and a
+Price List that fails is asked twice, not six times with backoff (it held every `up` ~10 s
+before the dated table answered). A local HTTP server stands for an endpoint that fails: what is
+counted is the requests boto3 really sends."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from gpuctl.provision.aws import catalog
+from gpuctl.provision.aws.provider import AwsProvider
+from gpuctl.provision.aws.session import Aws
+from gpuctl.types import ClusterSpec
+
+
+@pytest.fixture
+def creds(monkeypatch, tmp_path):
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                 "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def failing_endpoint(monkeypatch):
+    """An endpoint that answers every request 500 (a Price List that is down); the requests seen."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            seen.append(self.headers.get("X-Amz-Target", ""))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    yield seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_failing_price_list_is_asked_twice_then_the_table_answers(creds, failing_endpoint, tmp_path):
+    usd, source = catalog.on_demand_price(Aws("us-east-1"), "g5.xlarge", tmp_path)
+    assert usd == catalog.ON_DEMAND_USD["g5.xlarge"] and source.startswith("built-in table")
+    assert len(failing_endpoint) == 2 and all(t.endswith("GetProducts") for t in failing_endpoint)
+
+
+def test_one_session_per_region_per_command_and_one_loader_for_all(creds, tmp_path):
+    p = AwsProvider(Path(tmp_path), ClusterSpec(name="c", provider="aws", region="us-east-1"))
+    assert p.aws() is p.aws("us-east-1") and p.aws("us-west-2") is not p.aws()
+    assert p.aws().ec2() is p.aws().ec2()
+    other = AwsProvider(Path(tmp_path), ClusterSpec(name="c", provider="aws", region="us-east-1"))
+    assert other.aws() is not p.aws()  # a session per command: nothing outlives it
+    loaders = {id(a.session._session.get_component("data_loader")) for a in (p.aws(), p.aws("us-west-2"), other.aws())}
+    assert len(loaders) == 1

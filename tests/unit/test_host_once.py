@@ -1,0 +1,53 @@
+"""What one command asks of a host connection once (remote/host.py `once`): the payload push and
+the GPU count, which `train` asked for two or three times, each an SSH round trip."""
+
+from __future__ import annotations
+
+import gc
+
+from gpuctl.ops import guards, queue
+from gpuctl.remote import host as host_mod
+from gpuctl.remote.host import LocalHost, once
+
+
+class Counting(LocalHost):
+    """This machine as the host, counting what crosses to it."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.pushes = self.runs = 0
+
+    def push(self, src, dest, progress=None):
+        self.pushes += 1
+        return super().push(src, dest, progress)
+
+    def run(self, argv, check=True, timeout=None):
+        self.runs += 1
+        return super().run(argv, check, timeout)
+
+
+def test_the_payload_is_pushed_once_per_connection(tmp_path):
+    host = Counting(tmp_path / "root")
+    for _ in range(3):  # setup, launch_job and guards.install each ask
+        assert guards.push_payload(host) == str(tmp_path / "root" / "payload")
+    assert host.pushes == 1 and (tmp_path / "root" / "payload" / "gpuctl_run.py").is_file()
+    other = Counting(tmp_path / "root")  # a new connection (the next command) pushes again
+    guards.push_payload(other)
+    assert other.pushes == 1
+
+
+def test_the_gpus_are_counted_once_per_connection(tmp_path):
+    host = Counting(tmp_path)
+    assert queue.gpus_of(host) == queue.gpus_of(host)
+    assert host.runs <= 1  # nvidia-smi -L once (none at all where it is not installed)
+
+
+def test_a_closed_connection_is_forgotten():
+    calls = []
+    box = Counting("/nonexistent")
+    once(box, "x", lambda: calls.append(1) or 7)
+    assert once(box, "x", lambda: calls.append(1) or 8) == 7 and calls == [1]
+    before = len(host_mod._ONCE)
+    del box
+    gc.collect()
+    assert len(host_mod._ONCE) == before - 1

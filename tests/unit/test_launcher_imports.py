@@ -1,0 +1,129 @@
+"""The launcher imports TensorFlow only when the script does (payloads/gpuctl_imports.py): the
+post-import hook's mechanics on small packages made here, and a plain script through the real
+launcher (the Keras side, with real TensorFlow, is in integration/test_payload_tf.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpuctl.ops.guards import PAYLOAD_DIR
+from gpuctl.payloads import gpuctl_imports
+
+# "fk_keras" imports "fk_tf" half-way through its own import, as standalone Keras 3 imports
+# TensorFlow; "fk_tf" reaches for fk_keras.Model only once both are whole.
+PACKAGES = {
+    "fk_tf/__init__.py": "import fk_tf_sub\nVERSION = '1'\n",
+    "fk_tf_sub.py": "X = 1\n",
+    "fk_keras/__init__.py": "BEFORE = 1\nimport fk_tf\nclass Model(object):\n    pass\n",
+    "fk_broken/__init__.py": "import fk_tf\nraise ImportError('broken on purpose')\n",
+}
+
+
+@pytest.fixture
+def packages(tmp_path, monkeypatch):
+    for rel, text in PACKAGES.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n.startswith("fk_")]:
+        del sys.modules[name]
+
+
+def _watch(seen):
+    def on_import():
+        keras = sys.modules.get("fk_keras")
+        seen.append({"tf": "fk_tf" in sys.modules and hasattr(sys.modules["fk_tf"], "VERSION"),
+                     "keras_whole": keras is not None and hasattr(keras, "Model")})
+    return gpuctl_imports.ImportWatch(("fk_tf", "fk_keras", "fk_broken"), on_import)
+
+
+def test_the_hook_runs_once_the_outermost_import_is_whole(packages):
+    seen: list[dict] = []
+    watch = _watch(seen).install()
+    try:
+        assert seen == []  # nothing watched is imported yet
+        import fk_keras  # noqa: F401  (imports fk_tf half-way)
+
+        # Once, after fk_keras (not after the fk_tf inside it, when fk_keras had no Model yet).
+        assert seen == [{"tf": True, "keras_whole": True}]
+        import fk_tf  # noqa: F401  (already imported: no finder, no second call)
+
+        assert len(seen) == 1
+        # The wrapper stepped aside: the modules carry their real loaders.
+        for name in ("fk_tf", "fk_keras"):
+            module = sys.modules[name]
+            assert type(module.__loader__).__name__ == "SourceFileLoader"
+            assert module.__spec__.loader is module.__loader__
+    finally:
+        watch.uninstall()
+
+
+def test_a_failed_import_calls_nothing_and_the_next_one_does(packages):
+    seen: list[dict] = []
+    watch = _watch(seen).install()
+    try:
+        with pytest.raises(ImportError, match="broken on purpose"):
+            import fk_broken  # noqa: F401
+        assert seen == []  # the outer import failed: not a moment to touch anything
+        assert watch.depth() == 0
+        import fk_keras  # noqa: F401
+
+        assert seen == [{"tf": True, "keras_whole": True}]
+    finally:
+        watch.uninstall()
+
+
+def test_installed_after_the_import_it_runs_at_once(packages):
+    import fk_tf  # noqa: F401
+
+    seen: list[dict] = []
+    watch = _watch(seen).install()
+    watch.uninstall()
+    assert seen == [{"tf": True, "keras_whole": False}]
+    assert watch not in sys.meta_path
+
+
+def test_other_modules_pass_through(packages):
+    watch = _watch([]).install()
+    try:
+        assert watch.find_spec("json") is None  # not watched: Python's own finders answer
+        assert watch.find_spec("fk_not_there") is None
+        import fk_tf_sub  # noqa: F401
+    finally:
+        watch.uninstall()
+
+
+def test_a_plain_script_runs_without_tensorflow(tmp_path):
+    """Issue 23 item 1: the launcher imports TensorFlow only when the script does (it did for
+    every script: this test failed with 'tensorflow' in sys.modules)."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import json, sys
+        print(json.dumps({"modules": sorted(m for m in ("tensorflow", "keras", "tf_keras", "numpy")
+                                            if m in sys.modules), "argv": sys.argv}))
+    """))
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "entry": "train.py", "usd_per_hour": 1.0,
+                                                   "report_path": str(tmp_path / "epochs.jsonl")}))
+    proc = subprocess.run([sys.executable, str(PAYLOAD_DIR / "gpuctl_run.py"), str(tmp_path / "run.json"), "--x", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"modules": [], "argv": ["train.py", "--x", "1"]}
+    assert "TensorFlow" not in proc.stderr  # no word about a TF the script never asked for
+
+
+def test_the_loader_wrapper_answers_for_the_real_loader_and_copies_safely(packages):
+    import copy
+
+    watch = _watch([]).install()
+    try:
+        spec = watch.find_spec("fk_tf")
+        assert spec.loader.is_package("fk_tf") and "VERSION" in spec.loader.get_source("fk_tf")
+        copy.copy(spec.loader)  # made without __init__: must not recurse looking for `loader`
+    finally:
+        watch.uninstall()
