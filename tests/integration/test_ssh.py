@@ -60,7 +60,8 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     cost = json.loads(gpuctl("cost", "--json").stdout)["runs"][0]
     assert [e["epoch"] for e in cost["epochs"]] == [1, 2] and all(e["examples_per_s"] > 0 for e in cost["epochs"])
     assert "Epoch 2/2" in gpuctl("logs", run["run_id"]).stdout
-    assert "oneDNN custom operations" in gpuctl("logs", "--raw", run["run_id"]).stdout
+    # --raw keeps it (which lines TensorFlow prints depends on the CPU; absl's notice comes with any).
+    assert "absl::InitializeLog" in gpuctl("logs", "--raw", run["run_id"]).stdout
     # The job really ran on the host: its files are in the host's own /srv.
     assert host.run(f"cat {ROOT}/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
     # Preflight once per environment (issue 23, item 2): the next train reuses the answer, without
