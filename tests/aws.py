@@ -122,11 +122,23 @@ def add_baked(gpuctl_owner: str, tf: str = "2.21.0", arch: str = "x86_64", date:
     return ami_id
 
 
+def _route_without_disk_scans() -> None:
+    """moto's server finds the backend of every request by listing its own package folder and
+    stat-ing each of its ~200 entries (moto.backends.list_of_moto_modules), under one lock: a third
+    of the AWS tests' CPU went there. The folder does not change while the tests run: list it once."""
+    from moto import backends
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory):
     os.environ["MOTO_AMIS_PATH"] = str(ami_file(tmp_path_factory.mktemp("moto") / "amis.json"))
     os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "true"
     from moto.server import ThreadedMotoServer
+
+    _route_without_disk_scans()
 
     # On every address, so that the sshd test hosts reach S3 through their gateway as an instance
     # reaches AWS's endpoint (s3_endpoint below); this side keeps to loopback.

@@ -302,3 +302,30 @@ def test_an_empty_owner_file_is_an_error_not_an_empty_owner(tmp_path):
     with pytest.raises(ConfigError, match="is empty") as info:
         owner_id(tmp_path)
     assert "Remove" in info.value.hint
+
+
+def test_regions_to_search_are_the_enabled_ones_of_the_partition():
+    """`status --all` searches every region DescribeRegions lists, except one it marks not opted
+    in (moto lists those too; AWS does not) and one of another partition (the Stubber answers)."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from gpuctl.provision.aws import inventory
+
+    class _Aws:
+        session = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1")
+        _ec2 = session.client("ec2")
+
+        def ec2(self, region=None):
+            return self._ec2
+
+    aws = _Aws()
+    with Stubber(aws._ec2) as stub:
+        stub.add_response("describe_regions", {"Regions": [
+            {"RegionName": "us-east-1", "OptInStatus": "opt-in-not-required"},
+            {"RegionName": "af-south-1", "OptInStatus": "opted-in"},
+            {"RegionName": "me-central-1", "OptInStatus": "not-opted-in"},
+            {"RegionName": "eu-west-1"},  # no status given: enabled
+            {"RegionName": "cn-north-1", "OptInStatus": "opt-in-not-required"},
+        ]})
+        assert inventory.regions(aws) == ["af-south-1", "eu-west-1", "us-east-1"]

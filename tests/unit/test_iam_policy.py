@@ -19,6 +19,7 @@ follows AWS's Service Authorization Reference for EC2.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -287,7 +288,8 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
 # --- the calls in gpuctl's code, and the requests it really sends ----------------------------------
 
 
-def calls_in_code() -> set[str]:
+@functools.cache
+def calls_in_code() -> frozenset[str]:
     """Every EC2 and Price List operation named in provision/aws (as a client method, a paginator
     or a waiter), as IAM actions."""
     import botocore.exceptions
@@ -299,9 +301,10 @@ def calls_in_code() -> set[str]:
     assert services == {"ec2", "pricing", "ssm", "iam", "s3", "sts"}, \
         f"a new AWS service is called: add its actions to the policy ({services})"
     session, found = botocore.session.get_session(), set()
+    words = set(re.findall(r"\w+", source))  # a method named is a whole word of the source
     for service in services:
         for op in session.get_service_model(service).operation_names:
-            if re.search(rf"\b{xform_name(op)}\b", source):
+            if xform_name(op) in words:
                 found.add(f"{service}:{op}")
         try:
             waiters = session.get_waiter_model(service)
@@ -310,7 +313,7 @@ def calls_in_code() -> set[str]:
         for name in waiters.waiter_names:
             if re.search(rf"[\"']{xform_name(name)}[\"']", source):
                 found.add(f"{service}:{waiters.get_waiter(name).operation}")
-    return found
+    return frozenset(found)
 
 
 def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:

@@ -58,10 +58,12 @@ def instance_type_info(aws: Aws, instance_type: str, image_pinned: bool = False)
         found = []
     if found:
         return found[0]
+    # The region's offerings are names only: a page or two, where DescribeInstanceTypes would
+    # send every type's whole description (megabytes) to read one field of each.
     names: list[str] = []
-    pages = call(lambda: list(ec2.get_paginator("describe_instance_types").paginate()))
+    pages = call(lambda: list(ec2.get_paginator("describe_instance_type_offerings").paginate(LocationType="region")))
     for page in pages:
-        names += [t["InstanceType"] for t in page["InstanceTypes"]]
+        names += [t["InstanceType"] for t in page["InstanceTypeOfferings"]]
     names = [n for n in names if image_pinned or on_base(n)]
     close = difflib.get_close_matches(instance_type, names, n=1, cutoff=0.6)
     raise ConfigError(
