@@ -218,6 +218,7 @@ def test_two_installs_at_once_each_get_their_own_result(small_wheels, tmp_path):
     assert log.count("gpuctl-setup: pip install tensorflow-cpu") == 1
 
 
+@pytest.mark.slow  # real venvs and pip runs: 16 CPU-seconds
 def test_an_install_that_waited_for_a_failed_one_fails_at_once_with_its_error(tmp_path):
     """Two nodes with one home (or two clusters on one host) set up one env: the second waited
     for the first's lock, and when the first failed it ran the same failing pip again (minutes of
