@@ -1,4 +1,5 @@
-"""GPU utilisation and memory, sampled from nvidia-smi while a run trains. Stdlib only; Python 3.8+.
+"""The run's GPUs: TensorFlow's settings for them, once the script imports it, and their utilisation
+and memory, sampled from nvidia-smi while it trains. Stdlib only (TensorFlow is handed in); Python 3.8+.
 
 A daemon thread asks nvidia-smi every `interval_s` for the run's GPUs (CUDA_VISIBLE_DEVICES, as
 the cluster's queue set it) and keeps the samples; an epoch's report takes the mean utilisation
@@ -10,6 +11,7 @@ import collections
 import math
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -122,3 +124,47 @@ def sampler(interval_s):
     if _SAMPLER["it"] is None:
         _SAMPLER["it"] = Sampler(interval).start()
     return _SAMPLER["it"]
+
+
+def _log(msg):
+    sys.stderr.write("gpuctl: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def want_mixed_precision(setting, capabilities):
+    """mixed_float16 only pays on GPUs with tensor cores (compute capability 7.0+); never on a CPU.
+
+    `capabilities` holds one (major, minor) or None per visible GPU; every GPU must qualify.
+    """
+    if not capabilities or setting == "off":
+        return False
+    if setting == "on":
+        return True
+    return all(cc is not None and tuple(cc) >= (7, 0) for cc in capabilities)
+
+
+def configure_tensorflow(tf, mixed_precision="auto", memory_growth=True):
+    """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0."""
+    gpus = tf.config.list_physical_devices("GPU")
+    info = {"gpus": [], "mixed_precision": False}
+    for gpu in gpus:
+        if memory_growth:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        try:
+            details = tf.config.experimental.get_device_details(gpu)
+        except Exception:
+            details = {}
+        cc = details.get("compute_capability")
+        info["gpus"].append({"name": details.get("device_name", gpu.name), "compute_capability": cc})
+    if want_mixed_precision(mixed_precision, [g["compute_capability"] for g in info["gpus"]]):
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        info["mixed_precision"] = True
+    if gpus:
+        _log("GPUs: %s; memory growth %s; mixed precision %s" % (
+            ", ".join("%s (cc %s)" % (g["name"], g["compute_capability"]) for g in info["gpus"]),
+            "on" if memory_growth else "off",
+            "on" if info["mixed_precision"] else "off",
+        ))
+    else:
+        _log("no GPU visible to TensorFlow %s: training on the CPU" % tf.__version__)
+    return info

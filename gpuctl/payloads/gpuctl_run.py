@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(1, HERE)
 
-import gpuctl_imports  # noqa: E402  (needs HERE on sys.path)
+import gpuctl_gpu  # noqa: E402  (needs HERE on sys.path)
+import gpuctl_imports  # noqa: E402
 import gpuctl_report  # noqa: E402
 
 # The run's spot instance is being taken away (EX_TEMPFAIL: try again later, elsewhere): it stopped
@@ -51,45 +52,6 @@ def mark_preempted(notice_file, run_dir):
 def log(msg):
     sys.stderr.write("gpuctl: %s\n" % msg)
     sys.stderr.flush()
-
-
-def want_mixed_precision(setting, capabilities):
-    """mixed_float16 only pays on GPUs with tensor cores (compute capability 7.0+); never on a CPU.
-
-    `capabilities` holds one (major, minor) or None per visible GPU; every GPU must qualify.
-    """
-    if not capabilities or setting == "off":
-        return False
-    if setting == "on":
-        return True
-    return all(cc is not None and tuple(cc) >= (7, 0) for cc in capabilities)
-
-
-def configure_gpus(tf, mixed_precision="auto", memory_growth=True):
-    """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0."""
-    gpus = tf.config.list_physical_devices("GPU")
-    info = {"gpus": [], "mixed_precision": False}
-    for gpu in gpus:
-        if memory_growth:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        try:
-            details = tf.config.experimental.get_device_details(gpu)
-        except Exception:
-            details = {}
-        cc = details.get("compute_capability")
-        info["gpus"].append({"name": details.get("device_name", gpu.name), "compute_capability": cc})
-    if want_mixed_precision(mixed_precision, [g["compute_capability"] for g in info["gpus"]]):
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        info["mixed_precision"] = True
-    if gpus:
-        log("GPUs: %s; memory growth %s; mixed precision %s" % (
-            ", ".join("%s (cc %s)" % (g["name"], g["compute_capability"]) for g in info["gpus"]),
-            "on" if memory_growth else "off",
-            "on" if info["mixed_precision"] else "off",
-        ))
-    else:
-        log("no GPU visible to TensorFlow %s: training on the CPU" % tf.__version__)
-    return info
 
 
 def _keras_flavours(tf):
@@ -349,7 +311,7 @@ def tensorflow_imported(cfg):
     try:
         if not _TF_READY["gpus"]:
             _TF_READY["gpus"] = True
-            configure_gpus(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
+            gpuctl_gpu.configure_tensorflow(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
         install_fit_hook(tf, cfg.get("checkpoint_dir"))
     except Exception as exc:
         log("could not hook TensorFlow for per-epoch reports (%s: %s); training goes on without them"

@@ -53,9 +53,9 @@ def spot_world(monkeypatch, imds, moto_server, isolated, hosts):
     imds.role("gpuctl-instance-role")  # boto3 on the hosts reads its credentials here, as on EC2
     imds.reached_by(hosts)
     from gpuctl.ops import recovery
-    from gpuctl.provision.aws import provider
+    from gpuctl.provision.aws import lifecycle
 
-    monkeypatch.setattr(provider, "EC2_POLL_S", 0.5)
+    monkeypatch.setattr(lifecycle, "EC2_POLL_S", 0.5)
     monkeypatch.setattr(recovery, "CHECK_INSTANCES_S", 2.0)
     monkeypatch.setattr(recovery, "RETRY_S", 0.0)
     saved = [(h, (h.base / "authorized_keys").read_text()) for h in hosts]

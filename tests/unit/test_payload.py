@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuctl import types
-from gpuctl.payloads import gpuctl_report, gpuctl_run
+from gpuctl.payloads import gpuctl_gpu, gpuctl_report, gpuctl_run
 from gpuctl.types import EpochReport
 
 PAYLOADS = sorted((Path(gpuctl_report.__file__).parent).glob("gpuctl_*.py"))
@@ -94,7 +94,7 @@ def test_count_examples_for_arrays():
     ],
 )
 def test_mixed_precision_decision(setting, ccs, expected):
-    assert gpuctl_run.want_mixed_precision(setting, ccs) is expected
+    assert gpuctl_gpu.want_mixed_precision(setting, ccs) is expected
 
 
 def test_utmp_layouts_match_glibc_on_both_architectures():

@@ -7,9 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from gpuctl import billing
 from gpuctl.errors import CloudError
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.types import InstanceRecord
+from gpuctl.types import ENDED_STATES, InstanceRecord
+
+EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
+EC2_POLL_S = 5.0
+Instances = list[InstanceRecord]
 
 
 def transition_time(inst: dict[str, Any]) -> float | None:
@@ -118,3 +123,29 @@ def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceReco
                 "periods": running_periods(inst, state, live, ended),
             }))
     return out
+
+
+def end_interrupted(instances: Instances, reconcile: Callable[[Instances], Instances],
+                    end: Callable[[Instances], Instances], progress: Callable[[str], None],
+                    taken: set[str] | None = None) -> Instances:
+    """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
+    if we do (billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
+    then is ended (`end`), and at once a node EC2 is not taking (`taken`: those it is)."""
+    young = [i for i in instances if i.market == "spot" and (taken is None or i.id in taken)
+             and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
+    # The other nodes are ended at once: waiting for EC2 would only bill them longer.
+    ended = end([i for i in instances if i not in young])
+    left = young
+    if young:
+        progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed "
+                 f"when EC2 ends it; up to {EC2_GRACE_S:.0f} s)")
+        deadline = time.monotonic() + EC2_GRACE_S
+        while left and time.monotonic() < deadline:
+            time.sleep(EC2_POLL_S)
+            try:
+                fresh = reconcile(left)
+            except CloudError:
+                continue
+            ended += [i for i in fresh if i.state in ENDED_STATES]
+            left = [i for i in fresh if i.state not in ENDED_STATES]
+    return ended + end(left)

@@ -26,8 +26,6 @@ from gpuctl.settings import Settings
 from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote
 
 Progress = Callable[[str], None]
-EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
-EC2_POLL_S = 5.0
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
@@ -345,27 +343,8 @@ class AwsProvider:
 
     def end_interrupted(self, instances: list[InstanceRecord], progress: Progress = _quiet,
                         taken: set[str] | None = None) -> list[InstanceRecord]:
-        """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
-        if we do (billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
-        then is terminated, and at once a node EC2 is not taking (`taken`: those it is)."""
-        young = [i for i in instances if i.market == "spot" and (taken is None or i.id in taken)
-                 and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]
-        # The other nodes are ended at once: waiting for EC2 would only bill them longer.
-        ended = self._end([i for i in instances if i not in young], progress)
-        left = young
-        if young:
-            progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed "
-                     f"when EC2 ends it; up to {EC2_GRACE_S:.0f} s)")
-            deadline = time.monotonic() + EC2_GRACE_S
-            while left and time.monotonic() < deadline:
-                time.sleep(EC2_POLL_S)
-                try:
-                    fresh = self.reconcile(left)
-                except CloudError:
-                    continue
-                ended += [i for i in fresh if i.state in ENDED_STATES]
-                left = [i for i in fresh if i.state not in ENDED_STATES]
-        return ended + self._end(left, progress)
+        """Spot instances interrupted in their first hour get EC2's grace (lifecycle.py)."""
+        return lifecycle.end_interrupted(instances, self.reconcile, lambda i: self._end(i, progress), progress, taken)
 
     def _end(self, instances: list[InstanceRecord], progress: Progress) -> list[InstanceRecord]:
         if not instances:
