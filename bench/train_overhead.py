@@ -6,7 +6,7 @@ Each round, in turn: plain python, then a new cluster's first `train --wait`, th
 the figure is the median of --repeat rounds, the overhead each median less plain python's. On
 ssh each round's cluster is made on a host whose preflight cache was emptied first (as a fresh
 instance): its `up` starts the preflight in the background, and the first train comes right
-after the `up` (a user is slower), so it may still wait for part of that TensorFlow import. Targets (issue 23): a second
+after the `up` (a user is slower), so it may still wait for part of that TensorFlow import. Targets: a second
 `train` within 2 s of plain python on both, a first within 4 s.
 
 --timeline prints, for the last round, when each of gpuctl's progress lines came (seconds from the

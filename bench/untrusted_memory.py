@@ -15,7 +15,7 @@ case a second time with the gpuctl of DIR (an older checkout: `git archive COMMI
 and prints the two side by side.
 
 Usage: .venv/bin/python bench/untrusted_memory.py [--full] [--baseline DIR] [--only logs,status,...]
-       (default sizes are a tenth of the issue's; --full: 400 MB logs, a 3 GB bomb, 300 MB of
+       (default sizes are a tenth of --full's: 400 MB logs, a 3 GB bomb, 300 MB of
        preflight output, a 228 MB epochs.jsonl, as the audit measured them)
 """
 

@@ -130,7 +130,7 @@ def test_open_to_the_world_only_when_asked_and_with_a_warning(gpuctl, aws):
     (group,) = gpuctl_groups(aws)
     assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] == ["0.0.0.0/0"]
     gpuctl("down", "-y")
-    # Half the internet is no narrower (issue 22): any range wider than a /16 gets the warning.
+    # Half the internet is no narrower: any range wider than a /16 gets the warning.
     res = gpuctl("up", "--ssh-cidr", "0.0.0.0/1", "--no-wait", "-y")
     assert "WARNING: SSH is open to 2,147,483,648 addresses (0.0.0.0/1)" in res.stderr
 
@@ -246,7 +246,7 @@ def test_undetectable_address_is_refused_before_anything_exists(gpuctl, aws, mon
         (["--image", "ami-0000000000deadbee"], 9, "ami-0000000000deadbee"),
         (["--ssh-cidr", "10.0.0.300/32"], 3, "aws.ssh_cidr"),
         (["--disk-gb", "2"], 3, "aws.disk_gb"),
-        (["--tf", "9.99"], 3, "--tf 9.99: no such TensorFlow release"),  # issue 21 item 10
+        (["--tf", "9.99"], 3, "--tf 9.99: no such TensorFlow release"),  # not in the dated list
         (["--tf", "abc"], 3, "train.tensorflow"),
     ],
 )
@@ -256,7 +256,7 @@ def test_bad_up_inputs_create_nothing(gpuctl, aws, isolated, args, code, needle)
     assert needle in res.stderr
     assert "Traceback" not in res.stderr
     nothing_created(aws)
-    # Not even in the ledger: an `up` that created nothing leaves no row (issue 9).
+    # Not even in the ledger: an `up` that created nothing leaves no row.
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
 
 
@@ -484,7 +484,7 @@ def _cheapest_spot(aws, instance_type="g5.xlarge"):
 
 
 def test_the_launch_question_names_the_price_the_hard_cap_in_dollars_and_the_budget(gpuctl, aws, monkeypatch):
-    # Issue 21 item 3: "billed until `gpuctl down` or the 8 h hard cap" said no dollars at all.
+    # "billed until `gpuctl down` or the 8 h hard cap" used to say no dollars at all.
     monkeypatch.setenv("GPUCTL_GUARDS__BUDGET_USD", "5")
     _spot_prices(monkeypatch)
     base = ["up", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait"]
@@ -515,7 +515,7 @@ def test_a_max_price_under_every_zones_spot_price_is_refused_before_anything_exi
 
 
 def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch):
-    # Issue 21 item 4: with `up --no-wait` only the 8 h hard cap was armed until the first `train`.
+    # Before, with `up --no-wait` only the 8 h hard cap was armed until the first `train`.
     monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "20m")
     gpuctl(*UP)
     (inst,) = live_instances(aws)

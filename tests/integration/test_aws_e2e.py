@@ -70,7 +70,7 @@ def test_aws_up_train_logs_cost_down(gpuctl, aws, ssh, make_project, monkeypatch
 
 
 def test_host_keys_are_pinned_by_instance_not_by_recycled_address(gpuctl, aws, ssh, monkeypatch, isolated):
-    """Issue 11, item 8: EC2 recycles public IPs. Here every instance is the same test host (one
+    """EC2 recycles public IPs. Here every instance is the same test host (one
     address): its key is changed between two `up`s, as a new machine on an old address would be."""
     host = ssh.hosts[0]
     monkeypatch.setenv("GPUCTL_AWS__SSH_USER", "root")

@@ -1,4 +1,4 @@
-"""Issue 11, items 12 and 14 on the aws path (moto server over HTTP): a type with no GPU says so;
+"""Faults on the aws path (moto server over HTTP): a type with no GPU says so;
 a cluster whose instances ended without `down` (a guard's poweroff, an interrupted `down`) leaves
 nothing a plain `down` does not release; a ledger that cannot be read still lets `status --all`
 and `down --all` find and release what runs, by its tags.

@@ -186,7 +186,7 @@ def test_iam_refused_says_so_and_leaves_nothing(gpuctl, aws, monkeypatch):
 
 
 def test_up_without_the_permissions_boundary_is_refused_and_creates_nothing(gpuctl, aws, monkeypatch):
-    """Issue 22, item 8: without the boundary policy, `up` made the cluster's role with
+    """Without the boundary policy, `up` made the cluster's role with
     `PermissionsBoundary: None` and said nothing (the README says it fails first)."""
     _, iam = clients()
     iam.delete_policy(PolicyArn=f"arn:aws:iam::{ACCOUNT}:policy/{store_iam.BOUNDARY}")
@@ -206,7 +206,7 @@ def test_up_without_the_permissions_boundary_is_refused_and_creates_nothing(gpuc
 
 def test_a_later_cluster_of_the_same_name_cannot_reach_the_earlier_ones_checkpoints(gpuctl, aws, isolated,
                                                                                    monkeypatch):
-    """Issue 22, item 10: the prefix was the cluster's name, so a later cluster of the same name read
+    """The prefix was the cluster's name, so a later cluster of the same name read
     and deleted the earlier one's checkpoints (kept 30 days)."""
     _, iam = clients()
     places = []
@@ -388,7 +388,7 @@ def test_runs_rm_on_a_provider_without_a_store_removes_the_runs_directory(gpuctl
 
 
 def test_down_asks_with_the_runs_whose_outputs_exist_only_on_the_instance(gpuctl, aws, isolated, monkeypatch):
-    """Issue 21 item 6: with aws.checkpoints = "instance" the release deletes the runs' files, and
+    """With aws.checkpoints = "instance" the release deletes the runs' files, and
     the prompt says which (from the ledger: moto's made-up addresses are never dialled)."""
     monkeypatch.setenv("GPUCTL_AWS__CHECKPOINTS", "instance")
     monkeypatch.setenv("GPUCTL_AWS__CHECKPOINT_EXPIRY_DAYS", "0")

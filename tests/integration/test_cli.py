@@ -64,7 +64,7 @@ def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolat
     # Reports and logs outlive the cluster.
     assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs"][2]["epoch"] == 3
     assert "done" in gpuctl("logs", run["run_id"]).stdout
-    # The run's directory was kept under the home (issue 21 item 6): pull still brings it back.
+    # The run's directory was kept under the home: pull still brings it back.
     assert "Pulled" in gpuctl("pull", run["run_id"], "--dest", back).stdout
     assert "which is down" in gpuctl("attach", run["run_id"], code=4).stderr
     assert "nothing to do" in gpuctl("down", "-y").stdout
@@ -212,7 +212,7 @@ def test_destroying_needs_confirmation_off_a_terminal(gpuctl):
 
 
 def test_the_local_launch_question_has_the_aws_shape_with_its_dollars(gpuctl):
-    # Issue 21 item 3: the price, the hard cap in dollars and the budget, as on aws.
+    # The price, the hard cap in dollars and the budget, as on aws.
     err = gpuctl("up", "--name", "paid", "--nodes", "2", "--usd-per-hour", "1.5", code=2).stderr
     assert ("start local cluster 'paid' (2 nodes) at $3.0000/h (2 nodes at $1.5000/h each, local.usd_per_hour), "
             "billed until `gpuctl down` or the 8 h hard cap (8 h x $3.0000/h = $24.00)") in err
@@ -247,7 +247,7 @@ def test_debug_shows_the_traceback(gpuctl):
 
 
 def test_a_reused_name_keeps_each_clusters_own_dollars(gpuctl):
-    """Issue 9: `down` then `up` of the same name at another price used to show the second
+    """A `down` then `up` of the same name at another price used to show the second
     cluster's dollars on both rows and count them twice."""
     gpuctl("up", "--usd-per-hour", "36", "-y")
     time.sleep(1.0)
@@ -269,7 +269,7 @@ def test_a_reused_name_keeps_each_clusters_own_dollars(gpuctl):
 
 
 def test_a_finished_run_stops_costing(gpuctl, quick_project, isolated):
-    """Issue 9: a run that ended while nobody looked kept costing until gpuctl looked; it ends
+    """A run that ended while nobody looked kept costing until gpuctl looked; it ends
     when its job ended on the instance."""
     gpuctl("up", "--usd-per-hour", "3600", "-y")
     t0 = time.time()
@@ -289,7 +289,7 @@ def test_a_finished_run_stops_costing(gpuctl, quick_project, isolated):
 
 
 def test_a_broken_settings_file_does_not_break_an_existing_cluster(gpuctl, quick_project, isolated):
-    """Issue 9: status, cost, logs and down work from what the ledger recorded at `up`."""
+    """Status, cost, logs and down work from what the ledger recorded at `up`."""
     gpuctl("up")
     gpuctl("train", quick_project, "--wait")
     Path("gpuctl.toml").write_text("[guards]\nidle = 'five parsecs'\n")
@@ -304,7 +304,7 @@ def test_a_broken_settings_file_does_not_break_an_existing_cluster(gpuctl, quick
 
 
 def test_an_up_that_created_nothing_leaves_no_row(gpuctl, monkeypatch):
-    """Issue 9: every failed `up` used to leave a "down" cluster in `status`. Tried: an ssh host
+    """Every failed `up` used to leave a "down" cluster in `status`. Tried: an ssh host
     that refuses connections, an unknown provider, a bad name, a negative price."""
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "2")
     gpuctl("up", "--provider", "ssh", "--host", "root@127.0.0.1:9", code=7)

@@ -1,4 +1,4 @@
-"""Small things a new user hit in the first hour (issue 21, item 12): script arguments given
+"""Small things a new user hit in the first hour: script arguments given
 before `--`, and `exec` of one shell line. Local provider, real tmux, plain-Python jobs."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 22, item 2: no remote command without a deadline, and nothing a host does (or does not
+"""No remote command without a deadline, and nothing a host does (or does not
 answer) stops `down` from ending the spend. Real parts: the local provider with a `tmux` that only
 sleeps placed first on gpuctl's PATH (jobs started by the real one), and sshd test hosts with the
 same sleeper bind-mounted over tmux inside the host's mount namespace, or with their link down

@@ -1,4 +1,4 @@
-"""Issue 21, item 7: `./scripts/demo` never touches a cluster it did not make. It runs in a gpuctl
+"""`./scripts/demo` never touches a cluster it did not make. It runs in a gpuctl
 home of its own (.demo-home/ in the repository) unless GPUCTL_HOME is set, and a live `demo`
 cluster there that it did not make is refused before anything starts (no training: these tests
 need no TensorFlow; tests/e2e/test_readme.py runs the whole demo).

@@ -1,4 +1,4 @@
-"""Issue 11, items 11 and 12: faults and broken input give a clear error (or an answer from the
+"""Faults and broken input give a clear error (or an answer from the
 ledger), never a long hang, a traceback or an internal error. Real sshd test hosts.
 
 Bad inputs and faults tried: a host whose sshd is gone (status, cost, logs, down, down --force),
@@ -91,7 +91,7 @@ def test_a_broken_ledger_or_home_names_the_file(gpuctl, isolated):
 
 
 def test_what_looked_like_success_is_an_error_now(gpuctl, make_project, isolated, tmp_path):
-    """Item 14 (local provider): each said it worked, or failed with an internal error."""
+    """Local provider: each of these said it worked, or failed with an internal error."""
     gpuctl("up", "--provider", "local")
     proj = make_project("p", {"train.py": "print('hi')\n"})
     (tmp_path / "plots.png").mkdir()
@@ -106,7 +106,7 @@ def test_what_looked_like_success_is_an_error_now(gpuctl, make_project, isolated
 
 @pytest.mark.tf  # two real TensorBoards, which load TensorFlow: ~15 s each
 def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
-    """Item 14: the second `tensorboard --port` printed a URL nothing served (local provider,
+    """The second `tensorboard --port` printed a URL nothing served (local provider,
     where the instance's port is the one asked)."""
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""gpuctl's own work is not idleness (issue 10, item 5), on real sshd hosts with utmp: a command
+"""gpuctl's own work is not idleness, on real sshd hosts with utmp: a command
 that works on the instance (push, preflight, exec, ssh) keeps a heartbeat file fresh there, and
 the watchdog counts it as activity until it goes stale (gpuctl.remote.heartbeat).
 

@@ -1,4 +1,4 @@
-"""Issue 10, the parts about how guards are set up and owned: a host used by an earlier cluster
+"""How guards are set up and owned: a host used by an earlier cluster
 lends the next one none of its limits; `train --budget` is that run's own budget, not the
 cluster's uptime budget; a watchdog that cannot start fails `up` loudly; a `train` racing a
 `down` never leaves a job that `down` did not see. Real sshd hosts, real tmux, real TensorFlow.
@@ -198,7 +198,7 @@ def test_a_watchdog_running_older_code_is_restarted_with_the_pushed_code(gpuctl,
 
 
 def test_a_second_train_finds_its_watchdog_running_and_only_writes_its_limits(gpuctl, make_project, isolated):
-    """Issue 23 item 3: every train re-installed a running watchdog (a systemd or tmux probe, its
+    """Before, every train re-installed a running watchdog (a systemd or tmux probe, its
     start script, cron: SSH round trips each) and asked twice whether it lived. A watchdog that
     runs this code needs only the new limits: it rereads its config every second."""
     gpuctl("up", "--provider", "local")

@@ -371,7 +371,7 @@ def test_a_run_ended_in_its_pane_is_over_and_idle_fires_after(gpuctl, fast_guard
 
 
 def test_the_boot_user_data_starts_the_watchdog_and_it_powers_off_an_instance_nobody_trains_on(ssh):
-    """Issue 21 item 4: the aws user data's idle guard, run on a test host as root as cloud-init
+    """The aws user data's idle guard, run on a test host as root as cloud-init
     would (its hard-cap half is left out: without systemd it would `shutdown -h` this machine)."""
     import base64
 

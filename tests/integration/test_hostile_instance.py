@@ -1,8 +1,8 @@
-"""Issue 22, items 1, 5, 6 and 7 on real parts: files a hostile instance (or a buggy script) writes
-are planted where gpuctl reads them, on the local provider (this machine plays the instance, real
-tmux, a real job) and on an sshd test host (SFTP, the remote Python). `status`, `cost`, `logs`,
-`pull` and `down` succeed or give one-line errors, no control sequence reaches the terminal, `down`
-ends every job, and nothing is written outside the target.
+"""Files a hostile instance (or a buggy script) writes are planted where gpuctl reads them, on the
+local provider (this machine plays the instance, real tmux, a real job) and on an sshd test host
+(SFTP, the remote Python). `status`, `cost`, `logs`, `pull` and `down` succeed or give one-line
+errors, no control sequence reaches the terminal, `down` ends every job, and nothing is written
+outside the target.
 
 Bad inputs tried: report lines with `"epoch": 1e20`, `start` 1e308, `Infinity`, `NaN`, a 100 KB line,
 `[1,2]`, garbage, another run's id, metric names holding OSC title and CSI sequences; a ledger row
@@ -90,7 +90,7 @@ def lingering_run(gpuctl, make_project, isolated, monkeypatch):
 def poisoned_report_lines(good: dict) -> list[str]:
     other = dict(good, metrics={"\x1b]0;pwned\x07loss": 0.1, "\x1b[2J\x1b[31macc": 0.9, "\x9b31mbad": 1.0})
     return [
-        json.dumps(dict(good, epoch=100000000000000000000)),  # made `status` and `down` fail (item 1)
+        json.dumps(dict(good, epoch=100000000000000000000)),  # made `status` and `down` fail
         json.dumps(dict(good, epoch=3, start=1e308)),
         json.dumps(dict(good, epoch=4, seconds=float("nan"))),  # NaN
         json.dumps(dict(good, epoch=5)).replace('"cumulative_usd": ', '"cumulative_usd": 1e400, "x": '),  # Infinity

@@ -1,4 +1,4 @@
-"""Issue 21, items 6 and 8 on the real local provider (real tmux, real files): a run's directory
+"""Kept runs on the real local provider (real tmux, real files): a run's directory
 outlives `down` under the gpuctl home, `pull` and `train --resume --cluster OTHER` still work
 from it and `runs rm` deletes it; `pull` lists what it left out, in its output and in --json.
 

@@ -182,7 +182,7 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
 def test_a_standalone_keras_script_reports_and_resumes_from_its_checkpoint(tmp_path):
-    """Issue 23 item 1: the launcher no longer imports TensorFlow itself; the script's own
+    """The launcher no longer imports TensorFlow itself; the script's own
     `import keras` returning sets the hooks (reports, checkpoints). Killed at the start of epoch 3,
     the resumed run restores epoch 2's checkpoint and reports epochs 3 and 4."""
     script = """

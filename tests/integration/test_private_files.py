@@ -1,4 +1,4 @@
-"""Issue 11, item 6: this machine's gpuctl files are private, and a secret reaches a job without
+"""This machine's gpuctl files are private, and a secret reaches a job without
 being recorded. Local provider (this machine plays the instance), the real CLI and tmux.
 
 Bad inputs tried: `--env 1BAD` (not a name), `--env NOT_SET_HERE`, `--env GPUCTL_RUN_ID` (gpuctl's
@@ -80,7 +80,7 @@ assert os.stat(os.path.join(out, "suid")).st_mode & 0o4000
 
 
 def test_pull_of_a_local_run_brings_no_setuid_bit_and_no_wider_mode(gpuctl, make_project, tmp_path):
-    """Issue 22, item 4, on the local provider's copy (shutil.copy2 kept the setuid bit)."""
+    """No setuid bit and no wider mode, on the local provider's copy (shutil.copy2 kept the setuid bit)."""
     from tests.integration.test_push_pull_safety import assert_pulled_plainly
 
     gpuctl("up", "--provider", "local")

@@ -1,11 +1,11 @@
-"""Issue 11, items 1, 2 and 4 on a real sshd test host: the tar stream for hosts without rsync,
+"""Push and pull on a real sshd test host: the tar stream for hosts without rsync,
 a push killed half-way, pulls of what a hostile instance holds, and syncs racing each other.
 
 Bad inputs tried: `kill -9` of gpuctl in the middle of a 48 MB push without rsync; a run's
 outputs holding links to /root/.ssh, to /etc/passwd, up and out of the run, a dangling link and
 a FIFO and a link whose name holds an escape sequence, pulled with rsync and without (each
 listed as left out, in the output and in --json); a setuid, a setgid, a sticky directory, a 0600
-file and files of a foreign owner in the outputs (issue 22: pulled plain, twice); eight syncs of
+file and files of a foreign owner in the outputs (pulled plain, twice); eight syncs of
 one project to one cluster at once."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def assert_lists_left_out(skipped: list[str], where) -> None:
 
 
 def test_pull_keeps_everything_a_hostile_instance_holds_inside_the_target(gpuctl, ssh, make_project, tmp_path):
-    """And (issue 22, item 4) brings no setuid bit, foreign owner or wider mode: over rsync a 4755
+    """And brings no setuid bit, foreign owner or wider mode: over rsync a 4755
     file landed -rwsr-xr-x (and root kept the instance's owner); over SFTP a 0600 file landed 0644."""
     host = ssh.hosts[0]
     old = os.umask(0o022)
@@ -134,7 +134,7 @@ def test_eight_syncs_of_one_project_at_once_all_succeed(gpuctl, ssh, make_projec
 
 def test_the_whole_ssh_loop_with_a_home_holding_spaces_and_non_ascii(gpuctl, ssh, quick_project, isolated,
                                                                     monkeypatch, tmp_path):
-    """Item 5: on macOS the default home is `~/Library/Application Support/gpuctl`; every OpenSSH
+    """On macOS the default home is `~/Library/Application Support/gpuctl`; every OpenSSH
     and rsync call (the generated config, UserKnownHostsFile, the keys) must take such a path."""
     home = tmp_path / "Library" / "Application Support" / "gpüctl hôme"
     monkeypatch.setenv("GPUCTL_HOME", str(home))

@@ -1,4 +1,4 @@
-"""The cluster's run queue (issue 21 item 5), on the local provider with real tmux and on an sshd
+"""The cluster's run queue, on the local provider with real tmux and on an sshd
 host: runs wait for their GPUs on the instance, in order; `status` shows their place; `--now`
 starts beside; a run pays its share of the node (GPUs held / the node's GPUs).
 

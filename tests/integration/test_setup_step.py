@@ -89,7 +89,7 @@ def test_a_version_without_wheels_fails_at_once_and_leaves_no_half_venv(gpuctl, 
 
 
 def test_a_host_without_network_is_said_so_with_the_settings_that_fix_it(gpuctl, ssh, bare_host, monkeypatch):
-    # Issue 21 item 10: the error read "pip found no tensorflow-cpu==2.21.*" while pip's log showed
+    # The error read "pip found no tensorflow-cpu==2.21.*" while pip's log showed
     # name-resolution failures. The test hosts have no network: without the wheelhouse pip asks PyPI.
     host, work = bare_host
     monkeypatch.delenv("GPUCTL_REMOTE__WHEELHOUSE")
@@ -101,7 +101,7 @@ def test_a_host_without_network_is_said_so_with_the_settings_that_fix_it(gpuctl,
 
 def test_a_failed_setup_stays_in_status_and_up_again_sets_up_with_todays_settings(gpuctl, ssh, monkeypatch,
                                                                                  quick_project):
-    """Issue 21 item 10: the cluster of a failed setup stays (`down` releases it) and `status` says
+    """The cluster of a failed setup stays (`down` releases it) and `status` says
     `setup failed: why`; `up` again set it up with today's settings (it said "already up" and kept
     the remote.python of its first `up`). The setup fails at once: a wheelhouse without TensorFlow
     (without one, pip finds no network here, the same failure after minutes of retries)."""
@@ -139,7 +139,7 @@ def test_bad_setup_inputs(gpuctl, ssh, bare_host):
     host, work = bare_host
     res = up_ssh(gpuctl, ssh, extra=("--tf", "2.x"), code=3)
     assert "train.tensorflow" in res.stderr and json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
-    # Never a TensorFlow release: refused before the host is touched (issue 21 item 10).
+    # Never a TensorFlow release: refused before the host is touched.
     res = up_ssh(gpuctl, ssh, extra=("--tf", "9.99"), code=3)
     assert "--tf 9.99: no such TensorFlow release" in res.stderr
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == [] and not (work / "_envs").exists()
@@ -222,7 +222,7 @@ def test_two_installs_at_once_each_get_their_own_result(small_wheels, tmp_path):
 def test_an_install_that_waited_for_a_failed_one_fails_at_once_with_its_error(tmp_path):
     """Two nodes with one home (or two clusters on one host) set up one env: the second waited
     for the first's lock, and when the first failed it ran the same failing pip again (minutes of
-    retries on a host without network, found in the new-user trial of issue 21). Now it fails at
+    retries on a host without network, which a new user hit). Now it fails at
     once with the first one's error. Real venv and pip, offline: a wheelhouse without TensorFlow."""
     payload = Path(__file__).resolve().parents[2] / "gpuctl" / "payloads" / "gpuctl_setup.py"
     root, empty = tmp_path / "home", tmp_path / "no-wheels"

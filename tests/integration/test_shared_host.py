@@ -1,4 +1,4 @@
-"""Several clusters on one ssh host (issue 10, item 3), on a real sshd test host: each `up` works
+"""Several clusters on one ssh host, on a real sshd test host: each `up` works
 in its own directory (`remote.workdir`/CLUSTER) with its own tmux server and watchdog; `down` of
 one ends every process of its server (a job's daemon that ignores SIGHUP and SIGTERM and left the
 job's session, TensorBoard, the watchdog) and nothing of the other's, and says so only once `ps`

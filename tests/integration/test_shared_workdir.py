@@ -1,4 +1,4 @@
-"""Nodes that share a work dir, and nodes that never start (issue 21 item 9), on the sshd test
+"""Nodes that share a work dir, and nodes that never start, on the sshd test
 hosts. A directory on this machine's disk, outside the hosts' private /srv, is seen by both hosts
 at one path: the lab's stand-in for one NFS home mounted on two lab machines.
 

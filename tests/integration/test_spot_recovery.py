@@ -111,7 +111,7 @@ def finished(thread, out, timeout: float = 400):
 def stored_keys(_ec2, run_id):
     s3 = boto3_session().client("s3")
     (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("gpuctl-")]
-    # clusters/default.<id>/: the cluster's own place (issue 22)
+    # clusters/default.<id>/: the cluster's own place, not shared with a later cluster of the same name
     res = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/default.")
     return [o["Key"].split(f"runs/{run_id}/", 1)[1] for o in res.get("Contents", []) if f"/runs/{run_id}/" in o["Key"]]
 

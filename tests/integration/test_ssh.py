@@ -41,7 +41,7 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     host = ssh.hosts[0]
     out = up_ssh(gpuctl, ssh).stderr
     assert f"{host.address}:22: reachable, host key pinned" in out
-    # `up` started the preflight in the background (issue 23, item 3): the first train finds it kept.
+    # `up` started the preflight in the background: the first train finds it kept.
     deadline = time.monotonic() + 120
     while not host.run("ls /srv/gpuctl/_preflight/*.json").stdout.strip() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -53,7 +53,7 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     assert "preflight on root@" in res.stderr and "TensorFlow 2." in res.stderr
     assert "kept from an earlier check" in res.stderr
     assert "data dir: ['shard-0.bin']" in res.stdout
-    # TensorFlow's C++ start-up chatter stays in the log but off the terminal (issue 9).
+    # TensorFlow's C++ start-up chatter stays in the log but off the terminal.
     assert "oneDNN custom operations" not in res.stdout and "absl::InitializeLog" not in res.stdout
     run = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
     assert run["state"] == "succeeded" and run["epoch"] == 2 and run["epochs_planned"] == 2
@@ -64,7 +64,7 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     assert "absl::InitializeLog" in gpuctl("logs", "--raw", run["run_id"]).stdout
     # The job really ran on the host: its files are in the host's own /srv.
     assert host.run(f"cat {ROOT}/runs/{run['run_id']}/exitcode").stdout.strip() == "0"
-    # Preflight once per environment (issue 23, item 2): the next train reuses the answer, without
+    # Preflight once per environment: the next train reuses the answer, without
     # importing TensorFlow there; --recheck looks again. A plain script never imports TensorFlow.
     quick = make_project("quick", {"train.py": "import sys\nprint('tf imported:', 'tensorflow' in sys.modules)\n"})
     again = gpuctl("train", quick, "--allow-cpu", "--wait")
@@ -128,7 +128,7 @@ def test_one_connection_per_command_not_per_file(gpuctl, ssh, make_project):
 
 
 def test_an_ssh_host_can_be_used_again_after_down(gpuctl, ssh, quick_project):
-    """Issue 9: `up`, `down`, `up` of the same host said "cluster has no instance" (the instance
+    """`up`, `down`, `up` of the same host said "cluster has no instance" (the instance
     row, keyed by host, stayed with the first cluster). Each cluster has its own now, and each
     keeps its own report."""
     for _ in range(2):
@@ -243,7 +243,7 @@ def test_unreachable_host_times_out_naming_host_and_port(gpuctl, ssh, monkeypatc
     res = up_ssh(gpuctl, ssh, ssh.hosts[1], code=7)
     assert time.monotonic() - t0 < 30
     assert f"cannot connect to {ssh.hosts[1].address}:22: timed out after 3s" in error_line(res)
-    # Nothing was created on the host, so nothing is left in the ledger either (issue 9).
+    # Nothing was created on the host, so nothing is left in the ledger either.
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
 
 
@@ -357,7 +357,7 @@ def test_train_to_a_host_ssh_cannot_reach_yet_says_it_waits(gpuctl, ssh, quick_p
 
 
 def test_a_changed_host_key_on_another_port_names_the_pinned_line(gpuctl, ssh, isolated):
-    """Issue 22 (smaller): on port 2222 the hint said "delete its line (10.0.0.3)" while the
+    """On port 2222 the hint said "delete its line (10.0.0.3)" while the
     pinned line is `[10.0.0.3]:2222`, which is what the user must find and delete."""
     host = ssh.hosts[0]
     host.extra_config = ["Port 2222"]

@@ -217,7 +217,7 @@ def test_config_error_for_bad_cidr_setting(tmp_path):
 
 
 def test_ssh_open_wider_than_a_16_gets_the_warning():
-    """Issue 22 (smaller): only 0.0.0.0/0 was warned of; 0.0.0.0/1 is half the internet."""
+    """Before, only 0.0.0.0/0 was warned of; 0.0.0.0/1 is half the internet."""
     from gpuctl.provision.aws.access import ssh_cidr
 
     assert ssh_cidr("0.0.0.0/0", detect=False) == ("0.0.0.0/0", "the whole internet (0.0.0.0/0)")
@@ -239,8 +239,8 @@ def _ec2():
 
 def test_only_not_found_means_an_instance_is_gone():
     """moto cannot fail a DescribeInstances on demand: the Stubber plays AWS's answers. A
-    throttled or unauthorized answer must never close a cluster that still runs (review of
-    issue 9); InvalidInstanceID.NotFound for one of two ids is resolved id by id."""
+    throttled or unauthorized answer must never close a cluster that still runs;
+    InvalidInstanceID.NotFound for one of two ids is resolved id by id."""
     from botocore.stub import Stubber
 
     from gpuctl.provision.aws import lifecycle

@@ -1,4 +1,4 @@
-"""What the aws provider's boto3 sessions cost (issue 23): one session per region per command, one
+"""What the aws provider's boto3 sessions cost: one session per region per command, one
 botocore loader per process (each new session parsed EC2's service model again, ~70 ms), and a
 Price List that fails is asked twice, not six times with backoff (it held every `up` ~10 s
 before the dated table answered). A local HTTP server stands for an endpoint that fails: what is

@@ -1,4 +1,4 @@
-"""The house rules tools check, in both tiers (issue 23, item 7): ruff's small rule set and
+"""The house rules tools check, in both tiers: ruff's small rule set and
 import-linter's contracts (both in pyproject.toml), so an upward import across the layers of
 docs/architecture.md, a payload importing gpuctl, or a pyflakes error fails the tests."""
 

@@ -558,7 +558,7 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
         "RoleName": PROFILE, "Tags": access.tags(CLUSTER, OWNER),
         "PermissionsBoundary": "arn:aws:iam::aws:policy/AdministratorAccess"}),
     ("put a policy on a foreign role", "iam:PutRolePolicy", {"RoleName": "admin"}),
-    # Issue 22, item 9: a role at gpuctl's path without the boundary (an administrator's) gets no
+    # A role at gpuctl's path without the boundary (an administrator's) gets no
     # policy from gpuctl, and the only policy gpuctl reads is the boundary.
     ("put a policy on a role at gpuctl's path that lacks the boundary", "iam:PutRolePolicy",
      {"RoleName": "gpuctl-made-by-hand"}),
@@ -640,7 +640,7 @@ def test_the_per_owner_tightening_still_allows_every_call_of_its_owner(tmp_path)
 
 
 def test_the_per_owner_tightening_keeps_a_colleagues_roles_bucket_and_objects_out():
-    """Issue 22, item 9: it covered only the release statement; a colleague's checkpoint objects,
+    """The per-owner tightening covered only the release statement; a colleague's checkpoint objects,
     role policies and roles to pass stayed open."""
     pol = per_owner(policy(), OWNER)
     theirs = store_iam.profile_name(COLLEAGUE, CLUSTER, REGION)

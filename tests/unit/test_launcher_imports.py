@@ -100,7 +100,7 @@ def test_other_modules_pass_through(packages):
 
 
 def test_a_plain_script_runs_without_tensorflow(tmp_path):
-    """Issue 23 item 1: the launcher imports TensorFlow only when the script does (it did for
+    """The launcher imports TensorFlow only when the script does (it did for
     every script: this test failed with 'tensorflow' in sys.modules)."""
     (tmp_path / "train.py").write_text(textwrap.dedent("""
         import json, sys

@@ -216,7 +216,7 @@ def test_a_command_waiting_for_the_cluster_lock_says_so(fake, tmp_path):
 
 
 def test_the_cluster_lock_file_is_the_owners_alone(fake, tmp_path):
-    """Issue 22 (smaller): locks/cluster-N.lock was created 0644 (by the umask), every other file 0600."""
+    """The lock file locks/cluster-N.lock was created 0644 (by the umask), every other file 0600."""
     import os
     import stat
 

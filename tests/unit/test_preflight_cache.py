@@ -1,4 +1,4 @@
-"""Preflight once per environment (issue 23, item 2): the payload keeps its answer on the host per
+"""Preflight once per environment: the payload keeps its answer on the host per
 Python executable and environment, looks again when either changes or with --recheck, and a
 cache that is not its own (garbage, huge, another shape) means a fresh look, never a crash. The
 client checks what comes back and asks once more, cache ignored, when it cannot use it.

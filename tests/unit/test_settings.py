@@ -114,6 +114,6 @@ def test_settings_example_documents_every_key_with_its_default():
     ("GPUCTL_AWS__WAIT_TIMEOUT_S", "inf", "aws.wait_timeout_s"),
 ])
 def test_every_number_is_finite_and_bounded_at_the_edge(tmp_path, key, value, needle):
-    """Issue 11 item 12: a value that would be stored as inf (or absurdly large) is refused."""
+    """A value that would be stored as inf (or absurdly large) is refused."""
     with pytest.raises(ConfigError, match=needle):
         load_settings({}, env={key: value, "HOME": str(tmp_path)})

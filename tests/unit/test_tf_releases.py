@@ -1,4 +1,4 @@
-"""The dated list of TensorFlow releases `up --tf` is checked against (issue 21 item 10)."""
+"""The dated list of TensorFlow releases `up --tf` is checked against."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Timing knobs are settings that reach the instance's processes (issue 23, item 5): tests set them
+"""Timing knobs are settings that reach the instance's processes: tests set them
 short through the environment, as a user sets them in settings.toml, instead of patching
 constants that a watchdog on another machine never sees."""
 

@@ -1,4 +1,4 @@
-"""Issue 22 without a host: the one place that says how much of an instance's word is believed
+"""Untrusted input without a host: the one place that says how much of an instance's word is believed
 (gpuctl/untrusted.py), the bounded report, the bounded reads, the manifest bomb.
 
 Bad inputs tried: CSI, OSC titles ended by BEL, by ST or cut short, DCS, 8-bit CSI and OSC, C0 and

@@ -1,4 +1,4 @@
-"""Issue 11, items 2, 3, 4 and 13 without a network: what an instance lists or left behind (names,
+"""Untrusted files without a network: what an instance lists or left behind (names,
 links, the push manifest) decides nothing outside the target, and a project's odd entries follow
 one policy on every provider.
 
@@ -225,7 +225,7 @@ def test_two_links_leading_into_each_other_are_one_loop_not_forty(tmp_path):
 
 
 def test_pulled_modes_lose_special_bits_and_what_the_umask_takes():
-    """Issue 22, item 4: the one rule both pull paths apply (rsync gets it as --chmod)."""
+    """The one rule both pull paths apply (rsync gets it as --chmod)."""
     from gpuctl.remote.pull import pulled_mode, rsync_chmod
 
     assert pulled_mode(0o104755, False, 0o022) == 0o755  # setuid gone

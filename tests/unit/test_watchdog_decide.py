@@ -1,4 +1,4 @@
-"""The watchdog's decisions as a pure function (payloads/gpuctl_decide.py, issue 23 item 6): every
+"""The watchdog's decisions as a pure function (payloads/gpuctl_decide.py): every
 guard's edges in milliseconds. The real wiring (tmux, utmp, nvidia-smi, poweroff) is tested on
 sshd hosts in integration/test_guards*.py."""
 

@@ -1,4 +1,4 @@
-"""Which nodes see one work dir (issue 21 item 9), on this machine's real filesystem: LocalHosts
+"""Which nodes see one work dir, on this machine's real filesystem: LocalHosts
 whose roots are one directory (as two lab hosts with one NFS home are), or a link to it."""
 
 from __future__ import annotations
