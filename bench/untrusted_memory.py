@@ -1,4 +1,4 @@
-"""Memory for what an instance sends back (issue 22, item 6): the peak RSS of one gpuctl command
+"""Memory for what an instance sends back: the peak RSS of one gpuctl command
 against the size of the hostile input it reads. Target: flat, well under 100 MB in every case.
 
 Cases, each made on the local provider (this machine plays the instance: the files are planted
@@ -177,7 +177,7 @@ def run_cases(home: Home, sizes: dict[str, int], only: set[str]) -> dict[str, tu
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--full", action="store_true", help="the issue's sizes (minutes, ~1.3 GB of disk)")
+    ap.add_argument("--full", action="store_true", help="the audit's sizes (minutes, ~1.3 GB of disk)")
     ap.add_argument("--baseline", type=Path, help="another gpuctl source tree, measured side by side")
     ap.add_argument("--only", default="logs,status,sync,preflight,epochs")
     args = ap.parse_args()
