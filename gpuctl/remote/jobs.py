@@ -260,8 +260,9 @@ def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | Non
     code = read_exit_code(host, paths)
     if code is None and p is not None and p.dead:
         # tmux marks a pane dead when its terminal closes, and learns the status a moment later when
-        # it reaps the process: give it that moment before calling the code unknown.
-        for _ in range(5):
+        # it reaps the process: give it that moment before calling the code unknown (up to 3 s: on
+        # a loaded machine 1 s was once too short; a tmux that keeps no signal, before 3.3, costs it).
+        for _ in range(15):
             if tmux_exit_code(p) is not None:
                 break
             time.sleep(0.2)
