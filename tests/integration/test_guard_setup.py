@@ -53,14 +53,15 @@ def test_a_watchdog_that_cannot_start_fails_up_loudly(gpuctl, ssh, monkeypatch):
 def test_train_budget_is_the_runs_own_and_is_forgotten_with_it(gpuctl, make_project, isolated):
     """At $1200/h the cluster's uptime passes $2 within seconds; `--budget 2` used to kill the run
     with 0 epochs (it set the cluster's uptime budget). It must train epochs until that run's own
-    epochs reach $2, and the next run has no budget. (At $3600/h a first epoch traced on a loaded
-    machine, over 2 s, was the whole budget.)"""
+    epochs reach $2, and the next run has no budget. (A first epoch traced on a loaded machine can
+    be the whole budget by itself: CI's took over 6 s once. One epoch is enough to show the run was
+    not killed by the cluster's uptime, which would have stopped it at 0.)"""
     gpuctl("up", "--usd-per-hour", "1200", "-y")
     time.sleep(6.5)  # the cluster's uptime is past $2 before the run starts
     proj = make_project("budget", {"train.py": MODEL + "\nmodel.fit(x, y, epochs=300, verbose=0)\n"})
     gpuctl("train", proj, "--budget", "2", "--wait")
     first = json.loads(gpuctl("cost", "--json").stdout)["runs"][-1]
-    assert first["state"] == "succeeded" and 2 <= first["epochs_done"] < 300
+    assert first["state"] == "succeeded" and 1 <= first["epochs_done"] < 300
     # The payload stops before an epoch that would pass the budget; only the first epoch (graph
     # tracing) cannot be foreseen.
     assert first["spent_usd"] - first["epochs"][-1]["epoch_cost_usd"] <= 2.0
