@@ -11,7 +11,6 @@ import collections
 import math
 import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -126,11 +125,6 @@ def sampler(interval_s):
     return _SAMPLER["it"]
 
 
-def _log(msg):
-    sys.stderr.write("gpuctl: %s\n" % msg)
-    sys.stderr.flush()
-
-
 def want_mixed_precision(setting, capabilities):
     """mixed_float16 only pays on GPUs with tensor cores (compute capability 7.0+); never on a CPU.
 
@@ -143,8 +137,9 @@ def want_mixed_precision(setting, capabilities):
     return all(cc is not None and tuple(cc) >= (7, 0) for cc in capabilities)
 
 
-def configure_tensorflow(tf, mixed_precision="auto", memory_growth=True):
-    """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0."""
+def configure_tensorflow(tf, log, mixed_precision="auto", memory_growth=True):
+    """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0.
+    `log` writes gpuctl's lines to the run's log (the launcher's)."""
     gpus = tf.config.list_physical_devices("GPU")
     info = {"gpus": [], "mixed_precision": False}
     for gpu in gpus:
@@ -160,11 +155,11 @@ def configure_tensorflow(tf, mixed_precision="auto", memory_growth=True):
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
         info["mixed_precision"] = True
     if gpus:
-        _log("GPUs: %s; memory growth %s; mixed precision %s" % (
+        log("GPUs: %s; memory growth %s; mixed precision %s" % (
             ", ".join("%s (cc %s)" % (g["name"], g["compute_capability"]) for g in info["gpus"]),
             "on" if memory_growth else "off",
             "on" if info["mixed_precision"] else "off",
         ))
     else:
-        _log("no GPU visible to TensorFlow %s: training on the CPU" % tf.__version__)
+        log("no GPU visible to TensorFlow %s: training on the CPU" % tf.__version__)
     return info

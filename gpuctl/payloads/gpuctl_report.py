@@ -169,7 +169,7 @@ class ReportWriter(object):
         done = self.stop_after is not None and self.epochs_done >= self.stop_after
         if done and not STATE["enough"]:
             STATE["enough"] = True
-            _log("%d epoch(s) done, as many as this run was to measure (gpuctl plan): ending the run here"
+            log("%d epoch(s) done, as many as this run was to measure (gpuctl plan): ending the run here"
                  % self.epochs_done)
         return done
 
@@ -182,7 +182,8 @@ def _positive_int(value):
     return n if n >= 1 else None
 
 
-def _log(msg):
+def log(msg):
+    """A line of gpuctl's own on the run's stderr (its log), told apart by its prefix."""
     sys.stderr.write("gpuctl: %s\n" % msg)
     sys.stderr.flush()
 
@@ -347,7 +348,7 @@ def report_epoch(start=None, end=None, seconds=None, examples=None, planned=None
     report = writer.write(float(start), end, int(count) if count is not None and count >= 0 else None, False,
                           _positive_int(planned), metrics or {})
     if writer.budget_exhausted(report["epoch_cost_usd"]):
-        _log("budget of $%.4f reached after $%.4f: ending the run after epoch %d"
+        log("budget of $%.4f reached after $%.4f: ending the run after epoch %d"
              % (writer.budget_usd, writer.cumulative_usd, report["epoch"]))
         raise EnoughEpochs(0)
     if writer.enough():

@@ -49,9 +49,7 @@ def mark_preempted(notice_file, run_dir):
         fh.write(notice)
 
 
-def log(msg):
-    sys.stderr.write("gpuctl: %s\n" % msg)
-    sys.stderr.flush()
+log = gpuctl_report.log
 
 
 def _keras_flavours(tf):
@@ -311,7 +309,8 @@ def tensorflow_imported(cfg):
     try:
         if not _TF_READY["gpus"]:
             _TF_READY["gpus"] = True
-            gpuctl_gpu.configure_tensorflow(tf, cfg.get("mixed_precision", "auto"), cfg.get("memory_growth", True))
+            gpuctl_gpu.configure_tensorflow(tf, log, cfg.get("mixed_precision", "auto"),
+                                            cfg.get("memory_growth", True))
         install_fit_hook(tf, cfg.get("checkpoint_dir"))
     except Exception as exc:
         log("could not hook TensorFlow for per-epoch reports (%s: %s); training goes on without them"
