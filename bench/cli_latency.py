@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuctl.state import Ledger  # noqa: E402
-from gpuctl.types import ClusterSpec, EpochReport, InstanceRecord, RunRecord  # noqa: E402
+from gpuctl.ledger import Ledger  # noqa: E402
+from gpuctl.model.records import ClusterSpec, EpochReport, InstanceRecord, RunRecord  # noqa: E402
 
 HELP_TARGET_S = 0.10
 REPORT_TARGET_S = 1.0

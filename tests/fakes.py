@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl.types import ClusterSpec, CommandResult, InstanceRecord, PriceQuote, RemoteSpec, Resource, SyncStats
+from gpuctl.model.records import ClusterSpec, CommandResult, InstanceRecord, PriceQuote, RemoteSpec, Resource, SyncStats
 
 
 class FakeHost:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
 import socket
-import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -486,3 +486,12 @@ def gpuctl_servers(host) -> list[str]:
     """The gpuctl tmux servers that run on the host (one per live cluster)."""
     out = host.run("for s in /tmp/tmux-0/gpuctl*; do tmux -S \"$s\" ls >/dev/null 2>&1 && echo \"${s##*/}\"; done").stdout
     return out.split()
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    """A TCP connection to host:port opens within timeout_s (a lab's routes, as seen from here)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from gpuctl.errors import ConflictError, RemoteError
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.model.records import ClusterRecord
+from gpuctl.model.results import SshConfigResult
+from gpuctl.ops import setup
 from gpuctl.ops.session import Session
-from gpuctl.remote import jobs
+from gpuctl.remote import jobs, openssh
 from gpuctl.remote.host import Host
-from gpuctl.results import SshConfigResult
 from gpuctl.retry import TimedOut, poll
-from gpuctl.types import ClusterRecord
 
 TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
 
@@ -55,9 +57,6 @@ def attach(s: Session, run_id: str | None, runner: Runner) -> int:
 
 def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
     """Write $GPUCTL_HOME/ssh_config with a Host entry per live remote host; optionally Include it."""
-    from gpuctl.remote import openssh
-    from gpuctl.remote.endpoint import Endpoint
-
     lines = ["# Written by `gpuctl ssh-config`; rewritten each time. Do not edit.", ""]
     names = []
     for c in s.ledger.clusters(include_down=False):
@@ -87,8 +86,6 @@ def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
 
 def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] | None, str]:
     """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
-    from gpuctl.ops import setup
-
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
     remote_port = port if host.local else TENSORBOARD_PORT

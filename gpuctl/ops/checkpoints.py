@@ -15,12 +15,12 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuctl import billing
 from gpuctl.errors import ConflictError, GpuctlError
+from gpuctl.model import billing
+from gpuctl.model.records import ClusterRecord
 from gpuctl.ops import nodes, run_state
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import CheckpointStore
-from gpuctl.types import ClusterRecord
 
 GIB = 1024 ** 3  # S3 bills GB-months of 2^30 bytes
 

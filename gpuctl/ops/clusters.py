@@ -11,13 +11,13 @@ import math
 import sqlite3
 import time
 
-from gpuctl import tf_releases
+from gpuctl.config import tf_releases
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, PriceQuote
+from gpuctl.model.results import TfEnv, UpResult
 from gpuctl.ops import guards, setup, workdirs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import Provider, provider_class, spec_from_settings
-from gpuctl.results import TfEnv, UpResult
-from gpuctl.types import (ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, PriceQuote)
 
 
 def _rate(usd_per_hour: float | None) -> float | None:

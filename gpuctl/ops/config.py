@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuctl.model.records import SettingValue
 from gpuctl.ops.session import Session
-from gpuctl.types import SettingValue
 
 
 def show(s: Session) -> list[SettingValue]:

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import time
 
-from gpuctl import billing
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
+from gpuctl.model import billing
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
+from gpuctl.model.results import (
+    ClusterCost,
+    ClusterStatus,
+    CostReport,
+    EpochRow,
+    RunCost,
+    RunStatus,
+    SegmentCost,
+    StatusAll,
+    StatusReport,
+)
 from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
-from gpuctl.results import (ClusterCost, ClusterStatus, CostReport, EpochRow, RunCost, RunStatus, SegmentCost,
-                            StatusAll, StatusReport)
 from gpuctl.provision import PROVIDERS
-from gpuctl.types import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
 
 
 class CostWithImages(CostReport):

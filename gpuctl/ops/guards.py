@@ -9,17 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuctl import untrusted
+from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.model import untrusted
+from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, InstanceRecord
+from gpuctl.model.results import GuardCheck, GuardReport
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat
 from gpuctl.remote.guard_files import DryLook
 from gpuctl.remote.host import Host, once, output_tail
 from gpuctl.retry import TimedOut, poll
-from gpuctl.settings_load import LoadedSettings
-from gpuctl.results import GuardCheck, GuardReport
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, InstanceRecord
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 

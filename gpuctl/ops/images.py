@@ -16,13 +16,14 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuctl import billing
 from gpuctl.errors import RemoteError
+from gpuctl.model import billing
+from gpuctl.model.images import BakeContents, BakedImage
+from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.ops import clusters, release
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.provision import TF_VERSION, BakeContents, BakedImage, ImageStore, tf_matches
+from gpuctl.provision import TF_VERSION, ImageStore, tf_matches
 from gpuctl.remote import preflight
-from gpuctl.types import ClusterRecord, InstanceRecord
 
 # Snapshot storage, standard tier: the us-east-1 list price; reports name it with its date.
 SNAPSHOT_USD_PER_GB_MONTH = 0.05

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from gpuctl.errors import ConfigError, RemoteError, RunFailedError
-from gpuctl.ops import setup
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
+from gpuctl.model.results import TfEnv
+from gpuctl.ops import push, setup
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
-from gpuctl.results import TfEnv
-from gpuctl.types import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 
 T = TypeVar("T")
 SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
@@ -96,20 +96,18 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
             asked: str | None = None, check: bool = False, recheck: bool = False) -> list[Node]:
     """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
     `check`: the preflight too (`recheck`: not the answer kept from an earlier one)."""
-    from gpuctl.ops import runs  # runs starts jobs through here: imported when used
-
     nodes = of(s, record)
     missing = sorted(set(range(max(record.spec.nodes, len(nodes)))) - {n.rank for n in nodes})
     if missing:  # its machine ended (an interruption nobody followed, a guard): a run needs them all
         raise RemoteError(f"cluster {record.name!r} lacks node {missing[0]}: its machine has ended",
                           f"Release it and start again: `gpuctl down {record.name} -y`, then `gpuctl up`.")
 
-    def push(node: Node) -> Node:
-        code, stats, code_dir, data_dir = runs.push_all(node.host, project, data,
+    def pushed(node: Node) -> Node:
+        code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
                                                         lambda line: progress(label(node, nodes) + line))
         return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
 
-    nodes = each(nodes, push)
+    nodes = each(nodes, pushed)
     envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check, recheck=recheck)}
     return [replace(node, env=envs[node.host.label]) for node in nodes]
 

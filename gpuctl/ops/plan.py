@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from gpuctl.config.settings import parse_duration
 from gpuctl.errors import CloudError, ConfigError, NotFoundError, RunFailedError
-from gpuctl.ops import costs, runs
+from gpuctl.model.results import PlanReport, PlanRow
+from gpuctl.ops import clusters, costs, push
 from gpuctl.ops.probes import ProbeJob, Target, figures, probe
 from gpuctl.ops.projection import STARVED_PERCENT, Measured, bounded, rank, starved
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import provider_class
-from gpuctl.results import PlanReport, PlanRow
-from gpuctl.settings import parse_duration
 
 PROBE_HARD_CAP_H = 1.0  # a probe cluster powers off after this at the latest
 MIN_PROBE_TIMEOUT_S = 60.0  # less measures nothing: a launch alone takes longer
@@ -97,8 +97,8 @@ def check(s: Session, req: PlanRequest) -> CheckedPlan:
         raise ConfigError("nothing to probe", "Name machine types (--type g5.xlarge, repeatable), clusters that are "
                                               "up (--cluster NAME), or rank past runs with --from-history.")
     timeout = _numbers(req)
-    project, _, _ = runs.check_project(s, req.project)
-    data = runs.check_data(req.data)
+    project, _, _ = push.check_project(s, req.project)
+    data = push.check_data(req.data)
     targets = [_cluster_target(s, name, timeout) for name in dict.fromkeys(req.clusters)]
     if req.types:
         targets += _type_targets(s, tuple(dict.fromkeys(req.types)), req.spot, timeout)
@@ -128,8 +128,6 @@ def _cluster_target(s: Session, name: str, timeout_s: float) -> Target:
 
 
 def _type_targets(s: Session, types: tuple[str, ...], spot: bool | None, timeout_s: float) -> list[Target]:
-    from gpuctl.ops import clusters
-
     settings = s.settings().settings
     if not provider_class(settings.provider).picks_instance_types:
         raise ConfigError(f"--type launches machines of a type; the {settings.provider} provider's machines are what "
@@ -239,7 +237,7 @@ def from_history(s: Session, project: Path, epochs: int) -> PlanReport:
     a past launch's time is not recorded."""
     if epochs < 1 or epochs > MAX_EPOCHS:
         raise ConfigError(f"--epochs {epochs} is not a run length", "Give the epochs the whole run will train.")
-    path = runs.check_project(s, project)[0]
+    path = push.check_project(s, project)[0]
     newest: dict[tuple[str, str], PlanRow] = {}
     for run in s.ledger.runs():
         found = s.ledger.epochs(run.run_id) if run.project == str(path) else []

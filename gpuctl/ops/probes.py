@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuctl.errors import GpuctlError
+from gpuctl.model.records import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
+from gpuctl.model.results import PlanRow, ProbeOutcome
 from gpuctl.ops import clusters, costs, release, run_state, runs
 from gpuctl.ops import stop as stop_ops
 from gpuctl.ops.projection import Measured, bounded, one_line, project
 from gpuctl.ops.session import Progress, Session
 from gpuctl.remote import jobs
-from gpuctl.results import PlanRow, ProbeOutcome
-from gpuctl.types import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
 
 POLL_S = 1.0
 UNANSWERED_S = 60.0  # a probe's host silent this long ends the probe
@@ -98,7 +98,7 @@ def _on_new_cluster(ps: Session, job: ProbeJob, row: PlanRow, started: float, pr
         row = row.model_copy(update={"outcome": "failed", "problem": one_line(exc.message)})
     finally:
         left = release.release_own(ps, row.cluster, progress, f"releasing probe cluster {row.cluster}")
-    if left is not None:  # still billing: the row says so, and the plan's exit code (cli_plan)
+    if left is not None:  # still billing: the row says so, and the plan's exit code (cli/plan.py)
         row = row.model_copy(update={"released": False, "problem": one_line(left)})
     record = next((c for c in reversed(ps.ledger.clusters()) if c.name == row.cluster), None)
     if record is not None:

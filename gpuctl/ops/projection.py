@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from gpuctl.results import PlanRow
-from gpuctl.types import EpochReport
+from gpuctl.model.records import EpochReport
+from gpuctl.model.results import PlanRow
 
 MAX_SECONDS = 7 * 86400.0  # longer than any probe's hard cap allows: a figure above it is no reading
 STARVED_PERCENT = 60.0  # a GPU busy less than this in its steady epochs waits for its input

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import posixpath
 
-from gpuctl import untrusted
 from gpuctl.errors import ConfigError, GpuctlError
+from gpuctl.model import untrusted
+from gpuctl.model.records import RunRecord
+from gpuctl.ops import guards
 from gpuctl.remote.host import Host, once
-from gpuctl.types import RunRecord
 
 PAYLOAD = "gpuctl_queue.py"
 MAX_GPUS = 64  # more than any node has: a larger answer from the instance is not believed
@@ -116,8 +117,6 @@ def follow(run: RunRecord, place: dict | None, node_rate: float) -> RunRecord:
 
 
 def _payload(host: Host, *args: str) -> str:
-    from gpuctl.ops import guards
-
     res = host.run([host.python, posixpath.join(guards.payload_dir(host), PAYLOAD), *args], check=False)
     return res.stdout.strip()
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
+from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
 from gpuctl.ops import guards, nodes, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
-from gpuctl.types import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
 MAX_RECOVERIES = 10  # interruptions of one run that gpuctl answers with a replacement

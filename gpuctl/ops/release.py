@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.ops import run_state
+from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, ClusterSpec, Resource, RunRecord
+from gpuctl.model.results import DownResult
+from gpuctl.ops import run_state, runs
 from gpuctl.ops.clusters import reconcile
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class
-from gpuctl.results import DownResult
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, ClusterSpec, Resource, RunRecord
 
 
 def release_own(s: Session, name: str, progress: Progress, saying: str) -> str | None:
@@ -110,8 +110,6 @@ def _down_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_s
 def _pull_runs(s: Session, cluster: ClusterRecord, dest: Path, progress: Progress, must: bool) -> list[str]:
     """`down --pull`: each run of the cluster brought back to `dest`; the ones pulled. A failure
     stops the release when `must` (nothing is released yet), else it is said and skipped."""
-    from gpuctl.ops import runs
-
     pulled = []
     for run in s.ledger.runs(cluster.id):
         try:

@@ -17,12 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuctl import untrusted
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
-from gpuctl.ops import guards, nodes, run_state, runs
+from gpuctl.model import untrusted
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, RunRecord
+from gpuctl.ops import guards, nodes, push, recovery, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
-from gpuctl.types import ENDED_STATES, ClusterRecord, RunRecord
+from gpuctl.remote.host import Host
 
 RESUMABLE = ("failed", "stopped", "lost", "preempted")
 
@@ -42,7 +43,6 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
     cluster = s.live_cluster_of(run)
     if _in_store(s, run) and (cluster is None or run.state == "preempted" or _instance_ended(s, run)):
         # Its instance is gone (a spot interruption), its checkpoint is not: a new instance, the same run.
-        from gpuctl.ops import recovery
 
         ready = recovery.ready_to_resume(s, run)  # before anything is launched
         with s.cluster_lock(s.ledger.cluster(run.cluster_id), progress) as record:
@@ -71,7 +71,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         with s.working(record, "train"):
             project = Path(run.project)
             if project.is_dir():
-                runs.push_code(host, project, progress)
+                push.push_code(host, project, progress)
             else:
                 progress(f"{project} is not here: resuming with the code already on {host.label}")
             _mark_resumed(host, paths)
@@ -97,8 +97,6 @@ def _still_up(record: ClusterRecord, run: RunRecord) -> None:
 def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: Progress) -> RunRecord:
     """A multi-node run on its own cluster: the chief's checkpoint copied to every node, then the
     run started anew on all of them as resumed (fresh ports: the old ones may be taken by now)."""
-    from gpuctl.ops import recovery
-
     ready = recovery.ready_to_resume(s, run)  # project, data and --env values: before anything moves
     with s.cluster_lock(cluster, progress) as record:
         _still_up(record, run)
@@ -116,8 +114,6 @@ def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: 
 def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progress: Progress) -> RunRecord:
     """The run's checkpoint and reports go to another (live) cluster, and the run goes on there:
     copied inside the store when both clusters share one, else from its old host through here."""
-    from gpuctl.ops import recovery
-
     group = nodes.of(s, target)
     have, want = len(group), max(run.nodes, 1)
     if have != want:
@@ -157,12 +153,12 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     return recovery.resume_on_new(s, moved, progress, cluster=target)
 
 
-def _has_checkpoint(host, paths: jobs.JobPaths) -> bool:
+def _has_checkpoint(host: Host, paths: jobs.JobPaths) -> bool:
     ckpt = nodes.checkpoint_dir(paths)
     return bool(host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip())
 
 
-def _require_checkpoint(host, run: RunRecord, paths: jobs.JobPaths) -> str:
+def _require_checkpoint(host: Host, run: RunRecord, paths: jobs.JobPaths) -> str:
     """The run's checkpoint directory on the host; NotFoundError when it holds no file."""
     ckpt = nodes.checkpoint_dir(paths)
     if not _has_checkpoint(host, paths):
@@ -185,8 +181,6 @@ def _in_store(s: Session, run: RunRecord) -> bool:
 def _instance_ended(s: Session, run: RunRecord) -> bool:
     """Whether the provider says the run's instance ended (not merely that SSH failed once); on
     several nodes, any node's: the run needs them all."""
-    from gpuctl.ops import recovery
-
     fresh = recovery.instances_now(s, run)
     ended = [i.state in ENDED_STATES for i in fresh]
     return bool(fresh) and (any(ended) if run.nodes > 1 else all(ended))
@@ -200,7 +194,7 @@ def _host_answers(s: Session, cluster) -> bool:
         return False
 
 
-def _mark_resumed(host, paths: jobs.JobPaths) -> None:
+def _mark_resumed(host: Host, paths: jobs.JobPaths) -> None:
     """run.json says so: the launcher numbers the epochs from the checkpoint, not from 1."""
     config_path = posixpath.join(paths.run_dir, "run.json")
     try:

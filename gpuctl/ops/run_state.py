@@ -6,23 +6,21 @@ from __future__ import annotations
 import codecs
 import os
 import time
-from dataclasses import replace
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl import untrusted
 from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout
+from gpuctl.model import untrusted
+from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue
 from gpuctl.ops.log_filter import LineFilter
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
-
-
 
 # How long a run may stay "starting" (its jobs being started, node after node) before a look at
 # its nodes counts: a gpuctl killed while starting it leaves a run that is then found lost.

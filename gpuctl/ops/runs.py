@@ -11,92 +11,28 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuctl.errors import ConfigError, NotFoundError, ProjectError, RemoteError
-from gpuctl.ops import guards, nodes, queue
+from gpuctl.config.load import PROJECT_FILE, LoadedSettings
+from gpuctl.errors import ConfigError, NotFoundError, RemoteError
+from gpuctl.model.records import ClusterRecord, InstanceRecord, RunRecord, Segment
+from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
+from gpuctl.ops import guards, nodes, push, queue
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import NO_DEADLINE, Host
-from gpuctl.results import ExecResult, PullResult, SyncResult, TrainResult
-from gpuctl.settings_load import PROJECT_FILE, LoadedSettings
-from gpuctl.types import ClusterRecord, InstanceRecord, RunRecord, Segment, SyncStats
 
 LAUNCHER = "gpuctl_run.py"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")[:24] or "run"
-
-
-def _project(project: Path) -> Path:
-    project = Path(project)
-    if not project.is_dir():
-        raise ProjectError(
-            f"project directory {str(project)!r} does not exist" if not project.exists()
-            else f"{str(project)!r} is not a directory",
-            "Pass the directory that holds your training script, e.g. `gpuctl train examples/cifar10`.",
-        )
-    return project.resolve()
-
-
-def check_project(s: Session, project: Path) -> tuple[Path, LoadedSettings, str]:
-    """(the project's resolved path, the settings for it, its entry point), or the ProjectError
-    that says what is missing, before anything is pushed or launched."""
-    project = _project(project)
-    loaded = s.settings(project_dir=project)
-    entry = loaded.settings.train.entry
-    if not (project / entry).is_file():
-        raise ProjectError(f"no entry point: {project / entry} does not exist",
-                           f"Add {entry} to the project, or set `[train] entry = \"your_script.py\"` in its "
-                           "gpuctl.toml (or pass --entry).")
-    if not (project / entry).resolve().is_relative_to(project):
-        # The push leaves out links that lead out of the project: the job could only fail.
-        raise ProjectError(f"the entry point {entry} is a link to a file outside the project",
-                           "Copy the script into the project (gpuctl pushes only what is inside it).")
-    return project, loaded, entry
-
-
-def check_data(data: Path | None) -> Path | None:
-    if data is None:
-        return None
-    if not Path(data).is_dir():
-        raise ProjectError(f"data directory {str(data)!r} " + ("is a file, not a directory" if Path(data).exists()
-                                                              else "does not exist"),
-                           "Pass --data DIR with a directory of training data, or leave it out.")
-    return Path(data).resolve()
-
-
-def push_code(host: Host, project: Path, progress: Progress) -> tuple[SyncStats, str]:
-    """Push the project's code to its dir on the host (one per project name); (stats, that dir)."""
-    code_dir = posixpath.join(host.root, "code", _slug(project.name))
-    return host.push(project, code_dir, progress=lambda line: progress(f"code: {line}")), code_dir
-
-
-def push_data(host: Host, data: Path, progress: Progress) -> tuple[SyncStats, str]:
-    """Push a data directory to its dir on the host (one per directory name); (stats, that dir)."""
-    data_dir = posixpath.join(host.root, "data", _slug(data.name))
-    return host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), data_dir
-
-
-def push_all(host: Host, project: Path, data: Path | None, progress: Progress
-             ) -> tuple[SyncStats, SyncStats | None, str, str | None]:
-    """Push code and (separately, so a code push never touches it) data; their remote dirs."""
-    code, code_dir = push_code(host, project, progress)
-    if data is None:
-        return code, None, code_dir, None
-    stats, data_dir = push_data(host, data, progress)
-    return code, stats, code_dir, data_dir
 
 
 def sync(s: Session, project: Path, cluster: str | None = None, data: Path | None = None,
          progress: Progress = quiet) -> SyncResult:
     """Push the project (and data) to every node of the cluster without starting anything; the
     chief's figures."""
-    project, data = _project(project), check_data(data)
+    project, data = push.project_dir(project), push.check_data(data)
     record = s.resolve_cluster(cluster)
     group = nodes.of(s, record)
     with s.working(record, "push"):
-        pushed = nodes.each(group, lambda n: push_all(n.host, project, data,
+        pushed = nodes.each(group, lambda n: push.push_all(n.host, project, data,
                                                       lambda line: progress(nodes.label(n, group) + line)))
     code, data_stats, code_dir, data_dir = pushed[0]
     return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
@@ -130,8 +66,8 @@ def train(s: Session, project: Path, cluster: str | None = None, args: tuple[str
     the GPUs of a node it waits for in the cluster's queue (default all); `now`: start beside the
     runs there, without waiting; `stop_after`: the run ends after that many epochs (a plan's probe)."""
     secret_env = env_values(s, tuple(env_names))
-    project, loaded, entry = check_project(s, project)
-    data = check_data(data)
+    project, loaded, entry = push.check_project(s, project)
+    data = push.check_data(data)
     with s.cluster_lock(s.resolve_cluster(cluster), progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
@@ -151,7 +87,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     nodes.refuse_budget(first, settings.train.budget_usd)  # before the push
     node_gpus = queue.gpus_of(first[0].host)
     want = queue.asked(gpus, node_gpus, len(first))
-    run_id = f"{_slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    run_id = f"{push.slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.

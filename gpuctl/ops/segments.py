@@ -5,9 +5,9 @@ the wait between instances."""
 
 from __future__ import annotations
 
-from gpuctl import billing
-from gpuctl.results import SegmentCost
-from gpuctl.types import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
+from gpuctl.model import billing
+from gpuctl.model.records import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
+from gpuctl.model.results import SegmentCost
 
 CUT_SHORT = ("preempted", "lost", "failed", "stopped")
 

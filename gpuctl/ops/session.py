@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from gpuctl.config.load import LoadedSettings, load_settings
 from gpuctl.errors import (
     ConfigError,
     ConflictError,
@@ -21,13 +22,12 @@ from gpuctl.errors import (
     NotFoundError,
     RemoteError,
 )
+from gpuctl.ledger import Ledger
+from gpuctl.ledger.schema import gpuctl_home
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
-from gpuctl.settings_load import LoadedSettings, load_settings
-from gpuctl.ledger_schema import gpuctl_home
-from gpuctl.state import Ledger
-from gpuctl.types import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
 
 Progress = Callable[[str], None]
 # status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host

@@ -13,16 +13,16 @@ import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
+from gpuctl.model.records import ClusterRecord
+from gpuctl.model.results import TfEnv
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.payloads.gpuctl_setup import matches
 from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
 from gpuctl.remote.host import Host
-from gpuctl.results import TfEnv
-from gpuctl.settings import TESTED_TENSORFLOW
-from gpuctl.types import ClusterRecord
 
 NO_NETWORK = "no network to the package index"  # how the setup payload starts that error
 

@@ -8,11 +8,11 @@ so a `train` starting a job there finishes starting first.
 from __future__ import annotations
 
 from gpuctl.errors import ConflictError, NotFoundError
+from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, RunRecord
+from gpuctl.model.results import StopResult
 from gpuctl.ops import run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
-from gpuctl.results import StopResult
-from gpuctl.types import FINAL_RUN_STATES, ClusterRecord, RunRecord
 
 
 def _released(run: RunRecord) -> NotFoundError:

@@ -11,10 +11,10 @@ import posixpath
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
+from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.ops.session import Progress, Session
 from gpuctl.provision import Provider
 from gpuctl.remote.host import Host
-from gpuctl.types import ClusterRecord, InstanceRecord
 
 TOKEN = ".gpuctl-node-"  # + a random hex token: one such empty file per node, removed at once
 # Prints the names of the files given that exist here (the other nodes' tokens seen from this one).

@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 import time
-
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 

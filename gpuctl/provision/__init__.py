@@ -2,34 +2,31 @@
 
 A provider turns a ClusterSpec into instances, hands out a Host for each, and releases them.
 Everything that differs between clouds and owned machines is declared here and answered inside
-`provision/<provider>/`; the use cases above never ask which provider they hold. The registry maps
-names to import paths so that listing providers (settings validation, `--help`) imports no
-provider module and none of its heavy dependencies.
+`provision/<provider>/`; the use cases above never ask which provider they hold. The registry
+(config/providers.py) maps names to import paths: a provider's module is imported only when a
+cluster needs its class.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
+from gpuctl.config.providers import PROVIDERS, unknown_provider
 from gpuctl.errors import ConfigError
+from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
+from gpuctl.model.records import RemoteSpec
+from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Callable
 
+    from gpuctl.config.settings import Settings
+    from gpuctl.model.records import ClusterSpec, InstanceRecord, PriceQuote, Resource
     from gpuctl.remote.host import Host
-    from gpuctl.settings import Settings
-    from gpuctl.types import ClusterSpec, InstanceRecord, PriceQuote, Resource
 
-PROVIDERS: dict[str, str] = {
-    "aws": "gpuctl.provision.aws:AwsProvider",
-    "local": "gpuctl.provision.local:LocalProvider",
-    "ssh": "gpuctl.provision.ssh:SshProvider",
-}
 
 
 class Provider(Protocol):
@@ -127,54 +124,6 @@ class Provider(Protocol):
         (`no_image_store`) for a provider that has none."""
 
 
-class BakedImage(BaseModel):
-    """A machine image gpuctl made (`gpuctl image bake`), as the provider describes it. (Here, not
-    in types.py: the ImageStore contract below returns it.)"""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    id: str
-    region: str
-    name: str
-    tensorflow: Optional[str] = None  # the version the bake was asked for (2.21), which `up --tf` matches
-    tf_installed: Optional[str] = None  # the exact one the bake's preflight saw (2.21.0)
-    tf_variant: Optional[str] = None  # "cuda" (TensorFlow saw a GPU) or "cpu" (an --allow-cpu bake)
-    base_image: Optional[str] = None  # the image that instance booted
-    base_os: Optional[str] = None
-    cluster: Optional[str] = None  # the bake's cluster
-    created_at: float
-    size_gb: float  # of its snapshots: the provisioned size where the data size is not reported
-    snapshots: tuple[str, ...] = ()
-    state: str = "available"
-
-
-class BakeContents(BaseModel):
-    """What a bake puts into its image: its tags, and what `up` matches them against."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tensorflow: str  # as asked (--tf 2.21)
-    installed: str  # as the preflight saw it (2.21.0), checked against TF_VERSION
-    variant: str  # "cuda" or "cpu"
-    base_image: str
-
-
-class StoreTarget(BaseModel):
-    """Where an instance keeps its runs' checkpoints and reports, as the payload sees it (written
-    into each run's config; gpuctl_store.py). Nothing secret: the instance's own role grants access."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: str = "s3"
-    bucket: str
-    prefix: str  # the cluster's, ending in "/": a run's files are under PREFIX + "runs/RUN_ID/"
-    region: str
-    endpoint: Optional[str] = None  # an S3 endpoint other than AWS's own (the tests' moto server)
-
-    def run_prefix(self, run_id: str) -> str:
-        return f"{self.prefix}runs/{run_id}/"
-
-
 class CheckpointStore(Protocol):
     def target(self, cluster: str) -> StoreTarget:
         """The cluster's place in the store (made on first use)."""
@@ -219,8 +168,6 @@ class ImageStore(Protocol):
 def tf_matches(asked: str, have: str | None) -> bool:
     """Whether TensorFlow `have` serves a request for `asked`: '2.21' is any 2.21.x (and 2.21
     itself); '2.21.0' is exactly that. The setup payload's rule, the one the instance applies."""
-    from gpuctl.payloads.gpuctl_setup import matches
-
     return matches(have, asked)
 
 
@@ -262,14 +209,6 @@ class MachinesThatStay:
         return instances  # never interrupted: recovery does not run here
 
 
-def unknown_provider(name: str) -> str:
-    """'unknown provider X', with a did-you-mean when a known name is close (a typo like 'locl')."""
-    import difflib
-
-    close = difflib.get_close_matches(name, sorted(PROVIDERS), n=1, cutoff=0.6)
-    return f"unknown provider {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-
-
 def provider_class(name: str) -> Any:
     """The class registered under `name` (imports its module only now)."""
     try:
@@ -299,8 +238,6 @@ def refuse_placement(settings: "Settings") -> None:
                           "Leave it out here (or unset aws.placement): local and ssh machines are where they are.")
 
 
-def remote_spec(settings: "Settings") -> Any:
+def remote_spec(settings: "Settings") -> RemoteSpec:
     """The `remote.*` settings as the spec carries them."""
-    from gpuctl.types import RemoteSpec
-
     return RemoteSpec(**settings.remote.model_dump(include=set(RemoteSpec.model_fields)))

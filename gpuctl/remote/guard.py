@@ -13,9 +13,10 @@ import posixpath
 import shlex
 from typing import Any
 
-from gpuctl import untrusted
+from gpuctl.model import untrusted
 from gpuctl.remote import jobs
 from gpuctl.remote.guard_files import GuardConfig, WatchdogState
+from gpuctl.remote.host import Host
 
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
@@ -27,30 +28,30 @@ SESSION = "gpuctl-watchdog"
 CRON_MARK = "# gpuctl-watchdog"
 
 
-def guard_dir(host: Any) -> str:
+def guard_dir(host: Host) -> str:
     return posixpath.join(host.root, GUARD_DIR)
 
 
-def config_path(host: Any) -> str:
+def config_path(host: Host) -> str:
     return posixpath.join(guard_dir(host), "config.json")
 
 
-def read_config(host: Any, notes: list[str] | None = None) -> dict[str, Any]:
+def read_config(host: Host, notes: list[str] | None = None) -> dict[str, Any]:
     """The watchdog's config as written on the host, each field checked (guard_files.py); what
     does not hold is left out and said in `notes`."""
     return _read(host, "config.json", GuardConfig, notes)
 
 
-def _read(host: Any, name: str, model: type, notes: list[str] | None) -> dict[str, Any]:
+def _read(host: Host, name: str, model: type, notes: list[str] | None) -> dict[str, Any]:
     raw = host.read_bytes(posixpath.join(guard_dir(host), name), 0, untrusted.MAX_JSON + 1)
     return untrusted.read(model, raw, f"guard/{name} from {host.label}", notes)
 
 
-def write_config(host: Any, cfg: dict[str, Any]) -> None:
+def write_config(host: Host, cfg: dict[str, Any]) -> None:
     host.write_text(config_path(host), json.dumps(cfg, indent=2, sort_keys=True))
 
 
-def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
+def _ensure_script(host: Host, python: str, payload_dir: str) -> str:
     q = shlex.quote
     loop = (f"while :; do {q(python)} {q(posixpath.join(payload_dir, WATCHDOG))} {q(config_path(host))} "
             f">> {q(posixpath.join(guard_dir(host), 'watchdog.out'))} 2>&1; sleep 2; done")
@@ -64,19 +65,19 @@ def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
     )
 
 
-def _cron_line(host: Any) -> str:
+def _cron_line(host: Host) -> str:
     """This cluster's crontab line, matched whole (`grep -x`): cluster `exp`'s must never take
     `exp2`'s with it, as a match on a part of the line did."""
     ensure = posixpath.join(guard_dir(host), "ensure.sh")
     return f"* * * * * sh {shlex.quote(ensure)} {CRON_MARK} {host.root}"
 
 
-def unit_name(host: Any) -> str:
+def unit_name(host: Host) -> str:
     """The systemd unit of this cluster's watchdog: one per cluster on a host that has several."""
     return "gpuctl-watchdog.service" if host.tmux_socket == "gpuctl" else f"gpuctl-watchdog-{host.tmux_socket}.service"
 
 
-def _systemd_unit(host: Any, python: str, payload_dir: str, user: str) -> str:
+def _systemd_unit(host: Host, python: str, payload_dir: str, user: str) -> str:
     return (
         "[Unit]\nDescription=gpuctl watchdog: ends the spend when idle, hung, over budget or done\n"
         "[Service]\n"
@@ -86,7 +87,7 @@ def _systemd_unit(host: Any, python: str, payload_dir: str, user: str) -> str:
     )
 
 
-def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> str:
+def install(host: Host, cfg: dict[str, Any], python: str, payload_dir: str) -> str:
     """Write the config and make sure the watchdog runs; how it runs ("systemd" or "tmux...")."""
     write_config(host, cfg)
     probe = host.run(["sh", "-c",
@@ -111,7 +112,7 @@ def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> st
     return "tmux session gpuctl-watchdog" + (", revived by cron" if cron.returncode == 0 else " (no crontab here)")
 
 
-def uninstall(host: Any) -> None:
+def uninstall(host: Host) -> None:
     """Stop the watchdog for good (before `down` releases a host that stays up)."""
     host.run(["sh", "-c",
               f"command -v crontab >/dev/null && crontab -l 2>/dev/null | grep -vxF {shlex.quote(_cron_line(host))}"
@@ -125,13 +126,13 @@ def uninstall(host: Any) -> None:
              check=False)
 
 
-def output_tail(host: Any, lines: int = 3) -> str:
+def output_tail(host: Host, lines: int = 3) -> str:
     """The last lines the watchdog printed (its errors, when it cannot start)."""
     data = host.read_bytes(posixpath.join(guard_dir(host), "watchdog.out"), -(16 << 10)) or b""
     return untrusted.one_line(" / ".join(data.decode("utf-8", "replace").strip().splitlines()[-lines:]), 600)
 
 
-def state(host: Any, notes: list[str] | None = None) -> dict[str, Any]:
+def state(host: Host, notes: list[str] | None = None) -> dict[str, Any]:
     """The watchdog's latest picture (state.json), each field checked, or {} before its first look."""
     return _read(host, "state.json", WatchdogState, notes)
 
@@ -139,12 +140,12 @@ def state(host: Any, notes: list[str] | None = None) -> dict[str, Any]:
 DECISIONS_SHOWN = 4 << 20  # of the decision log's end: `logs --guard`
 
 
-def decisions(host: Any) -> str:
+def decisions(host: Host) -> str:
     data = host.read_bytes(posixpath.join(guard_dir(host), "decisions.log"), -DECISIONS_SHOWN) or b""
     return data.decode("utf-8", "replace")
 
 
-def set_hard_cap(host: Any, max_hours: float) -> bool:
+def set_hard_cap(host: Host, max_hours: float) -> bool:
     """Move the boot-time timer (armed by user data) to `max_hours` after boot, where it exists."""
     minutes = max(1, int(round(max_hours * 60)))
     script = (

@@ -1,6 +1,6 @@
 """The watchdog's files as the client believes them: guard/config.json, guard/state.json (with the
 fired.json it embeds) and the answer of a dry look (`guard show --check`). They live on the
-instance, so each field is bounded (untrusted.py) and read leniently: a field that fails is left
+instance, so each field is bounded (model/untrusted.py) and read leniently: a field that fails is left
 out and named, a file that is no JSON object reads as empty, and none of it is an internal error."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from gpuctl.untrusted import InstanceFile, Names, Percent, Pid, Seconds, Short, Stamp, Text, Usd
+from gpuctl.model.untrusted import InstanceFile, Names, Percent, Pid, Seconds, Short, Stamp, Text, Usd
 
 
 class GuardConfig(InstanceFile):

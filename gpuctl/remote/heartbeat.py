@@ -17,13 +17,14 @@ from types import TracebackType
 from typing import Any, Sequence
 
 from gpuctl.remote.guard import guard_dir
+from gpuctl.remote.host import Host
 
 BUSY_DIR = "busy"
 BEAT_S = 5.0
 STALE_S = 20.0  # four beats: a beat lost to a slow link does not make the instance look idle
 
 
-def busy_dir(host: Any) -> str:
+def busy_dir(host: Host) -> str:
     return posixpath.join(guard_dir(host), BUSY_DIR)
 
 
@@ -37,7 +38,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _path(self, host: Any) -> str:
+    def _path(self, host: Host) -> str:
         return posixpath.join(busy_dir(host), self.name)
 
     def _each(self, line: str) -> None:

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from gpuctl.errors import RemoteError, RemoteTimeout
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.model.records import CommandResult, SyncStats
+from gpuctl.model.untrusted import MAX_READ
+from gpuctl.remote.pull import LocalFiles, pull_walk
 from gpuctl.remote.sync import push_local, unique_suffix
-from gpuctl.types import CommandResult, SyncStats
-from gpuctl.untrusted import MAX_READ
-
 
 # Every command on a host has a deadline: this, unless the caller names its own (remote.command_timeout_s).
 COMMAND_TIMEOUT_S = 30.0
@@ -75,10 +76,20 @@ class Host(Protocol):
     python: str  # the interpreter that runs the payload unless `remote.python` says otherwise
     local: bool  # True: this machine itself (nothing to check first, nothing to forward)
 
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
+    command_timeout_s: float  # the deadline of a command that names none (Deadlines)
+
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
+            cwd: bool = True) -> CommandResult:
         """Run argv on the host; with check, a non-zero exit raises RemoteError. `timeout`: seconds
         (None: the host's command_timeout_s; NO_DEADLINE for the user's own command); past it,
-        RemoteTimeout, and the host is not asked again in this gpuctl command."""
+        RemoteTimeout, and the host is not asked again in this gpuctl command. `cwd`: in `root`
+        (False: where a login starts, for a root not made yet)."""
+
+    def deadline(self, timeout: float | None = None) -> float | None:
+        """The seconds a call may take (None: no limit); a host that hung already fails here."""
+
+    def timed_out(self, what: str, seconds: float) -> RemoteTimeout:
+        """The error of a call past its deadline; the host is not asked again this command."""
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
         """At most `limit` bytes of a file from `offset` on (a negative offset counts from its
@@ -113,6 +124,23 @@ class Host(Protocol):
 
     def close(self) -> None:
         """End the connection, if any."""
+
+
+class SshShell(Host, Protocol):
+    """A Host reached over SSH (remote/ssh.py's SshHost): what the push to it (sync_ssh.py,
+    tar_push.py) needs beyond the Host contract."""
+
+    ep: Endpoint
+    has_rsync: bool | None  # None until a push finds out; False: tar from then on
+
+    def ssh_argv(self, *extra: str) -> list[str]:
+        """OpenSSH's argv to this host (its config file, key and pins), with `extra` appended."""
+
+    def run_feeding(self, argv: Sequence[str], feed: Callable[[Any], None]) -> CommandResult:
+        """Run argv with `feed(stdin)` writing its input, under the host's deadline."""
+
+    def makedirs(self, path: str) -> None:
+        """mkdir -p over SFTP."""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -152,7 +180,7 @@ def check_result(res: CommandResult, label: str) -> CommandResult:
 _ONCE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 
-def once(host: Any, what: str, compute: Callable[[], T]) -> T:
+def once(host: Host, what: str, compute: Callable[[], T]) -> T:
     """`compute()` the first time `what` is asked of this host connection; the same answer after.
     For what cannot change while one command runs (its pushed payload, its GPUs): a `train`
     asked each two or three times, each an SSH round trip."""
@@ -174,13 +202,15 @@ class LocalHost(Deadlines):
         # One tmux server per cluster root, so clusters (and test runs) never see each other's jobs.
         self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
 
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
+            cwd: bool = True) -> CommandResult:
         limit = self.deadline(timeout)
         try:
-            cwd = self.root if os.path.isdir(self.root) else None  # e.g. killing a removed cluster's tmux
+            # No root (yet, or any more: killing a removed cluster's tmux): this process's own.
+            where = self.root if cwd and os.path.isdir(self.root) else None
             # A session of its own: past the deadline the whole group goes, not only the first process
             # (a `sh -c` whose tmux hangs would keep the pipes, and so this call, open).
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=where,
                                     start_new_session=limit is not None)
         except FileNotFoundError:
             if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
@@ -236,8 +266,6 @@ class LocalHost(Deadlines):
         shutil.rmtree(path, ignore_errors=True)
 
     def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
-        from gpuctl.remote.pull import LocalFiles, pull_walk
-
         if not os.path.isdir(path):
             return 0, ()
         return pull_walk(LocalFiles(), path, local)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuctl.errors import RemoteError
+from gpuctl.model.untrusted import EARLIEST, LATEST, number
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
-from gpuctl.untrusted import EARLIEST, LATEST, number
 
 LOG = "output.log"
 EXITCODE = "exitcode"

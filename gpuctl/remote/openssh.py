@@ -15,8 +15,10 @@ import os
 import shlex
 import shutil
 from pathlib import Path
+
 from gpuctl.errors import ConfigError
-from gpuctl.remote.endpoint import Endpoint, known_hosts_path
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.remote.known_hosts import known_hosts_path
 
 HOP = "gpuctl-jump-"  # the Host names of the hops inside the file; the target is everything else
 

@@ -11,16 +11,16 @@ import json
 import shlex
 from typing import Any
 
-from gpuctl import untrusted
 from gpuctl.errors import RemoteError
-from gpuctl.remote.host import output_tail
+from gpuctl.model import untrusted
+from gpuctl.remote.host import Host, output_tail
 from gpuctl.remote.jobs import start_detached
 
 MAX_LINE = 65536  # one report line; a longer answer is not the payload's
 MAX_ITEMS = 64  # GPUs on one host
 
 
-def preflight(host: Any, payload_dir: str, cache_root: str | None = None, recheck: bool = False) -> dict[str, Any]:
+def preflight(host: Host, payload_dir: str, cache_root: str | None = None, recheck: bool = False) -> dict[str, Any]:
     """Run the preflight payload with the host's Python; its JSON report, checked. `cache_root`:
     the host's work dir, where the answer is kept (None: always the full look)."""
     report, said = _ask(host, payload_dir, cache_root, recheck)
@@ -34,14 +34,14 @@ def preflight(host: Any, payload_dir: str, cache_root: str | None = None, rechec
     return report
 
 
-def start(host: Any, payload_dir: str, cache_root: str) -> int:
+def start(host: Host, payload_dir: str, cache_root: str) -> int:
     """The preflight in the background (`up`), so that the answer is kept before the first `train`
     asks (a `train` that comes sooner waits for it on the host, and TensorFlow is imported once)."""
     return start_detached(host, [host.python, f"{payload_dir}/gpuctl_preflight.py", "--cache", cache_root],
                           "the preflight")
 
 
-def _ask(host: Any, payload_dir: str, cache_root: str | None, recheck: bool) -> tuple[dict[str, Any] | None, str]:
+def _ask(host: Host, payload_dir: str, cache_root: str | None, recheck: bool) -> tuple[dict[str, Any] | None, str]:
     """(the checked report or None, what the payload said last)."""
     argv = [host.python, f"{payload_dir}/gpuctl_preflight.py"]
     if cache_root is not None:

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from gpuctl.errors import RemoteError
 from gpuctl.remote.sync import path_inside
-
 
 MAX_LEFT_OUT = 200  # entries listed; a run with more says how many more
 MAX_ENTRY_CHARS = 300
@@ -202,7 +202,6 @@ def _too_long(skipped: list[str], rel: str) -> Iterator[_Outcome]:
         if exc.errno == errno.ENAMETOOLONG:
             skipped.append(f"{rel}: its path here would be too long")
             return
-        from gpuctl.errors import RemoteError
 
         raise RemoteError(f"pull stopped at {printable(rel)[:MAX_ENTRY_CHARS]}: {exc.strerror or exc}",
                           "Check that the destination is writable and has room; pull again to go on.") from None

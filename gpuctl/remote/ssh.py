@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gpuctl.errors import RemoteError
-from gpuctl.remote.endpoint import Endpoint
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.model.records import CommandResult, SyncStats
+from gpuctl.model.untrusted import MAX_READ
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, REMOVE_TIMEOUT_S, Deadlines, check_result, shown
+from gpuctl.remote.openssh import config_file
+from gpuctl.remote.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
+from gpuctl.remote.ssh_connect import close_all, open_chain
 from gpuctl.remote.sync import unique_suffix
-from gpuctl.types import CommandResult, SyncStats
-from gpuctl.untrusted import MAX_READ
+from gpuctl.remote.sync_ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host
+
 
 class SshHost(Deadlines):
     """A machine reached over SSH; `root` is gpuctl's work directory there (absolute).
@@ -39,8 +44,6 @@ class SshHost(Deadlines):
                  connect_timeout_s: float = 30.0, retry_auth: bool = False,
                  progress: Callable[[str], None] | None = None, tmux_socket: str = "gpuctl",
                  command_timeout_s: float = COMMAND_TIMEOUT_S):
-        from gpuctl.remote.ssh_connect import open_chain
-
         ep = replace(ep, identity=identity or ep.identity)
         self.ep = ep
         self.command_timeout_s = command_timeout_s
@@ -288,8 +291,6 @@ class SshHost(Deadlines):
             raise RemoteError(f"cannot write {path} on {self.label}: {exc}", "Is the disk full? `gpuctl exec -- df -h`") from None
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
-        from gpuctl.remote.sync_ssh import push_remote
-
         return push_remote(self, src, dest, progress=progress)
 
     def fetch(self, path: str, local: Path) -> bool:
@@ -314,8 +315,6 @@ class SshHost(Deadlines):
         keep what the instance lists inside `local` (remote/pull.py)."""
         import subprocess
 
-        from gpuctl.remote.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
-        from gpuctl.remote.sync_ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, rsync_host
 
         local.mkdir(parents=True, exist_ok=True)
         if self.has_rsync is not False and shutil.which("rsync"):
@@ -349,8 +348,6 @@ class SshHost(Deadlines):
         """An OpenSSH client command for this host (the caller adds `user@host`): through the same
         jump hosts, with every hop's key checked strictly against gpuctl's known_hosts. The hops'
         options live in a config file gpuctl writes (`-F`): OpenSSH applies `-o` to the host only."""
-        from gpuctl.remote.openssh import config_file
-
         if self._openssh_config is None:
             self._openssh_config = config_file(self.ep, self.home)
         argv = ["ssh", "-F", str(self._openssh_config), "-p", str(self.ep.port),
@@ -377,6 +374,4 @@ class SshHost(Deadlines):
         return f"{self.ep.user}@{self.ep.host}"
 
     def close(self) -> None:
-        from gpuctl.remote.ssh_connect import close_all
-
         close_all(self._conns)

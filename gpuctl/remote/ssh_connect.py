@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuctl.errors import RemoteError
-from gpuctl.remote.endpoint import Endpoint, known_hosts_path
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.remote.known_hosts import known_hosts_path
 from gpuctl.retry import TimedOut, poll
 
 

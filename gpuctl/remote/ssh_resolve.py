@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import ConfigError
-from gpuctl.remote.endpoint import Endpoint, split_target
+from gpuctl.model.endpoint import Endpoint, split_target
 
 _MAX_DEPTH = 8  # hops of hops: more is a loop in the config
 

@@ -16,8 +16,8 @@ import errno
 import json
 import os
 import posixpath
-import shlex
 import secrets
+import shlex
 import shutil
 import stat
 import time
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
+from gpuctl.errors import ProjectError, RemoteError
+from gpuctl.model.records import SyncStats
 from gpuctl.remote.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
-from gpuctl.types import SyncStats
 
 Progress = Callable[[str], None]
 
@@ -36,7 +37,6 @@ def encode_manifest(files: dict[str, tuple[int, int]]) -> bytes:
     """zlib-compressed JSON: a 3000-file manifest is ~40 KB instead of ~150 KB on every push."""
     raw = json.dumps({k: list(v) for k, v in files.items()}).encode()
     if len(raw) > MANIFEST_MAX:  # the next push would not believe it
-        from gpuctl.errors import ProjectError
 
         raise ProjectError(f"the project has {len(files):,} files: more than a push keeps track of "
                            f"({MANIFEST_MAX >> 20} MiB of names)", "Leave out what the job does not need "
@@ -83,8 +83,6 @@ def inflate(data: bytes, limit: int) -> bytes:
 
 def previous_manifest(data: bytes | None, where: str, path: str) -> dict[str, tuple[int, int]]:
     """decode_manifest, with a manifest too large to believe a clear error (RemoteError)."""
-    from gpuctl.errors import RemoteError
-
     try:
         return decode_manifest(data)
     except ManifestTooLarge as exc:

@@ -18,15 +18,24 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpuctl.errors import RemoteError
+from gpuctl.model.records import SyncStats
+from gpuctl.remote.host import SshShell
 from gpuctl.remote.sync import (
-    MANIFEST_MAX, Meter, Progress, begin, encode_manifest, finished, manifest_path, previous_manifest, rate_text,
+    MANIFEST_MAX,
+    Meter,
+    Progress,
+    begin,
+    encode_manifest,
+    finished,
+    manifest_path,
+    previous_manifest,
+    rate_text,
     size_text,
 )
 from gpuctl.remote.tar_push import tar_push
-from gpuctl.types import SyncStats
 
 
-def _remote_manifest(host, dest: str) -> dict[str, tuple[int, int]]:
+def _remote_manifest(host: SshShell, dest: str) -> dict[str, tuple[int, int]]:
     path = manifest_path(dest)
     return previous_manifest(host.read_bytes(path, 0, MANIFEST_MAX), host.label, path)
 
@@ -36,7 +45,7 @@ RSYNC_TIMED_OUT = 30  # rsync's exit code for --timeout
 REMOTE_RSYNC_MISSING = re.compile(r"rsync: (command )?not found|rsync: Permission denied")
 
 
-def _disk_full(host, dest: str) -> str:
+def _disk_full(host: SshShell, dest: str) -> str:
     """'No space left on device (...)' when the destination's filesystem is (nearly) full."""
     res = host.run(["df", "-Pk", dest], check=False)
     try:
@@ -95,7 +104,7 @@ def _pdeathsig() -> Callable[[], None] | None:
     return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], meter: Meter) -> tuple[int, str, str]:
+def _rsync(host: SshShell, src: Path, dest: str, current: dict[str, tuple[int, int]], meter: Meter) -> tuple[int, str, str]:
     """Run rsync, turning its progress into `meter` lines as they come; (exit code, stdout, stderr)."""
     # -L: a link the scan kept (it stays inside the project) goes as its content, as on every provider.
     limit = host.deadline()
@@ -133,7 +142,7 @@ def _rsync(host, src: Path, dest: str, current: dict[str, tuple[int, int]], mete
         return code, "\n".join(kept), errors.read().decode("utf-8", "replace").strip()
 
 
-def push_remote(host, src: Path, dest: str, progress: Progress | None = None) -> SyncStats:
+def push_remote(host: SshShell, src: Path, dest: str, progress: Progress | None = None) -> SyncStats:
     """Mirror `src` to `dest` on an SSH host: rsync over SSH where both ends have it, else one tar
     stream over the existing connection (tar_push.py). Each file lands whole (both write a temporary
     file and rename it), the manifest is written last, and only files gpuctl pushed before are deleted.

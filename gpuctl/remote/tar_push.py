@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuctl.errors import ProjectError
+from gpuctl.remote.host import SshShell
 
 # Runs on the host: python3 -c UNPACK DEST. Names come from this machine's scan, but the host
 # checks them anyway (relative, no `..`, inside DEST after symlinks) and takes regular files only.
@@ -69,7 +70,7 @@ class _Counting:
         return len(data)
 
 
-def tar_push(host: Any, src: Path, dest: str, changed: list[str], progress: Callable[[str], None]) -> tuple[int, int, str]:
+def tar_push(host: SshShell, src: Path, dest: str, changed: list[str], progress: Callable[[str], None]) -> tuple[int, int, str]:
     """Send `changed` (paths relative to `src`) to `dest`; (exit code, bytes sent, stderr)."""
     want = sum(os.path.getsize(src / rel) for rel in changed)
     t0 = time.perf_counter()

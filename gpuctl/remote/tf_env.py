@@ -11,8 +11,8 @@ import posixpath
 import time
 from typing import Any, Callable
 
-from gpuctl import untrusted
 from gpuctl.errors import RemoteError
+from gpuctl.model import untrusted
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import start_detached
 

@@ -69,7 +69,7 @@ def test_up_spot_is_safe_by_default(gpuctl, aws, isolated):
 
     status = json.loads(gpuctl("status", "--json").stdout)
     assert status["clusters"][0]["provider"] == "aws" and status["clusters"][0]["usd_per_hour"] > 0
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
 
     (rec,) = Ledger(isolated).instances(Ledger(isolated).live_cluster("default").id)
     assert rec.id == iid and rec.usd_per_hour > 0 and rec.price_source == "spot price history"
@@ -417,8 +417,8 @@ def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, 
     (cluster,) = status["clusters"]
     assert cluster["state"] == "down" and cluster["note"]
     launched = inst["LaunchTime"].timestamp()
-    import re
     import datetime as dt
+    import re
 
     m = re.search(r"\((.*) (?:GMT|UTC)\)", ended["StateTransitionReason"])
     at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
@@ -435,8 +435,8 @@ def test_an_instance_ended_by_its_guard_closes_the_cluster_at_ec2s_time(gpuctl, 
 
 
 def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isolated):
-    from gpuctl import billing
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
+    from gpuctl.model import billing
 
     gpuctl("up", "--on-demand", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y")
     (inst,) = live_instances(aws)
@@ -522,7 +522,6 @@ def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch
     script = user_data(aws, inst["InstanceId"])
     assert "OnBootSec=480min" in script and "gpuctl boot-time idle guard" in script
     from gpuctl.ops.guards import PAYLOAD_DIR
-
     from gpuctl.remote.guard import WATCHDOG_FILES
 
     assert "gpuctl_decide.py" in WATCHDOG_FILES

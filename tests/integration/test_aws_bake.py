@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
+from gpuctl.ledger import Ledger
 from gpuctl.provision.aws import access
-from gpuctl.state import Ledger
 from tests.aws import NEWEST_X86, live_instances, nothing_created
 from tests.integration.test_aws_e2e import cloud_init
 

@@ -28,7 +28,7 @@ def by_rank(instances):
 
 
 def ledger_instances(home, cluster="default"):
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
 
     ledger = Ledger(home)
     return ledger.instances(ledger.live_cluster(cluster).id)

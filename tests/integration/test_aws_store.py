@@ -37,7 +37,7 @@ def clients():
 
 
 def store_place(home: Path, name: str = "default") -> str:
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
 
     led = Ledger(home)
     try:
@@ -313,8 +313,8 @@ def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl
 def add_run(home: Path, run_id: str, state: str) -> None:
     import time
 
-    from gpuctl.state import Ledger
-    from gpuctl.types import RunRecord
+    from gpuctl.ledger import Ledger
+    from gpuctl.model.records import RunRecord
 
     led = Ledger(home)
     cluster = led.live_cluster("default")
@@ -374,8 +374,8 @@ def test_runs_rm_on_a_provider_without_a_store_removes_the_runs_directory(gpuctl
     # local (as ssh): checkpoints stay in the run's directory on the host; no AWS here.
     gpuctl("up")
     run_id = json.loads(gpuctl("train", quick_project, "--wait", "--json").stdout)["run"]["run_id"]
-    from gpuctl.ledger_schema import gpuctl_home
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
+    from gpuctl.ledger.schema import gpuctl_home
 
     run_dir = Path(Ledger(gpuctl_home()).run(run_id).run_dir)
     assert run_dir.is_dir()

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from gpuctl import billing
-from gpuctl.state import Ledger
-from gpuctl.types import ClusterSpec, InstanceRecord
+from gpuctl.ledger import Ledger
+from gpuctl.model import billing
+from gpuctl.model.records import ClusterSpec, InstanceRecord
 
 H = 3600.0
 

@@ -105,7 +105,7 @@ def test_a_tmux_that_never_answers_hangs_nothing_and_down_ends_the_jobs(gpuctl, 
 
 def cluster_socket(home: Path) -> str:
     """The tmux server of the live cluster's instance (random per `up` on ssh hosts)."""
-    from gpuctl.state import Ledger
+    from gpuctl.ledger import Ledger
 
     led = Ledger(home)
     try:

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from tests.conftest import MARK, QUICK_TRAIN
-from tests.sshd import ROOT, gpuctl_tmux
 from tests.integration.test_guards import fired, marks, wait_for
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
+from tests.sshd import ROOT, gpuctl_tmux
 
 GPUCTL = [sys.executable, "-m", "gpuctl"]
 

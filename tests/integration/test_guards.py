@@ -22,9 +22,9 @@ import pytest
 
 from tests import sshd
 from tests.conftest import MARK
-from tests.sshd import ROOT
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
+from tests.sshd import ROOT
 
 GPUCTL = [sys.executable, "-m", "gpuctl"]  # the CLI as a user runs it, in a process of its own
 

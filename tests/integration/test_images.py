@@ -14,8 +14,8 @@ import json
 
 import pytest
 
+from gpuctl.ledger import Ledger
 from gpuctl.provision.aws import access
-from gpuctl.state import Ledger
 from tests.aws import (
     BASE_AMIS,
     NEWEST_X86,
@@ -210,8 +210,8 @@ def test_a_tensorflow_version_that_is_not_one(gpuctl, aws, args):
 def _capture_the_default_cluster(aws, installed="2.21.0", variant="cuda"):
     """The capture step of a bake, on the instance of the cluster `up` just launched in moto; the
     lines it printed, with ("created", image) where it said the image exists."""
+    from gpuctl.model.images import BakeContents
     from gpuctl.ops.session import open_session
-    from gpuctl.provision import BakeContents
 
     s = open_session()
     cluster = s.ledger.live_cluster("default")
@@ -279,9 +279,9 @@ def test_capture_refuses_a_version_that_is_not_one(gpuctl, aws, isolated, instal
 
 def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_hours(aws, isolated, monkeypatch):
     from gpuctl.errors import GpuctlError
+    from gpuctl.model.records import ClusterSpec
     from gpuctl.ops import images
     from gpuctl.ops.session import open_session
-    from gpuctl.types import ClusterSpec
 
     monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", "/opt/tf/bin/python3")  # the user's: it would skip the setup step
     monkeypatch.setenv("GPUCTL_AWS__SSH_CIDR", "203.0.113.5/32")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.model.records import EpochReport
 from gpuctl.ops.guards import PAYLOAD_DIR
-from gpuctl.types import EpochReport
 
 pytestmark = pytest.mark.tf  # every test here runs real Keras in the payload
 

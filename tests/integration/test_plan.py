@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from gpuctl.state import Ledger
+from gpuctl.ledger import Ledger
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
 

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from gpuctl.state import Ledger
+from gpuctl.ledger import Ledger
 from tests import sshd
 from tests.aws import live_instances, nothing_created
 from tests.conftest import use_hosts

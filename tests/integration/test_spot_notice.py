@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 
-
 from tests.aws import ACCOUNT, REGION, live_instances
 from tests.integration.test_aws_e2e import cloud_init
 from tests.integration.test_resume import RESUMABLE

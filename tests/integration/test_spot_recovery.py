@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from gpuctl.state import Ledger
+from gpuctl.ledger import Ledger
 from tests.aws import boto3_session, live_instances
 from tests.integration.test_aws import _fail_run_instances
 from tests.integration.test_resume import RESUMABLE, SLOW

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO
-from tests.sshd import ROOT, gpuctl_servers, gpuctl_tmux
 from tests.integration.test_payload_tf import MODEL
+from tests.sshd import ROOT, gpuctl_servers, gpuctl_tmux
 
 TF_TRAIN = textwrap.dedent(MODEL) + textwrap.dedent("""
     import os, sys

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from gpuctl.errors import ConfigError, RemoteError
+from gpuctl.model.endpoint import Endpoint
 from gpuctl.remote import ssh_resolve
-from gpuctl.remote.endpoint import Endpoint, known_hosts_path, tcp_reachable
+from gpuctl.remote.known_hosts import known_hosts_path
 from gpuctl.remote.ssh import SshHost
 from tests import sshd
 from tests.conftest import REPO, use_hosts
@@ -93,9 +94,9 @@ def resolved(alias: str = "gpubox", setting: str = "") -> Endpoint:
 
 
 def test_the_box_is_reachable_only_through_the_bastion(lab):
-    assert tcp_reachable(lab.bastion.ip, 22, 3)
+    assert sshd.tcp_reachable(lab.bastion.ip, 22, 3)
     t0 = time.monotonic()
-    assert not tcp_reachable(lab.box.ip, 22, 3)
+    assert not sshd.tcp_reachable(lab.box.ip, 22, 3)
     assert time.monotonic() - t0 < 2  # rejected here, not sent off by the default route
     probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{lab.box.ip}/22' && echo open"
     assert lab.bastion.run(probe).stdout.strip() == "open"
@@ -186,8 +187,8 @@ def test_openssh_argv_goes_through_the_jump_with_strict_keys(lab, tmp_path, monk
 
 
 def test_ssh_provider_records_the_resolved_endpoint(lab, isolated):
+    from gpuctl.model.records import ClusterSpec, RemoteSpec
     from gpuctl.provision.ssh import SshProvider
-    from gpuctl.types import ClusterSpec, RemoteSpec
 
     user_config(lab)
     remote = RemoteSpec(workdir=sshd.WORKDIR, python=str(REPO / ".venv/bin/python"), connect_timeout_s=15)

@@ -1,7 +1,6 @@
 """The aws provider's pure parts: error translation, quota hints, waiting, the user data script,
 and the Price List parse and cache (botocore's Stubber: moto has no Price List API)."""
 
-import socket
 import subprocess
 import time
 
@@ -13,7 +12,6 @@ from gpuctl.provision.aws import catalog
 from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
-from gpuctl.remote.endpoint import tcp_reachable as port_open
 from gpuctl.retry import TimedOut, poll
 
 
@@ -62,15 +60,6 @@ def test_poll_backs_off_and_times_out_saying_what_it_last_saw():
     assert waits == ["no moon"]
     assert poll(lambda: "done", 1) == "done"
     assert poll(lambda: 0, 1) == 0  # a falsy answer that is not None is an answer
-
-
-def test_port_open_on_loopback():
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen()
-        port = srv.getsockname()[1]
-        assert port_open("127.0.0.1", port)
-    assert not port_open("127.0.0.1", port, timeout_s=0.5)
 
 
 def test_user_data_is_valid_bash_and_arms_the_cap():
@@ -210,7 +199,7 @@ def test_unknown_type_not_in_table_says_unknown(tmp_path):
 
 
 def test_config_error_for_bad_cidr_setting(tmp_path):
-    from gpuctl.settings_load import load_settings
+    from gpuctl.config.load import load_settings
 
     with pytest.raises(ConfigError, match="aws.ssh_cidr"):
         load_settings(env={"GPUCTL_AWS__SSH_CIDR": "1.2.3.4/33"}, cwd=tmp_path)
@@ -243,8 +232,8 @@ def test_only_not_found_means_an_instance_is_gone():
     InvalidInstanceID.NotFound for one of two ids is resolved id by id."""
     from botocore.stub import Stubber
 
+    from gpuctl.model.records import InstanceRecord
     from gpuctl.provision.aws import lifecycle
-    from gpuctl.types import InstanceRecord
 
     ec2 = _ec2()
     aws = type("A", (), {"ec2": lambda self: ec2})()

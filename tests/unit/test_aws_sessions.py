@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.model.records import ClusterSpec
 from gpuctl.provision.aws import catalog
 from gpuctl.provision.aws.provider import AwsProvider
 from gpuctl.provision.aws.session import Aws
-from gpuctl.types import ClusterSpec
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuctl import billing
+from gpuctl.model import billing
 
 H = 3600.0
 

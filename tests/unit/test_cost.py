@@ -2,8 +2,8 @@
 
 import pytest
 
+from gpuctl.model.records import EpochReport, RunRecord
 from gpuctl.ops.costs import run_cost
-from gpuctl.types import EpochReport, RunRecord
 
 
 def report(epoch, seconds, rate=3.6, cumulative=0.0, planned=10):

@@ -39,15 +39,45 @@ def test_imports_keep_the_layers():
 
 
 def test_a_new_upward_import_breaks_the_layers(tmp_path):
-    """The contract bites: a copy of the package where remote/ reaches up into ops/ (lazily, as
-    today's listed exceptions do) and a payload imports gpuctl fails, naming both imports."""
+    """The contracts bite: a copy of the package where remote/ reaches up into ops/ (lazily), a
+    payload imports gpuctl, and two modules of ops/ import each other (one lazily, as cycles used
+    to be held apart) fails, naming each import."""
     shutil.copytree(REPO / "gpuctl", tmp_path / "gpuctl", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     with open(tmp_path / "gpuctl" / "remote" / "jobs.py", "a") as fh:
         fh.write("\n\ndef _upward():\n    from gpuctl.ops import session\n\n    return session\n")
     with open(tmp_path / "gpuctl" / "payloads" / "gpuctl_report.py", "a") as fh:
         fh.write("\n\ndef _gpuctl():\n    import gpuctl.errors\n\n    return gpuctl.errors\n")
+    with open(tmp_path / "gpuctl" / "ops" / "push.py", "a") as fh:  # ops/runs.py imports push
+        fh.write("\n\ndef _cycle():\n    from gpuctl.ops import runs\n\n    return runs\n")
     res = run([tool("lint-imports"), "--no-cache"], tmp_path, PYTHONPATH=str(tmp_path))
     assert res.returncode != 0
     assert "gpuctl.remote.jobs -> gpuctl.ops.session" in res.stdout, res.stdout[-4000:]
     assert "gpuctl.payloads.gpuctl_report -> gpuctl.errors" in res.stdout, res.stdout[-4000:]
+    assert "no import cycles" in res.stdout and "BROKEN" in res.stdout.split("no import cycles")[1][:200], res.stdout[-4000:]
+    assert "No cycles are allowed in gpuctl.ops" in res.stdout and "- .push -> .runs" in res.stdout, res.stdout[-4000:]
+
+
+def test_every_host_has_the_whole_host_contract():
+    """Callers hold a `Host` (remote/host.py) and use nothing else of it; the push over SSH holds an
+    `SshShell`. Both hosts have every member their contract declares, so a caller typed by the
+    contract never meets an AttributeError on one kind of host only."""
+    from gpuctl.remote.host import Host, LocalHost, SshShell
+    from gpuctl.remote.ssh import SshHost
+
+    def members(proto: type) -> set[str]:
+        names = set()
+        for cls in proto.__mro__:
+            if cls in (object,) or cls.__name__ in ("Protocol", "Generic"):
+                continue
+            names |= set(getattr(cls, "__annotations__", {}))
+            names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+        return names
+
+    host_members = members(Host)
+    assert {"run", "read_bytes", "push", "deadline", "timed_out", "root", "label", "command_timeout_s"} <= host_members
+    local = LocalHost(REPO)
+    for name in sorted(host_members):
+        assert hasattr(local, name), f"LocalHost lacks {name}"
+    for name in sorted(members(SshShell)):  # SshHost's instance attributes are set in __init__
+        assert hasattr(SshHost, name) or name in SshHost.__init__.__code__.co_names, f"SshHost lacks {name}"

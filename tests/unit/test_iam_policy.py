@@ -29,11 +29,11 @@ from typing import Any, Callable
 import pytest
 
 from gpuctl.errors import NoCapacityError
+from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, images, inventory, nodes, store_iam
-from gpuctl.provision.aws.store import S3Store, bucket_name
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan
-from gpuctl.types import Resource
+from gpuctl.provision.aws.store import S3Store, bucket_name
 
 REPO = Path(__file__).resolve().parents[2]
 REGION, ACCOUNT = "us-east-1", "123456789012"
@@ -365,8 +365,8 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
         ok("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "terminated"}}]}]})
         ok("delete_security_group")
         ok("delete_key_pair")
-        provider = SimpleNamespace(aws=lambda region=None: aws, spec=SimpleNamespace(wait_timeout_s=5), home=tmp_path)
-        inventory.release(provider, [Resource(provider="aws", kind=k, id=i, region=REGION, cluster=CLUSTER)
+        ctx = SimpleNamespace(aws=lambda region=None: aws, spec=SimpleNamespace(wait_timeout_s=5), home=tmp_path)
+        inventory.release(ctx, [Resource(provider="aws", kind=k, id=i, region=REGION, cluster=CLUSTER)
                                      for k, i in (("instance", "i-1"), ("security-group", "sg-1"), ("key-pair", KEY))],
                           lambda _: None)
         _bake_and_remove(ok, aws, tmp_path)
@@ -390,7 +390,7 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
                                     lambda params, model, name=name, **_: sent.append((f"{name}:{model.name}", dict(params))))
     session = SimpleNamespace(get_partition_for_region=lambda region: "aws", client=lambda name, **_: clients[name])
     aws = SimpleNamespace(region=REGION, session=session, client=lambda name, region=None: clients[name])
-    provider = SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home,
+    ctx = SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home,
                                spec=SimpleNamespace(region=REGION, checkpoint_expiry_days=30, checkpoint_versions_days=3,
                                                     wait_timeout_s=5))
     stubs = {name: Stubber(client) for name, client in clients.items()}
@@ -416,7 +416,7 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
         for op in ("create_bucket", "put_bucket_encryption", "put_public_access_block", "put_bucket_policy",
                    "put_bucket_versioning", "put_bucket_lifecycle_configuration", "put_bucket_tagging"):
             s3.add_response(op, {})
-        store = S3Store(provider)
+        store = S3Store(ctx)
         store.prepare(CLUSTER, f"{CLUSTER}.0123456789ab", lambda _: None)
         s3.add_response("list_objects_v2", objects)
         assert store.files(CLUSTER, "r1") == [("ckpt.index", 10)]
@@ -439,7 +439,7 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
         iam.add_response("delete_role_policy", {})
         iam.add_response("delete_role", {})
         release = SimpleNamespace(aws=lambda region=None: SimpleNamespace(**vars(aws), ec2=lambda region=None: None),
-                                  spec=provider.spec, home=home)
+                                  spec=ctx.spec, home=home)
         inventory.release(release, [Resource(provider="aws", kind="instance-profile", id=PROFILE, region=REGION,
                                              cluster=CLUSTER)], lambda _: None)
         for stub in stubs.values():
@@ -452,8 +452,8 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
     """`image bake`'s capture and `image rm`, as gpuctl sends them."""
-    from gpuctl.provision import BakeContents
-    from gpuctl.types import InstanceRecord
+    from gpuctl.model.images import BakeContents
+    from gpuctl.model.records import InstanceRecord
 
     tagged = [{"Key": k, "Value": v} for k, v in IMAGE_TAGS.items()]
     image = {"ImageId": AMI, "State": "available", "Tags": tagged, "CreationDate": "2026-11-30T00:00:00.000Z",

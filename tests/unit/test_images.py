@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpuctl.model.images import BakedImage
 from gpuctl.ops import images
 from gpuctl.ops.session import Session
-from gpuctl.provision import BakedImage, tf_matches
+from gpuctl.provision import tf_matches
 
 DAY = 86400.0
 
@@ -43,7 +44,7 @@ def test_the_ledger_keeps_images_and_cost_prices_their_storage(tmp_path):
 
 def test_the_image_output(capsys):
     info = images.info(_image("ami-0123456789abcdef0", 0.0), now=DAY)
-    from gpuctl import render_images
+    from gpuctl.cli.render import images as render_images
 
     render_images.listing(images.ImageList(region="us-east-1", images=(info,)))
     render_images.baked(images.BakeResult(image=info, cluster="bake-tf2-21-abcd", base_image="ami-0ba5e0000000000a2",

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 HEAVY = ["boto3", "botocore", "fabric", "paramiko", "tensorflow", "keras", "numpy"]
-NOT_FOR_HELP = HEAVY + ["pydantic", "pydantic_core", "rich", "gpuctl.ops", "gpuctl.settings", "gpuctl.types",
-                        "gpuctl.render"]
+NOT_FOR_HELP = HEAVY + ["pydantic", "pydantic_core", "rich", "gpuctl.ops", "gpuctl.config.settings", "gpuctl.model.records",
+                        "gpuctl.cli.render"]
 
 PROBE = """
 import json, sys

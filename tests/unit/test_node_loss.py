@@ -10,9 +10,9 @@ import time
 import pytest
 
 from gpuctl import provision
+from gpuctl.model.records import RunRecord
 from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs
 from gpuctl.ops.session import Session
-from gpuctl.types import RunRecord
 from tests.fakes import FakeProvider
 
 

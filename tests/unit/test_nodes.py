@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.model.records import InstanceRecord
 from gpuctl.ops import nodes
 from gpuctl.remote.host import LocalHost
-from gpuctl.types import InstanceRecord
 
 
 def _node(tmp_path, rank, ip="127.0.0.1"):
@@ -98,7 +98,7 @@ def test_a_node_leaving_on_a_notice_is_waited_for_and_never_stopped(tmp_path, mo
 
 
 def test_a_node_whose_machine_ended_counts_as_lost_unless_the_rest_succeeded():
-    from gpuctl.types import InstanceRecord
+    from gpuctl.model.records import InstanceRecord
 
     gone = InstanceRecord(id="i-1", node=1, cluster="c", state="terminated", launched_at=0.0, terminated_at=9.0,
                           workdir="/w")

@@ -7,10 +7,10 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.errors import CloudError, ConfigError
+from gpuctl.model.records import ClusterSpec, RunRecord
 from gpuctl.ops import clusters, costs, release, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
-from gpuctl.types import ClusterSpec, RunRecord
 from tests.fakes import FakeProvider
 
 
@@ -168,8 +168,8 @@ def test_down_waits_for_a_starting_train_and_a_waiting_train_finds_the_cluster_d
 
 
 def test_down_after_run_is_timed_by_the_instances_clock(fake, tmp_path):
+    from gpuctl.model.records import CommandResult
     from gpuctl.ops import guards
-    from gpuctl.types import CommandResult
 
     s = session(tmp_path, GPUCTL_GUARDS__DOWN_AFTER_RUN="true")
     c = clusters.up(s).cluster

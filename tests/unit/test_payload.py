@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuctl import types
+from gpuctl.model import records as types
+from gpuctl.model.records import EpochReport
 from gpuctl.payloads import gpuctl_gpu, gpuctl_report, gpuctl_run
-from gpuctl.types import EpochReport
 
 PAYLOADS = sorted((Path(gpuctl_report.__file__).parent).glob("gpuctl_*.py"))
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from gpuctl.model.records import EpochReport
+from gpuctl.model.results import PlanRow
 from gpuctl.ops.projection import Measured, bounded, one_line, project, rank, starved
 from gpuctl.payloads import gpuctl_gpu, gpuctl_report
-from gpuctl.results import PlanRow
-from gpuctl.types import EpochReport
 
 
 def report(epoch, seconds, examples=1000, util=None, memory=None, start=None):
@@ -174,9 +174,10 @@ def sample_report():
         PlanRow(label="g4dn.xlarge spot", cluster="plan-1a2b-g4dn-xlarge", source="type", provider="aws",
                 outcome="failed", problem="RuntimeError: CUDA error: out of memory"),
     ]
+    from pathlib import Path
+
     from gpuctl.ops.plan import report
     from gpuctl.ops.probes import ProbeJob
-    from pathlib import Path
 
     job = ProbeJob(project=Path("/p/proj"), args=("--lr", "3e-4"), data=None, allow_cpu=False, probe_epochs=2,
                    epochs=50, timeout_s=1800)
@@ -197,7 +198,7 @@ def test_the_table_keeps_money_and_machines_whole_at_80_columns():
 
     from rich.console import Console
 
-    from gpuctl import render_plan
+    from gpuctl.cli.render import plan as render_plan
 
     buf = io.StringIO()
     render_plan.plan(sample_report(), out=Console(file=buf, width=80, highlight=False, color_system=None))
@@ -212,7 +213,7 @@ def test_the_table_keeps_money_and_machines_whole_at_80_columns():
 
 def test_the_plan_plot_draws_one_point_per_machine(tmp_path):
     pytest.importorskip("matplotlib")
-    from gpuctl.plot import plan_plot
+    from gpuctl.cli.render.plot import plan_plot
 
     path = tmp_path / "plan.png"
     assert plan_plot(sample_report(), path) == 2
@@ -225,9 +226,10 @@ def test_the_plan_plot_draws_one_point_per_machine(tmp_path):
 def test_epochs_of_no_believable_time_are_no_reading_and_never_ranked():
     """0 s epochs (a report with no timing) or ones over a week (a hostile instance) used to count
     as 0 s: that machine projected only its ready time and ranked cheapest and fastest."""
+    from pathlib import Path
+
     from gpuctl.ops import plan
     from gpuctl.ops.probes import ProbeJob, figures
-    from pathlib import Path
 
     honest = figures(PlanRow(label="honest", source="type", cluster="a", provider="aws", usd_per_hour=1.0),
                      Measured([report(1, 60.0), report(2, 30.0)]), 100.0, 50)
@@ -255,9 +257,10 @@ def test_an_epoch_reported_without_timing_is_the_time_since_the_previous_one(und
 
 
 def test_the_recommendation_keeps_the_probes_data_and_allow_cpu():
+    from pathlib import Path
+
     from gpuctl.ops.plan import _command
     from gpuctl.ops.probes import ProbeJob
-    from pathlib import Path
 
     job = ProbeJob(project=Path("/p/proj"), args=("--lr", "3e-4"), data=Path("/data/set"), allow_cpu=True,
                    probe_epochs=2, epochs=50, timeout_s=60)
@@ -268,8 +271,8 @@ def test_the_recommendation_keeps_the_probes_data_and_allow_cpu():
 
 
 def test_a_spot_request_that_fell_back_to_on_demand_is_shown_as_on_demand():
+    from gpuctl.model.records import InstanceRecord
     from gpuctl.ops.probes import _as_launched
-    from gpuctl.types import InstanceRecord
 
     r = PlanRow(label="g5.xlarge spot", source="type", cluster="c", provider="aws", instance_type="g5.xlarge",
                 market="spot")
@@ -280,8 +283,8 @@ def test_a_spot_request_that_fell_back_to_on_demand_is_shown_as_on_demand():
 
 def test_a_probe_cluster_left_billing_or_nothing_measured_exits_non_zero():
     from gpuctl.errors import CloudError, RunFailedError
+    from gpuctl.model.results import PlanReport
     from gpuctl.ops.plan import raise_for
-    from gpuctl.results import PlanReport
 
     measured = PlanRow(label="a", source="type", cluster="a", provider="aws", projected_usd=1.0, rank=1)
     left = PlanRow(label="b", source="type", cluster="plan-1-b", provider="aws", outcome="failed", released=False)

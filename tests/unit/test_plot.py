@@ -1,7 +1,7 @@
 """The cost plot's axes: dollars start at zero, so a run that costs little does not look steep."""
 
-from gpuctl.plot import figure
-from gpuctl.results import CostReport, EpochRow, RunCost
+from gpuctl.cli.render.plot import figure
+from gpuctl.model.results import CostReport, EpochRow, RunCost
 
 
 def test_the_cost_axes_start_at_zero():

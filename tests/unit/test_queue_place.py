@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from gpuctl.cli.render.cost import ordinal
 from gpuctl.errors import ConfigError
 from gpuctl.ops import queue
 from gpuctl.remote.host import LocalHost
-from gpuctl.render_cost import ordinal
 
 
 def place(tmp_path, data) -> dict | None:

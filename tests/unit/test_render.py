@@ -1,4 +1,4 @@
-"""The CLI's rendering (gpuctl.render, render_cost, render_commands) from result models built here,
+"""The CLI's rendering (gpuctl.cli.render, render_cost, render_commands) from result models built here,
 on consoles of fixed width; the pipe behaviour of the real `gpuctl` executable; children's exit codes.
 
 Bad inputs tried: 36-character run ids and dollar values from $0.0123 to $11,111.10 at widths 200,
@@ -22,11 +22,24 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpuctl import render, render_commands, render_cost
-from gpuctl.render import Col, fit, usd
-from gpuctl.results import (ClusterCost, ClusterStatus, CostReport, EpochRow, ExecResult, GuardReport, Inventory,
-                            RunCost, RunStatus, StatusReport, UpResult)
-from gpuctl.types import ClusterRecord, ClusterSpec, InstanceRecord, Resource, SettingValue
+from gpuctl.cli import render
+from gpuctl.cli.render import Col, fit, usd
+from gpuctl.cli.render import commands as render_commands
+from gpuctl.cli.render import cost as render_cost
+from gpuctl.model.records import ClusterRecord, ClusterSpec, InstanceRecord, Resource, SettingValue
+from gpuctl.model.results import (
+    ClusterCost,
+    ClusterStatus,
+    CostReport,
+    EpochRow,
+    ExecResult,
+    GuardReport,
+    Inventory,
+    RunCost,
+    RunStatus,
+    StatusReport,
+    UpResult,
+)
 
 IDS = ["cifar10-resnet-20261130-142233-ab12", "cifar10-resnet-20261130-153012-cd34", "digits-mlp-20261201-080000-0e0f"]
 CLUSTER = "lab-gpu-box-a100"
@@ -235,7 +248,7 @@ def test_up_names_the_hard_cap_from_the_spec(capsys):
 
 
 def test_recent_runs_agree():
-    from gpuctl import cli_clusters
+    from gpuctl.cli import clusters as cli_clusters
 
     assert cli_clusters.RECENT_RUNS == render_cost.RECENT_RUNS
 
@@ -295,7 +308,7 @@ def test_progress_never_breaks_the_command_when_stderr_is_gone():
 
 
 def test_a_missing_child_binary_is_gpuctls_remote_error_not_127():
-    from gpuctl.cli_common import run_child
+    from gpuctl.cli.common import run_child
     from gpuctl.errors import ExitCode, RemoteError
 
     with pytest.raises(RemoteError) as err:
@@ -307,13 +320,13 @@ def test_a_missing_child_binary_is_gpuctls_remote_error_not_127():
 
 @pytest.mark.parametrize("as_json", [[], ["--json"]])
 def test_exec_exits_with_the_worst_host_status(monkeypatch, as_json):
-    import gpuctl.cli_runs
+    import gpuctl.cli.runs
     import gpuctl.ops.runs
     from gpuctl.cli import cli
 
     results = [ExecResult(host="a", returncode=0, stdout="ok\n", stderr=""),
                ExecResult(host="b", returncode=127, stdout="", stderr="sh: nvidia-smi: not found\n")]
-    monkeypatch.setattr(gpuctl.cli_runs, "session", lambda ctx, **flags: None)
+    monkeypatch.setattr(gpuctl.cli.runs, "session", lambda ctx, **flags: None)
     monkeypatch.setattr(gpuctl.ops.runs, "exec_command", lambda s, command, cluster=None: results)
     res = CliRunner().invoke(cli, ["exec", *as_json, "--", "nvidia-smi"])
     assert res.exit_code == 127, res.output

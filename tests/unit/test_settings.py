@@ -5,9 +5,9 @@ absolute entry path, an unknown provider, a bad cluster name."""
 import pytest
 import tomllib
 
+from gpuctl.config.load import load_settings
+from gpuctl.config.settings import KNOWN_KEYS, Settings
 from gpuctl.errors import ConfigError
-from gpuctl.settings import KNOWN_KEYS, Settings
-from gpuctl.settings_load import load_settings
 from tests.conftest import REPO
 
 

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from gpuctl import billing
+from gpuctl.cli.render import clock
+from gpuctl.cli.render.cost import history
+from gpuctl.model import billing
+from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord, Segment
 from gpuctl.ops.segments import segment_costs
 from gpuctl.payloads import gpuctl_notice
-from gpuctl.render import clock
-from gpuctl.render_cost import history
-from gpuctl.types import EpochReport, InstanceRecord, RunRecord, Segment
 
 T0 = 1_790_000_000.0
 SPOT_REASON = "Server.SpotInstanceTermination: Spot instance termination"

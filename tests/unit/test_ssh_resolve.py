@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpuctl.errors import ConfigError
+from gpuctl.model.endpoint import Endpoint, split_target
+from gpuctl.model.records import InstanceRecord
 from gpuctl.remote import openssh, ssh_resolve
-from gpuctl.remote.endpoint import Endpoint, split_target
-from gpuctl.types import InstanceRecord
 
 
 def cfg_file(tmp_path: Path, text: str) -> Path:

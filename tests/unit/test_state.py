@@ -8,8 +8,8 @@ import time
 import pytest
 
 from gpuctl.errors import ConfigError
-from gpuctl.state import Ledger
-from gpuctl.types import ClusterSpec, EpochReport, InstanceRecord, RunRecord
+from gpuctl.ledger import Ledger
+from gpuctl.model.records import ClusterSpec, EpochReport, InstanceRecord, RunRecord
 
 
 def spec(name="c1"):

@@ -85,7 +85,7 @@ def test_store_prefixes_refuse_odd_names(cluster, run_id):
 
 
 def test_the_payload_and_gpuctl_agree_on_a_runs_prefix():
-    from gpuctl.provision import StoreTarget
+    from gpuctl.model.images import StoreTarget
 
     target = StoreTarget(bucket="b", prefix="clusters/c/", region="us-east-1")
     assert payload.run_prefix(target.model_dump(), "r1") == target.run_prefix("r1") == store.run_prefix("c", "r1")

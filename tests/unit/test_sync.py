@@ -4,16 +4,16 @@ git is installed), push progress, and push_remote's rsync and tar paths through 
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gpuctl.remote.host import Deadlines
 from gpuctl.remote import sync, sync_ssh
+from gpuctl.remote.host import Deadlines
 from gpuctl.remote.sync import (
     IgnoreRules,
     decode_manifest,

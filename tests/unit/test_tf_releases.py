@@ -2,9 +2,9 @@
 
 import pytest
 
-from gpuctl import tf_releases
+from gpuctl.config import tf_releases
+from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError
-from gpuctl.settings import TESTED_TENSORFLOW
 
 
 @pytest.mark.parametrize("version", [TESTED_TENSORFLOW, "2.21.0", "2.12", "2.19.1", "2.21.1", "2.22"])

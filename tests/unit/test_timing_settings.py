@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.config.load import load_settings
 from gpuctl.errors import ConfigError
 from gpuctl.provision.aws.provider import AwsProvider
-from gpuctl.settings_load import load_settings
 
 
 def test_the_imds_poll_reaches_the_watchdogs_notice_config(tmp_path):

@@ -1,5 +1,5 @@
 """Untrusted input without a host: the one place that says how much of an instance's word is believed
-(gpuctl/untrusted.py), the bounded report, the bounded reads, the manifest bomb.
+(gpuctl/model/untrusted.py), the bounded report, the bounded reads, the manifest bomb.
 
 Bad inputs tried: CSI, OSC titles ended by BEL, by ST or cut short, DCS, 8-bit CSI and OSC, C0 and
 C1 controls, bidi overrides, carriage-return overwrites; JSON nested 100,000 deep, a 5,000-digit
@@ -15,12 +15,12 @@ from typing import Optional
 import pytest
 from pydantic import ValidationError
 
-from gpuctl import untrusted
+from gpuctl.errors import RemoteError
+from gpuctl.model import untrusted
+from gpuctl.model.records import EpochReport
 from gpuctl.remote.guard_files import WatchdogState
 from gpuctl.remote.host import LocalHost
 from gpuctl.remote.sync import MANIFEST_MAX, ManifestTooLarge, decode_manifest, inflate, previous_manifest
-from gpuctl.errors import RemoteError
-from gpuctl.types import EpochReport
 
 
 @pytest.mark.parametrize("raw, shown", [

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from gpuctl.errors import CloudError, ConflictError, NotFoundError
-from gpuctl.provision import TF_VERSION, BakeContents, BakedImage
+from gpuctl.model.images import BakeContents, BakedImage
+from gpuctl.model.records import InstanceRecord
+from gpuctl.provision import TF_VERSION
 from gpuctl.provision.aws import access, catalog, images
+from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
-from gpuctl.types import InstanceRecord
-
-if TYPE_CHECKING:
-    from gpuctl.provision.aws.provider import AwsProvider
 
 Progress = Callable[[str], None]
 IMAGE_TIMEOUT_S = 3600.0  # CreateImage of a 100 GB root volume takes 10 to 30 minutes
@@ -43,9 +42,9 @@ def _snapshot_ids(image: dict[str, Any]) -> tuple[str, ...]:
 class AwsImages:
     """The ImageStore of the aws provider, in the provider's region, for its owner."""
 
-    def __init__(self, provider: "AwsProvider"):
-        self.provider = provider
-        self.aws: Aws = provider.aws(provider.spec.region)
+    def __init__(self, ctx: AwsContext):
+        self.ctx = ctx
+        self.aws: Aws = ctx.aws(ctx.spec.region)
         self.region = self.aws.region
 
     def _record(self, image: dict[str, Any]) -> BakedImage:
@@ -73,10 +72,10 @@ class AwsImages:
     # --- the ImageStore protocol ---------------------------------------------------------------
 
     def images(self) -> list[BakedImage]:
-        return [self._record(i) for i in images.baked_images(self.aws, self.provider.owner, any_state=True)]
+        return [self._record(i) for i in images.baked_images(self.aws, self.ctx.owner, any_state=True)]
 
     def bake_base(self, progress: Progress) -> str:
-        spec = self.provider.spec
+        spec = self.ctx.spec
         arch = catalog.architecture(catalog.instance_type_info(self.aws, spec.instance_type))
         chosen = images.base(self.aws, spec, arch)
         progress(f"bake: starting from {chosen.name} ({chosen.id}): {chosen.why}")
@@ -84,7 +83,7 @@ class AwsImages:
 
     def capture(self, instance: InstanceRecord, contents: BakeContents, progress: Progress,
                 created: Callable[[BakedImage], None]) -> BakedImage:
-        spec, ec2 = self.provider.spec, self.aws.ec2()
+        spec, ec2 = self.ctx.spec, self.aws.ec2()
         for version in (contents.tensorflow, contents.installed):  # they go into a name and tags
             if not TF_VERSION.fullmatch(version):
                 raise CloudError(f"not baking: {version[:40]!r} is not a TensorFlow version")
@@ -103,7 +102,7 @@ class AwsImages:
         carries = {images.TAG_TF: contents.tensorflow, images.TAG_TF_INSTALLED: contents.installed,
                    images.TAG_TF_VARIANT: contents.variant, images.TAG_BASE_IMAGE: contents.base_image,
                    images.TAG_BASE_OS: spec.base_os}
-        tags = access.tags(spec.name, self.provider.owner) + [{"Key": k, "Value": v} for k, v in carries.items()]
+        tags = access.tags(spec.name, self.ctx.owner) + [{"Key": k, "Value": v} for k, v in carries.items()]
         cpu = "-cpu" if contents.variant == "cpu" else ""
         name = (f"gpuctl-tf{contents.installed}{cpu}-{spec.base_os}-{time.strftime('%Y%m%d-%H%M%S')}-"
                 f"{spec.name[-4:]}")
@@ -156,7 +155,7 @@ class AwsImages:
         image = found[0]
         made_by = images.tag(image, access.TAG_CREATED_BY)
         owner = images.tag(image, access.TAG_OWNER)
-        if made_by != "gpuctl" or owner != self.provider.owner:
+        if made_by != "gpuctl" or owner != self.ctx.owner:
             whose = "not made by gpuctl" if made_by != "gpuctl" else f"baked by another gpuctl install ({owner})"
             raise ConflictError(f"image {image_id} is {whose}: not removing it",
                                 "`gpuctl image rm` removes only the images `gpuctl image ls` lists; deregister "

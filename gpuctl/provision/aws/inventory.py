@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from gpuctl.errors import CloudError
+from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, nodes, store_iam
+from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.remote.endpoint import forget_host_keys
+from gpuctl.remote.known_hosts import forget_host_keys
 from gpuctl.retry import TimedOut, poll
-from gpuctl.types import Resource
-
-if TYPE_CHECKING:
-    from gpuctl.provision.aws.provider import AwsProvider
 
 Progress = Callable[[str], None]
 
@@ -32,41 +30,41 @@ def regions(aws: Aws) -> list[str]:
     return sorted(n for n in names if not partition or n in partition)
 
 
-def discover(p: "AwsProvider", cluster: str | None = None, region: str | None = None) -> list[Resource]:
+def discover(ctx: AwsContext, cluster: str | None = None, region: str | None = None) -> list[Resource]:
     """Every live instance, security group, key pair, placement group and instance profile tagged
     for this owner and cluster; with no cluster, every owner's in the account (see _resource).
     Never the checkpoint bucket: it outlives every cluster (`gpuctl runs rm` empties it run by run)."""
-    aws = p.aws(region)
+    aws = ctx.aws(region)
     names = [aws.region] if (region or cluster) else regions(aws)
     clients = {r: aws.ec2(r) for r in names}  # made here: creating clients is not thread-safe
     with ThreadPoolExecutor(max_workers=8) as pool:
-        found = list(pool.map(lambda r: _discover_region(p, clients[r], r, cluster), names))
+        found = list(pool.map(lambda r: _discover_region(ctx, clients[r], r, cluster), names))
     # IAM is global: the instance profiles are listed once and carry their region in a tag.
-    for prof in store_iam.discover(aws, p.owner if cluster else None, cluster, aws.region if (region or cluster) else None):
-        found.append([_resource(p, "instance-profile", prof["name"], prof["tags"].get(store_iam.TAG_REGION) or aws.region,
+    for prof in store_iam.discover(aws, ctx.owner if cluster else None, cluster, aws.region if (region or cluster) else None):
+        found.append([_resource(ctx, "instance-profile", prof["name"], prof["tags"].get(store_iam.TAG_REGION) or aws.region,
                                 {"Tags": [{"Key": k, "Value": v} for k, v in prof["tags"].items()]})])
     return [res for batch in found for res in batch]
 
 
-def _discover_region(p: "AwsProvider", ec2: Any, region: str, cluster: str | None) -> list[Resource]:
+def _discover_region(ctx: AwsContext, ec2: Any, region: str, cluster: str | None) -> list[Resource]:
     # A lost or new gpuctl home gets a new owner id: what the old one made must still show in
     # `status --all`, so the search for everything asks for every owner's.
-    filters = access.owner_filters(p.owner if cluster else None, cluster)
-    out = [_resource(p, "instance", i["InstanceId"], region, i, i["State"]["Name"])
-           for i in p.live_instances(ec2, cluster, every_owner=not cluster)]
+    filters = access.owner_filters(ctx.owner if cluster else None, cluster)
+    out = [_resource(ctx, "instance", i["InstanceId"], region, i, i["State"]["Name"])
+           for i in ctx.live_instances(ec2, cluster, every_owner=not cluster)]
     for g in call(ec2.describe_security_groups, Filters=filters).get("SecurityGroups", []):
-        out.append(_resource(p, "security-group", g["GroupId"], region, g))
+        out.append(_resource(ctx, "security-group", g["GroupId"], region, g))
     for k in call(ec2.describe_key_pairs, Filters=filters).get("KeyPairs", []):
-        out.append(_resource(p, "key-pair", k["KeyName"], region, k))
+        out.append(_resource(ctx, "key-pair", k["KeyName"], region, k))
     for g in nodes.placement_groups(ec2, filters):
-        out.append(_resource(p, "placement-group", g["GroupName"], region, g))
+        out.append(_resource(ctx, "placement-group", g["GroupName"], region, g))
     return out
 
 
-def _resource(p: "AwsProvider", kind: str, rid: str, region: str, item: dict[str, Any],
+def _resource(ctx: AwsContext, kind: str, rid: str, region: str, item: dict[str, Any],
               state: str | None = None) -> Resource:
     cluster, owner = _tag(item, access.TAG_CLUSTER), _tag(item, access.TAG_OWNER)
-    if owner == p.owner:
+    if owner == ctx.owner:
         return Resource(provider="aws", kind=kind, id=rid, region=region, cluster=cluster, state=state)
     # Another gpuctl install's (a lost home, a colleague's): it is no cluster of this one, so
     # `down --all` leaves it and only `down --all --any-owner` releases it. The state says whose.
@@ -75,13 +73,13 @@ def _resource(p: "AwsProvider", kind: str, rid: str, region: str, item: dict[str
                     state=f"{state}; {whose}" if state else whose)
 
 
-def release(p: "AwsProvider", resources: list[Resource], progress: Progress) -> None:
+def release(ctx: AwsContext, resources: list[Resource], progress: Progress) -> None:
     """Terminate instances, wait for them, then delete their groups and key pairs. Idempotent."""
     by_region: dict[str, list[Resource]] = {}
     for r in resources:
         by_region.setdefault(r.region or "", []).append(r)
     for region, items in by_region.items():
-        _release_region(p, region, items, progress)
+        _release_region(ctx, region, items, progress)
 
 
 def delete_when_free(delete: Callable[..., Any], op: str, busy: str, gone: str, **kwargs: Any) -> bool | None:
@@ -106,10 +104,10 @@ def _poll(attempt: Callable[[], bool | None], timeout_s: float, what: str, progr
         raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}", hint) from None
 
 
-def _release_region(p: "AwsProvider", region: str, items: list[Resource], progress: Progress) -> None:
-    aws = p.aws(region)
+def _release_region(ctx: AwsContext, region: str, items: list[Resource], progress: Progress) -> None:
+    aws = ctx.aws(region)
     ec2 = aws.ec2()
-    timeout = p.spec.wait_timeout_s
+    timeout = ctx.spec.wait_timeout_s
     instances = [r.id for r in items if r.kind == "instance"]
     if instances:
         progress(f"terminating {', '.join(instances)} in {region}")
@@ -125,7 +123,7 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
         _poll(gone, timeout, f"{len(instances)} instance(s) to terminate", progress,
               "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
         # Their host keys go with them: the next instance on a recycled address is a new machine.
-        forget_host_keys(p.home, {access.key_alias(i) for i in instances})
+        forget_host_keys(ctx.home, {access.key_alias(i) for i in instances})
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.
@@ -144,7 +142,7 @@ def _release_region(p: "AwsProvider", region: str, items: list[Resource], progre
             call(ec2.delete_key_pair, KeyName=r.id)
             progress(f"deleted key pair {r.id}")
             if r.cluster:  # ours: its private half is here (another owner's has no cluster here)
-                path = access.key_path(p.home, r.cluster, region)
+                path = access.key_path(ctx.home, r.cluster, region)
                 path.unlink(missing_ok=True)
                 path.with_suffix(".pub").unlink(missing_ok=True)
     for r in items:  # after the instances: a running one may still use its profile's credentials

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from gpuctl import billing
 from gpuctl.errors import CloudError
+from gpuctl.model import billing
+from gpuctl.model.records import ENDED_STATES, InstanceRecord
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.types import ENDED_STATES, InstanceRecord
 
 EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
 EC2_POLL_S = 5.0
@@ -129,7 +129,7 @@ def end_interrupted(instances: Instances, reconcile: Callable[[Instances], Insta
                     end: Callable[[Instances], Instances], progress: Callable[[str], None],
                     taken: set[str] | None = None) -> Instances:
     """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
-    if we do (billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
+    if we do (model/billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
     then is ended (`end`), and at once a node EC2 is not taking (`taken`: those it is)."""
     young = [i for i in instances if i.market == "spot" and (taken is None or i.id in taken)
              and time.time() - i.launched_at < billing.SPOT_FREE_INTERRUPTION_S]

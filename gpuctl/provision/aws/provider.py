@@ -5,28 +5,30 @@ killed at any moment leaves nothing that `gpuctl status --all` cannot see and
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl import billing, seams, untrusted
+from gpuctl import seams
+from gpuctl.config.settings import Settings
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
+from gpuctl.model import billing, untrusted
+from gpuctl.model.endpoint import Endpoint, split_target
+from gpuctl.model.records import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote, Resource
 from gpuctl.provision import remote_spec
-from gpuctl.provision.aws import access, catalog, images, lifecycle, nodes
+from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes
+from gpuctl.provision.aws.baked import AwsImages
+from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.session import Aws, call, wait_for
+from gpuctl.provision.aws.store import S3Store
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
-from gpuctl.remote.endpoint import Endpoint, split_target
 from gpuctl.remote.ssh import SshHost
-from gpuctl.settings import Settings
-from gpuctl.types import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote
 
 Progress = Callable[[str], None]
-LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
 def _quiet(_: str) -> None:
@@ -42,11 +44,9 @@ class AwsProvider:
     picks_instance_types = True
 
     def __init__(self, home: Path, spec: ClusterSpec):
-        self.home = Path(home)
+        self.ctx = AwsContext(home, spec)
+        self.home = self.ctx.home
         self.spec = spec
-        self._owner: str | None = None
-        self._sessions: dict[str, Aws] = {}
-        self._sessions_lock = threading.Lock()
 
     @classmethod
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
@@ -108,18 +108,10 @@ class AwsProvider:
 
     @property
     def owner(self) -> str:
-        if self._owner is None:
-            self._owner = access.owner_id(self.home)
-        return self._owner
+        return self.ctx.owner
 
     def aws(self, region: str | None = None) -> Aws:
-        """A boto3 session for the region (the spec's by default) and the spec's profile: one per
-        region for this provider (one command), so each client is made once, not once per call."""
-        key = region or self.spec.region or ""
-        with self._sessions_lock:
-            if key not in self._sessions:
-                self._sessions[key] = Aws(region=key, profile=self.spec.profile or "")
-            return self._sessions[key]
+        return self.ctx.aws(region)
 
     # --- launch ---------------------------------------------------------------------------------
 
@@ -287,11 +279,7 @@ class AwsProvider:
         )
 
     def live_instances(self, ec2: Any, cluster: str | None, every_owner: bool = False) -> list[dict[str, Any]]:
-        """Instances tagged for this owner (or any) and cluster (or any) that are not terminated."""
-        owner = None if every_owner else self.owner
-        filters = access.owner_filters(owner, cluster) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
-        res = call(ec2.describe_instances, Filters=filters)
-        return [i for r in res.get("Reservations", []) for i in r.get("Instances", [])]
+        return self.ctx.live_instances(ec2, cluster, every_owner)
 
     def endpoint(self, instance: InstanceRecord) -> Endpoint:
         """Where to SSH: the instance's public IP, port 22 (the tests redirect it: gpuctl.seams)."""
@@ -349,7 +337,6 @@ class AwsProvider:
     def _end(self, instances: list[InstanceRecord], progress: Progress) -> list[InstanceRecord]:
         if not instances:
             return []
-        from gpuctl.types import Resource
 
         self.release([Resource(provider=self.name, kind="instance", id=i.id, region=i.region, cluster=i.cluster)
                        for i in instances], progress)
@@ -362,28 +349,20 @@ class AwsProvider:
             return None
         return {"endpoint": self.spec.imds_endpoint, "interval_s": self.spec.imds_poll_s}
 
-    def checkpoint_store(self) -> Any:
+    def checkpoint_store(self) -> S3Store | None:
         """The owner's S3 bucket of the region (provision/aws/store.py) when the cluster keeps its
         checkpoints there (`aws.checkpoints = "s3"`); None: they stay on the instance's disk."""
         if self.spec.checkpoints != "s3":
             return None
-        from gpuctl.provision.aws.store import S3Store
+        return S3Store(self.ctx)
 
-        return S3Store(self)
-
-    def image_store(self) -> Any:
-        from gpuctl.provision.aws.baked import AwsImages
-
-        return AwsImages(self)
+    def image_store(self) -> AwsImages:
+        return AwsImages(self.ctx)
 
     # --- discover and release: provision/aws/inventory.py ----------------------------------------
 
     def discover(self, cluster: str | None = None, region: str | None = None) -> list[Any]:
-        from gpuctl.provision.aws import inventory
-
-        return inventory.discover(self, cluster, region)
+        return inventory.discover(self.ctx, cluster, region)
 
     def release(self, resources: list[Any], progress: Progress = _quiet, unreachable: frozenset[str] = frozenset()) -> None:
-        from gpuctl.provision.aws import inventory
-
-        inventory.release(self, resources, progress)
+        inventory.release(self.ctx, resources, progress)

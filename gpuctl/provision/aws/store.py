@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from gpuctl import seams
+from gpuctl.config.settings import validate_name
 from gpuctl.errors import CloudError, ConfigError, GpuctlError
-from gpuctl.provision import StoreTarget
+from gpuctl.model.images import StoreTarget
 from gpuctl.provision.aws import access, store_iam
+from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-
-if TYPE_CHECKING:
-    from gpuctl.provision.aws.provider import AwsProvider
 
 Progress = Callable[[str], None]
 CLUSTERS = "clusters/"
@@ -51,8 +50,6 @@ STORE_ID = re.compile(r"[0-9a-f]{12}")
 def cluster_prefix(place: str) -> str:
     """`clusters/<name>.<id>/` for the place a cluster has in the store (ClusterSpec.store_place:
     a later cluster of the same name has another id), `clusters/<name>/` for one made before ids."""
-    from gpuctl.settings import validate_name
-
     name, _, store_id = place.partition(".")
     try:
         validate_name(name)
@@ -124,8 +121,8 @@ def bucket_tags(owner: str, marker: str) -> list[dict[str, str]]:
 class S3Store:
     """The CheckpointStore of an aws cluster (provision.CheckpointStore)."""
 
-    def __init__(self, provider: "AwsProvider"):
-        self.p = provider
+    def __init__(self, ctx: AwsContext):
+        self.ctx = ctx
         self._aws: Aws | None = None
         self._account: str | None = None
         self._ready: str | None = None  # the marker the bucket was found or set up with by this store
@@ -135,7 +132,7 @@ class S3Store:
     @property
     def aws(self) -> Aws:
         if self._aws is None:
-            self._aws = self.p.aws(self.p.spec.region)
+            self._aws = self.ctx.aws(self.ctx.spec.region)
         return self._aws
 
     @property
@@ -157,7 +154,7 @@ class S3Store:
 
     @property
     def bucket(self) -> str:
-        return bucket_name(self.account, self.region, self.p.owner)
+        return bucket_name(self.account, self.region, self.ctx.owner)
 
     def s3(self) -> Any:
         return self.aws.client("s3")
@@ -180,7 +177,7 @@ class S3Store:
         nothing is made; if the bucket then fails, the profile goes again). (target, instance
         profile name)."""
         boundary = store_iam.boundary_arn(self.aws, self.account, self.partition)
-        profile = store_iam.ensure_profile(self.aws, self.p.owner, cluster, self.region, self.bucket, self.partition,
+        profile = store_iam.ensure_profile(self.aws, self.ctx.owner, cluster, self.region, self.bucket, self.partition,
                                            progress, boundary=boundary, place=place)
         try:
             target = self.target(place)
@@ -258,7 +255,7 @@ class S3Store:
     # --- the bucket ----------------------------------------------------------------------------
 
     def _expiry_words(self) -> str:
-        days = self.p.spec.checkpoint_expiry_days
+        days = self.ctx.spec.checkpoint_expiry_days
         return f"expire after {days} days" if days else "kept until `gpuctl runs rm`"
 
     def ensure_bucket(self) -> None:
@@ -267,11 +264,11 @@ class S3Store:
         from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, region, s3 = self.bucket, self.region, self.s3()
-        versions = self.p.spec.checkpoint_versions_days
-        marker = f"v{STORE_VERSION}-expiry{self.p.spec.checkpoint_expiry_days}-versions{versions}"
+        versions = self.ctx.spec.checkpoint_versions_days
+        marker = f"v{STORE_VERSION}-expiry{self.ctx.spec.checkpoint_expiry_days}-versions{versions}"
         if self._ready == marker:
             return
-        rules = lifecycle_rules(self.p.spec.checkpoint_expiry_days) + version_rules(versions)
+        rules = lifecycle_rules(self.ctx.spec.checkpoint_expiry_days) + version_rules(versions)
         try:
             s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
             exists = True
@@ -290,7 +287,7 @@ class S3Store:
                 if error_code(exc) != "NoSuchTagSet":
                     raise translate(exc, "GetBucketTagging") from exc
                 tags = {}
-            if tags.get(TAG_STORE) == marker and tags.get(access.TAG_OWNER) == self.p.owner:
+            if tags.get(TAG_STORE) == marker and tags.get(access.TAG_OWNER) == self.ctx.owner:
                 self._ready = marker
                 return
         else:
@@ -317,7 +314,7 @@ class S3Store:
         call(s3.put_bucket_lifecycle_configuration, Bucket=bucket, ExpectedBucketOwner=self.account,
              LifecycleConfiguration={"Rules": rules})
         call(s3.put_bucket_tagging, Bucket=bucket, ExpectedBucketOwner=self.account,
-             Tagging={"TagSet": bucket_tags(self.p.owner, marker)})
+             Tagging={"TagSet": bucket_tags(self.ctx.owner, marker)})
         self._ready = marker
 
     def _list(self, prefix: str, quick: bool = False) -> Iterator[tuple[str, int]]:

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
+from gpuctl.model.records import ClusterSpec, InstanceRecord, PriceQuote, Resource
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.teardown import end_cluster
-from gpuctl.types import ClusterSpec, InstanceRecord, PriceQuote, Resource
 
 if TYPE_CHECKING:
-    from gpuctl.settings import Settings
+    from gpuctl.config.settings import Settings
 
 
 NODES_DIR = "nodes"  # a multi-node cluster's nodes 1..N-1, inside node 0's work dir

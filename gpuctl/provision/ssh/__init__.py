@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.model.records import ClusterSpec, InstanceRecord, Resource
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
-from gpuctl.remote.teardown import end_cluster
-from gpuctl.remote.endpoint import Endpoint
 from gpuctl.remote.ssh import SshHost
-from gpuctl.types import ClusterSpec, InstanceRecord, Resource
+from gpuctl.remote.teardown import end_cluster
 
 if TYPE_CHECKING:
-    from gpuctl.settings import Settings
+    from gpuctl.config.settings import Settings
 
 NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
 RELEASE_CONNECT_TIMEOUT_S = QUICK_CONNECT_S  # one short wait, as every command that ends work (docs/cli.md)

@@ -1,5 +1,5 @@
 """The ledger's tables (SQLite), their upgrades from older gpuctl versions, and the gpuctl home
-they live in (its place, and its privacy: the owner's alone). state.py reads and writes them."""
+they live in (its place, and its privacy: the owner's alone). ledger/__init__.py reads and writes them."""
 
 from __future__ import annotations
 

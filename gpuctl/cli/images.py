@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuctl.cli_common import CONTEXT, confirm, json_option, progress_sink, session
+from gpuctl.cli.common import CONTEXT, confirm, json_option, progress_sink, session
 
 region_option = click.option("--region", help="AWS region (setting `aws.region`; default: boto3's).")
 profile_option = click.option("--profile", help="AWS profile (setting `aws.profile`).")
@@ -25,7 +25,8 @@ def image() -> None:
 @click.pass_context
 def ls(ctx: click.Context, provider: str | None, region: str | None, profile: str | None, as_json: bool) -> None:
     """Your baked images: id, TensorFlow, base image, created, size and monthly storage cost."""
-    from gpuctl import render, render_images
+    from gpuctl.cli import render
+    from gpuctl.cli.render import images as render_images
     from gpuctl.ops import images
 
     result = images.ls(session(ctx, **{"provider": provider, "aws.region": region, "aws.profile": profile}))
@@ -43,7 +44,8 @@ def ls(ctx: click.Context, provider: str | None, region: str | None, profile: st
 def rm(ctx: click.Context, image_id: str, provider: str | None, region: str | None, profile: str | None, yes: bool,
        as_json: bool) -> None:
     """Deregister one of your baked images and delete its snapshots."""
-    from gpuctl import render, render_images
+    from gpuctl.cli import render
+    from gpuctl.cli.render import images as render_images
     from gpuctl.ops import images
 
     s = session(ctx, **{"provider": provider, "aws.region": region, "aws.profile": profile})
@@ -71,7 +73,8 @@ def bake(ctx: click.Context, tensorflow: str | None, instance_type: str | None, 
          yes: bool, as_json: bool) -> None:
     """Launch from the base GPU image, install TensorFlow, prove it on the GPU, and save the disk as
     an image (then release the instance)."""
-    from gpuctl import render, render_images
+    from gpuctl.cli import render
+    from gpuctl.cli.render import images as render_images
     from gpuctl.ops import images
 
     s = session(ctx, **{

@@ -1,5 +1,5 @@
 """Commands about runs: train, sync, pull, logs, watch, stop, runs rm. Those that reach a host's
-shell (exec, ssh, attach, ssh-config, tensorboard) are cli_access.py."""
+shell (exec, ssh, attach, ssh-config, tensorboard) are cli/access.py."""
 
 from __future__ import annotations
 
@@ -9,25 +9,8 @@ from typing import Iterator
 
 import click
 
-from gpuctl.cli_common import CONTEXT, json_option, progress_sink, session
+from gpuctl.cli.common import CONTEXT, ScriptArgsCommand, json_option, progress_sink, session
 from gpuctl.errors import GpuctlError, RunFailedError
-
-
-class ScriptArgsCommand(click.Command):
-    """`train PROJECT --epochs 3`: Click knows no --epochs; say that script arguments go after `--`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        given = list(args)  # Click consumes `args` while it parses
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            import shlex
-
-            where = given.index(exc.option_name) if exc.option_name in given else len(given)
-            ours, theirs = given[:where], given[where:]
-            raise click.UsageError(
-                f"no such option: {exc.option_name}\nHint: script arguments go after --: "
-                f"gpuctl {ctx.info_name} {shlex.join([*ours, '--', *theirs])}", ctx) from None
 
 
 @click.command(cls=ScriptArgsCommand, context_settings=CONTEXT)
@@ -64,7 +47,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
           recover: bool | None, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`.
     `train --resume RUN` continues a run from its checkpoint instead."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs
 
     if recover is not None and not wait:  # refused before anything starts
@@ -119,7 +103,8 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
 @click.pass_context
 def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None, as_json: bool) -> None:
     """Push PATH (and --data) to the cluster without starting anything."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs
 
     with progress_sink() as progress:
@@ -138,7 +123,8 @@ def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None,
 def pull(ctx: click.Context, run: str | None, dest: Path, as_json: bool) -> None:
     """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance. What it
     leaves out (links leading out of the run, FIFOs, devices) is listed (`skipped` in --json)."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs
 
     result = runs.pull(session(ctx), run, dest)
@@ -172,7 +158,7 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
     --plain strips them. Every other command shows what came from an instance without them.
     """
     if plain:
-        from gpuctl.untrusted import clean
+        from gpuctl.model.untrusted import clean
 
         def echo(text: str, nl: bool = True, err: bool = False) -> None:
             click.echo(clean(text), nl=nl, err=err)
@@ -242,9 +228,9 @@ def _detach_on_ctrl_c(ctx: click.Context, s, run_id: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        from gpuctl import render_commands
+        from gpuctl.cli.render import commands as render_commands
         from gpuctl.errors import ExitCode
-        from gpuctl.types import FINAL_RUN_STATES
+        from gpuctl.model.records import FINAL_RUN_STATES
 
         run = s.ledger.run(run_id)
         if run is None or run.state in FINAL_RUN_STATES:
@@ -262,7 +248,8 @@ def _detach_on_ctrl_c(ctx: click.Context, s, run_id: str) -> Iterator[None]:
 def stop(ctx: click.Context, run: str | None, cluster: str | None, every: bool, as_json: bool) -> None:
     """Stop a run (default: the latest running one) and keep the cluster up: SIGTERM, then SIGKILL
     after a grace period, on every node. The run ends `stopped`; `train --resume RUN` continues it."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import stop as stop_ops
 
     if run and every:
@@ -276,9 +263,7 @@ def stop(ctx: click.Context, run: str | None, cluster: str | None, every: bool, 
 def _ended_badly(s, final, more: str = "") -> RunFailedError:
     """The error for a run that did not succeed; a multi-node run's failing node (not the chief)
     shows its last lines first, since only the chief's log was followed."""
-    from gpuctl.ops import runs
-
-    from gpuctl.ops import nodes
+    from gpuctl.ops import nodes, runs
 
     node = final.failed_node
     late = nodes.did_not_start(final)
@@ -286,7 +271,7 @@ def _ended_badly(s, final, more: str = "") -> RunFailedError:
         return late
     if node:
         try:
-            from gpuctl.untrusted import clean
+            from gpuctl.model.untrusted import clean
 
             click.echo(clean(f"== last lines of node {node}'s log\n{runs.log_tail(s, final, 20)}"), err=True)
         except GpuctlError:
@@ -312,8 +297,8 @@ def runs_rm(ctx: click.Context, run: str, yes: bool, as_json: bool) -> None:
     under every cluster holding a copy) and from its cluster's host if that is up. The ledger
     keeps the run's record, so its epochs and dollars stay in `gpuctl cost`. A running run is
     refused."""
-    from gpuctl import render
-    from gpuctl.cli_common import confirm
+    from gpuctl.cli import render
+    from gpuctl.cli.common import confirm
     from gpuctl.ops import checkpoints
 
     s = session(ctx)

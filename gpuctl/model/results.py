@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from gpuctl.types import ClusterRecord, Frozen, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
+from gpuctl.model.records import (
+    ClusterRecord,
+    Frozen,
+    InstanceRecord,
+    Resource,
+    RunRecord,
+    RunState,
+    Segment,
+    SyncStats,
+)
 
 
 class TfEnv(Frozen):
@@ -85,7 +94,7 @@ class SegmentCost(Segment):
 
     seconds: float = 0.0
     usd: float = 0.0  # what the instance cost while the run was on it (0 where EC2 does not bill it)
-    free: bool = False  # a spot instance EC2 interrupted in its first hour: not billed (billing.py)
+    free: bool = False  # a spot instance EC2 interrupted in its first hour: not billed (model/billing.py)
     lost_s: float = 0.0  # work after the last checkpointed epoch, done again on the next instance
     lost_usd: float = 0.0
     waited_s: float = 0.0  # from the end of the stretch before it to its start (a recovery's wait)

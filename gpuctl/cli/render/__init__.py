@@ -5,7 +5,7 @@ free-text columns (metrics) at spaces, never inside a word; then drops columns, 
 the order the table declares (`Col.drop`: 1 goes first; 0 is never dropped) and says which it hid;
 and when even the kept columns do not fit, it prints one block per row ("stacked"), every value whole.
 
-Status and cost are drawn in render_cost.py, every other command's output in render_commands.py.
+Status and cost are drawn in cli/render/cost.py, every other command's output in cli/render/commands.py.
 These modules are imported only by commands that print, never by `gpuctl --help` (rich costs tens
 of milliseconds to import).
 """
@@ -25,7 +25,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from gpuctl.untrusted import clean
+from gpuctl.model.untrusted import clean
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -1,5 +1,5 @@
-"""Each command's own output, apart from status and cost (render_cost.py): plain lines, the guard
-table, config show, status --all. Tables follow the width rule of render.py."""
+"""Each command's own output, apart from status and cost (cli/render/cost.py): plain lines, the guard
+table, config show, status --all. Tables follow the width rule of cli/render/__init__.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,23 @@ from typing import TYPE_CHECKING, Sequence
 import click
 from rich.console import Console
 
-from gpuctl.render import Col, cell, clock, console, duration, notes, say, table, usd
+from gpuctl.cli.render import Col, cell, clock, console, duration, notes, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.results import DownResult, ExecResult, StopResult, GuardCheck, GuardReport, Inventory, PullResult, SshConfigResult, SyncResult, TrainResult, UpResult
-    from gpuctl.types import RunRecord, SettingValue
+    from gpuctl.model.records import RunRecord, SettingValue
+    from gpuctl.model.results import (
+        DownResult,
+        ExecResult,
+        GuardCheck,
+        GuardReport,
+        Inventory,
+        PullResult,
+        SshConfigResult,
+        StopResult,
+        SyncResult,
+        TrainResult,
+        UpResult,
+    )
 
 
 def up(result: UpResult) -> None:
@@ -56,7 +68,7 @@ def train_started(result: TrainResult, to_stderr: bool) -> None:
             _left_out(f"{label} entries not pushed", st.skipped)
     run = result.run
     if run.state == "queued":
-        from gpuctl.render_cost import ordinal
+        from gpuctl.cli.render.cost import ordinal
 
         place = f" ({ordinal(run.queue_position)} in line)" if run.queue_position else ""
         free = (f"{run.gpus} GPU(s) are free" if result.node_gpus != 0 else

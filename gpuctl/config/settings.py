@@ -1,6 +1,6 @@
 """Settings: the pydantic models of every setting, their defaults, bounds and descriptions.
 
-Where values come from (files, env, flags) and which wins: gpuctl/settings_load.py.
+Where values come from (files, env, flags) and which wins: gpuctl/config/load.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from gpuctl.config.providers import PROVIDERS, unknown_provider
+from gpuctl.model.endpoint import Endpoint
 
 
 class _Section(BaseModel):
@@ -205,8 +208,6 @@ class SshSettings(_Section):
     @field_validator("hosts")
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
-        from gpuctl.remote.endpoint import Endpoint
-
         for h in v:
             Endpoint.parse(h)  # ValueError says which one is wrong
         return v
@@ -253,11 +254,6 @@ class Settings(_Section):
     @field_validator("provider")
     @classmethod
     def _known_provider(cls, v: str) -> str:
-        from gpuctl.provision import (  # a dict of names: cheap, imports no provider
-            PROVIDERS,
-            unknown_provider,
-        )
-
         if v not in PROVIDERS:
             raise ValueError(f"{unknown_provider(v)} (known: {', '.join(sorted(PROVIDERS))})")
         return v

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuctl.cli_common import (
+from gpuctl.cli.common import (
     CONTEXT,
     PositiveFloat,
     confirm,
@@ -48,7 +48,8 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
        usd_per_hour: float | None, nodes: int | None, placement: str | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
        as_json: bool) -> None:
     """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import clusters
 
     flags = {
@@ -83,13 +84,14 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
     """Clusters and runs: state, epoch k of N, last metrics, elapsed, cost so far (RUN: that run
     and its cluster; a unique prefix or suffix of its id will do). Clusters released over a week
     ago are left out unless --all."""
-    from gpuctl import render, render_cost
+    from gpuctl.cli import render
+    from gpuctl.cli.render import cost as render_cost
     from gpuctl.ops import costs
 
     if everything and (run is not None or cluster is not None):
         raise click.UsageError("--all searches everything: give no RUN or --cluster with it")
     if everything:
-        from gpuctl import render_commands
+        from gpuctl.cli.render import commands as render_commands
 
         every = costs.everything(session(ctx))
         if as_json:
@@ -118,16 +120,17 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
 
     Name RUNS to report only those.
     """
-    from gpuctl import render, render_cost
+    from gpuctl.cli import render
+    from gpuctl.cli.render import cost as render_cost
     from gpuctl.ops import costs
 
     if plot_path is not None:
-        from gpuctl.plot import check_target
+        from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
     report = costs.cost(session(ctx), runs, compare=compare)
     if plot_path is not None:
-        from gpuctl.plot import plot
+        from gpuctl.cli.render.plot import plot
 
         drawn = plot(report, plot_path)
         click.echo(f"Wrote {plot_path} ({drawn} run(s)).", err=True)
@@ -159,7 +162,8 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
 def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool, force: bool, pull: bool,
          dest: Path, yes: bool, as_json: bool) -> None:
     """Stop every job and release the cluster (default: the default cluster). Reports are kept."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import release
 
     if everything and name:
@@ -198,7 +202,8 @@ def guard() -> None:
 @click.pass_context
 def guard_show(ctx: click.Context, cluster: str | None, check: bool, as_json: bool) -> None:
     """Each guard, its limit, and the time until it fires."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import guards
 
     report = guards.show(session(ctx), cluster, check=check)
@@ -223,7 +228,8 @@ def guard_set(ctx: click.Context, cluster: str | None, as_json: bool, **values: 
 
     On every instance of the cluster; a watchdog that stopped is started again (with no flag too).
     """
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import guards
 
     names = {"budget": "budget_usd"}  # flag -> setting, where they differ
@@ -241,7 +247,8 @@ def config() -> None:
 @click.pass_context
 def config_show(ctx: click.Context, as_json: bool) -> None:
     """Every setting, its value, and where the value came from."""
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import config as config_ops
 
     values = config_ops.show(session(ctx))

@@ -27,7 +27,7 @@ def session(ctx: click.Context, **flags: Any):
 
 def progress_sink():
     """The sink for a use case's progress lines (render.Progress); use it in a `with`."""
-    from gpuctl.render import Progress
+    from gpuctl.cli.render import Progress
 
     return Progress()
 
@@ -76,3 +76,20 @@ class PositiveFloat(click.ParamType):
         if not f > 0:
             self.fail(f"{value!r} is not a positive number", param, ctx)
         return f
+
+
+class ScriptArgsCommand(click.Command):
+    """`train PROJECT --epochs 3`: Click knows no --epochs; say that script arguments go after `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # Click consumes `args` while it parses
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            import shlex
+
+            where = given.index(exc.option_name) if exc.option_name in given else len(given)
+            ours, theirs = given[:where], given[where:]
+            raise click.UsageError(
+                f"no such option: {exc.option_name}\nHint: script arguments go after --: "
+                f"gpuctl {ctx.info_name} {shlex.join([*ours, '--', *theirs])}", ctx) from None

@@ -1,18 +1,14 @@
-"""Where to SSH: an endpoint (`user@host:port`, its key, its jump hosts), the parsing of what a
-user types for one, and the known_hosts file every hop's key is pinned in. Plain data and files:
-what settings, the providers and both SSH transports (Fabric: ssh.py, OpenSSH: openssh.py) share.
+"""Where to SSH: an endpoint (`user@host:port`, its key, its jump hosts) and the parsing of what a
+user types for one. Plain data: what settings, the providers and both SSH transports (Fabric:
+remote/ssh.py, OpenSSH: remote/openssh.py) share; the pins of host keys are remote/known_hosts.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from gpuctl.remote.sync import unique_suffix
-from gpuctl.types import InstanceRecord
+from gpuctl.model.records import InstanceRecord
 
 # What a host name, and a login name, may hold: they reach ssh argv and ssh config files, so no
 # spaces, quotes or a leading '-' (which ssh would read as an option).
@@ -91,30 +87,3 @@ class Endpoint:
 
         user, host, port = split_target(text)
         return cls(user=user or default_user or getpass.getuser(), host=host, port=port or 22)
-
-
-def known_hosts_path(home: Path) -> Path:
-    return home / "known_hosts"
-
-
-def forget_host_keys(home: Path, names: set[str]) -> int:
-    """Drop the pins of these names (key aliases of released instances); how many lines went."""
-    path = known_hosts_path(home)
-    if not names or not path.exists():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.split(" ", 1)[0] not in names]
-    if len(kept) != len(lines):
-        tmp = path.with_name(f".known_hosts.{unique_suffix()}.tmp")
-        tmp.write_text("".join(kept))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
-
-
-def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False

@@ -1,6 +1,6 @@
 """`gpuctl status` and `gpuctl cost`: the tables, the compare view, the CSV.
 
-Under the width rule of render.py (money and ids whole), each table drops columns in this order:
+Under the width rule of cli/render/__init__.py (money and ids whole), each table drops columns in this order:
 - status clusters: provider, uptime, state (kept: cluster, $/h, $ so far)
 - status runs: image, TF, last metrics (after wrapping), elapsed, cluster, epoch (kept: run, state, $ on instance)
 - cost clusters: provider, state, $ spot saved, uptime, $ storage, $ idle, $ compute, $/h (kept: cluster, $)
@@ -20,13 +20,27 @@ from typing import TYPE_CHECKING, Sequence, TextIO
 
 from rich.console import Console
 
+from gpuctl.cli.render import (
+    Col,
+    clock,
+    console,
+    duration,
+    fit,
+    hidden_note,
+    metrics,
+    notes,
+    num,
+    say,
+    table,
+    text_block,
+    usd,
+)
 from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
-from gpuctl.render import Col, clock, console, duration, fit, hidden_note, metrics, notes, num, say, table, text_block, usd
 
 if TYPE_CHECKING:
+    from gpuctl.model.results import CostReport, RunCost, SegmentCost, StatusAll, StatusReport
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
-    from gpuctl.results import CostReport, RunCost, SegmentCost, StatusAll, StatusReport
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 

@@ -1,10 +1,10 @@
-"""The command line: parse with Click, call one use case in gpuctl.ops, render with gpuctl.render.
+"""The command line: parse with Click, call one use case in gpuctl.ops, render with gpuctl.cli.render.
 
 This module holds the group and the one place that maps errors to `Error:`/`Hint:` lines and exit
-codes (`GpuctlGroup.invoke`); the commands are in cli_clusters.py, cli_runs.py, cli_access.py,
-cli_plan.py and cli_images.py.
+codes (`GpuctlGroup.invoke`); the commands are in cli/clusters.py, cli/runs.py, cli/access.py,
+cli/plan.py and cli/images.py.
 `gpuctl --help` must stay fast: at import time these modules load only click and gpuctl.errors;
-pydantic (settings, types), rich (render) and the use cases are imported inside the commands.
+pydantic (config, model), rich (cli/render) and the use cases are imported inside the commands.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any, NoReturn
 
 import click
 
-from gpuctl import __version__, cli_access, cli_clusters, cli_images, cli_plan, cli_runs
-from gpuctl.cli_common import CONTEXT
+from gpuctl import __version__
+from gpuctl.cli import access, clusters, images, plan, runs
+from gpuctl.cli.common import CONTEXT
 from gpuctl.errors import ExitCode, GpuctlError
 
 # The reader of our output went away (`gpuctl cost | head -1`): exit as a tool killed by SIGPIPE
@@ -58,7 +59,7 @@ def _traceback() -> None:
 def _print_error(exc: GpuctlError) -> None:
     # Plain text, not rich markup: messages quote settings like `[aws] region` and must print as is.
     # Without control sequences: a message may quote what an instance said (an untrusted host).
-    from gpuctl.untrusted import one_line
+    from gpuctl.model.untrusted import one_line
 
     click.echo(click.style("Error:", fg="red", bold=True) + " " + one_line(exc.message, 2000), err=True)
     click.echo(click.style("Hint:", bold=True) + " " + one_line(exc.hint, 2000), err=True)
@@ -103,7 +104,7 @@ class GpuctlGroup(click.Group):
         except Exception as exc:  # a bug: say so in one line, traceback only on request
             if debug:
                 _traceback()
-            from gpuctl.untrusted import one_line
+            from gpuctl.model.untrusted import one_line
 
             click.echo(f"Error: internal error: {type(exc).__name__}: {one_line(exc, 2000)}", err=True)
             click.echo("Hint: rerun with --debug and report the traceback.", err=True)
@@ -133,10 +134,10 @@ def cli(debug: bool) -> None:
         logging.getLogger().addHandler(logging.NullHandler())
 
 
-for _command in (cli_clusters.up, cli_clusters.down, cli_clusters.status, cli_clusters.cost, cli_clusters.guard,
-                 cli_clusters.config, cli_runs.train, cli_runs.sync, cli_runs.pull, cli_runs.logs, cli_access.exec_,
-                 cli_access.ssh_, cli_access.attach, cli_access.ssh_config, cli_access.tensorboard, cli_runs.runs,
-                 cli_runs.watch, cli_runs.stop, cli_plan.plan, cli_images.image):
+for _command in (clusters.up, clusters.down, clusters.status, clusters.cost, clusters.guard,
+                 clusters.config, runs.train, runs.sync, runs.pull, runs.logs, access.exec_,
+                 access.ssh_, access.attach, access.ssh_config, access.tensorboard, runs.runs,
+                 runs.watch, runs.stop, plan.plan, images.image):
     cli.add_command(_command)
 
 

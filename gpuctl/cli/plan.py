@@ -8,8 +8,7 @@ from typing import Iterator
 
 import click
 
-from gpuctl.cli_common import CONTEXT, confirm, json_option, progress_sink, session
-from gpuctl.cli_runs import ScriptArgsCommand
+from gpuctl.cli.common import CONTEXT, ScriptArgsCommand, confirm, json_option, progress_sink, session
 
 
 @contextmanager
@@ -63,12 +62,13 @@ def plan(ctx: click.Context, path: Path, args: tuple[str, ...], types: tuple[str
     gpuctl plan proj --cluster lab --cluster local --epochs 50
     gpuctl plan proj --from-history --epochs 50
     """
-    from gpuctl import render, render_plan
+    from gpuctl.cli import render
+    from gpuctl.cli.render import plan as render_plan
     from gpuctl.errors import ConfigError
     from gpuctl.ops import plan as plan_ops
 
     if plot_path is not None:
-        from gpuctl.plot import check_target
+        from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before anything is launched
     s = session(ctx)
@@ -101,7 +101,7 @@ def plan(ctx: click.Context, path: Path, args: tuple[str, ...], types: tuple[str
     else:
         render_plan.plan(report)
     if plot_path is not None:
-        from gpuctl.plot import plan_plot
+        from gpuctl.cli.render.plot import plan_plot
 
         try:
             click.echo(f"Wrote {plot_path} ({plan_plot(report, plot_path)} machine(s)).", err=True)

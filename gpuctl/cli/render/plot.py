@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import ConfigError
-from gpuctl.results import CostReport, PlanReport
+from gpuctl.model.results import CostReport, PlanReport
 
 
 def check_target(path: Path) -> Path:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
-
 import math
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpuctl import untrusted
+from gpuctl.model import untrusted
 
 # The payload writes EpochReport lines with this schema number; bump it on any incompatible change
 # and keep `gpuctl.payloads.gpuctl_report.SCHEMA_VERSION` equal (a test checks).
@@ -254,7 +253,7 @@ MAX_METRICS = 64  # metrics of one epoch kept (by name order); the rest are drop
 
 class EpochReport(Frozen):
     """One line of the payload's epochs.jsonl: the cost and speed of one finished epoch. Written
-    on the instance, so every field is bounded (untrusted.py): a line that fails is not ingested,
+    on the instance, so every field is bounded (model/untrusted.py): a line that fails is not ingested,
     and a row stored before the bounds existed is skipped when the ledger reads it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)

@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuctl.config.settings import KNOWN_KEYS, Settings
 from gpuctl.errors import ConfigError
-from gpuctl.settings import KNOWN_KEYS, Settings
-from gpuctl.types import SettingValue
+from gpuctl.model.records import SettingValue
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,6 +1,6 @@
 """`gpuctl plan`: the ranked table, what failed, the hints, the recommendation, and the plan's cost.
 
-Under the width rule of render.py (money and ids whole) the table drops, in this order: GPU
+Under the width rule of cli/render/__init__.py (money and ids whole) the table drops, in this order: GPU
 memory, first epoch, ready, examples/s, GPU %, steady epoch, $/h, the run and its date (history);
 it keeps the rank, the machine, the projected time and dollars.
 """
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from gpuctl.render import Col, clock, console, duration, num, say, table, usd
+from gpuctl.cli.render import Col, clock, console, duration, num, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.results import PlanReport, PlanRow
+    from gpuctl.model.results import PlanReport, PlanRow
 
 
 def _gpu(row: PlanRow) -> str:

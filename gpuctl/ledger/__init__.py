@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from gpuctl import ledger_schema
-from gpuctl.ledger_schema import SCHEMA_VERSION, make_private
-from gpuctl.provision import BakedImage
-from gpuctl.types import (
+from gpuctl.errors import ConfigError, ConflictError, NotFoundError
+from gpuctl.ledger import schema
+from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
+from gpuctl.model.images import BakedImage
+from gpuctl.model.records import (
     ClusterRecord,
     ClusterSpec,
     EpochReport,
@@ -25,12 +26,11 @@ from gpuctl.types import (
     RunRecord,
 )
 
+
 class Ledger:
     """Typed access to the ledger. Open one per command; it is cheap."""
 
     def __init__(self, home: Path):
-        from gpuctl.errors import ConfigError
-
         self.home = home
         self.path = home / "ledger.sqlite3"
         try:
@@ -60,13 +60,11 @@ class Ledger:
         if version == SCHEMA_VERSION:
             return
         if version > SCHEMA_VERSION:
-            from gpuctl.errors import ConfigError
-
             raise ConfigError(f"the ledger {self.path} was written by a newer gpuctl (schema {version}, this one "
                               f"knows {SCHEMA_VERSION})", "Upgrade gpuctl (pip install -U gpuctl), or point "
                               "GPUCTL_HOME at another directory.")
         with self.write() as db:
-            ledger_schema.upgrade(db)
+            schema.upgrade(db)
 
     def close(self) -> None:
         self._db.close()
@@ -94,8 +92,6 @@ class Ledger:
     def _unwritable(self, exc: sqlite3.OperationalError) -> Exception:
         """A ledger that cannot take a write (read-only file or disk, full disk, held too long by
         another gpuctl): one line that names it, with what to do."""
-        from gpuctl.errors import ConfigError, ConflictError
-
         if "locked" in str(exc) or "busy" in str(exc):
             return ConflictError(f"the ledger {self.path} stayed locked by another gpuctl for 30 s ({exc})",
                                  "Let the other gpuctl command finish (or end it), then run this one again.")
@@ -207,8 +203,6 @@ class Ledger:
 
         Every command's run lookup goes through here (Session.find_run).
         """
-        from gpuctl.errors import ConflictError, NotFoundError
-
         hint = "Run `gpuctl status` to list runs."
         if not text or not text.strip():
             raise NotFoundError("no run named ''", hint)

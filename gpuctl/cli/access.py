@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gpuctl.cli_common import CONTEXT, json_option, run_child, session
+from gpuctl.cli.common import CONTEXT, json_option, run_child, session
 
 
 @click.command("exec", context_settings=CONTEXT)
@@ -27,7 +27,8 @@ def exec_(ctx: click.Context, command: tuple[str, ...], cluster: str | None, as_
 
     Exits with the worst exit status of the hosts (also with --json).
     """
-    from gpuctl import render, render_commands
+    from gpuctl.cli import render
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs
 
     results = runs.exec_command(session(ctx), command, cluster=cluster)
@@ -86,7 +87,7 @@ def attach(ctx: click.Context, run: str | None, print_only: bool) -> None:
 @click.pass_context
 def ssh_config(ctx: click.Context, install: bool) -> None:
     """Write an ssh config for the live clusters, so plain `ssh CLUSTER` works."""
-    from gpuctl import render_commands
+    from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import access
 
     render_commands.ssh_config(access.ssh_config(session(ctx), install=install), install)

@@ -1,5 +1,5 @@
 """`gpuctl image ls`, `image bake`, `image rm`: the table and the lines. Under the width rule of
-render.py, the ls table drops base image, then created, then name; id, TF, size and $/month stay."""
+cli/render/__init__.py, the ls table drops base image, then created, then name; id, TF, size and $/month stay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from gpuctl.render import Col, clock, console, say, table, usd
+from gpuctl.cli.render import Col, clock, console, say, table, usd
 
 if TYPE_CHECKING:
     from gpuctl.ops.images import BakeResult, ImageInfo, ImageList

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Callable, Iterator, TypeVar
+from typing import Annotated, Any, Callable, Iterator, Protocol, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -232,7 +232,13 @@ class Lines:
                 return
 
 
-def reads(host: Any, path: str) -> Callable[[int, int], bytes | None]:
+class Readable(Protocol):
+    """What `reads` needs of a host (remote/host.py's Host has it)."""
+
+    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None: ...
+
+
+def reads(host: Readable, path: str) -> Callable[[int, int], bytes | None]:
     """The `read` of a Lines over one file of a host."""
     return lambda offset, size: host.read_bytes(path, offset, size)
 
