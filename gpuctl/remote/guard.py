@@ -8,21 +8,18 @@ needs nothing from the client once installed.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 from typing import Any
 
 from gpuctl import untrusted
+from gpuctl.payloads import gpuctl_protocol as protocol
 from gpuctl.remote import jobs
 from gpuctl.remote.guard_files import GuardConfig, WatchdogState
 
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
 CHECK = "gpuctl_guard_check.py"  # one dry look by the watchdog's code (`guard show --check`)
-# Its code (gpuctl_watchdog.CODE_FILES): a change means a restart (ops.guards.code_version), and
-# the aws user data carries them all (the watchdog runs from boot).
-WATCHDOG_FILES = (WATCHDOG, "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py")
 SESSION = "gpuctl-watchdog"
 CRON_MARK = "# gpuctl-watchdog"
 
@@ -46,8 +43,8 @@ def _read(host: Any, name: str, model: type, notes: list[str] | None) -> dict[st
     return untrusted.read(model, raw, f"guard/{name} from {host.label}", notes)
 
 
-def write_config(host: Any, cfg: dict[str, Any]) -> None:
-    host.write_text(config_path(host), json.dumps(cfg, indent=2, sort_keys=True))
+def write_config(host: Any, cfg: protocol.GuardConfig) -> None:
+    host.write_text(config_path(host), cfg.to_json())
 
 
 def _ensure_script(host: Any, python: str, payload_dir: str) -> str:
@@ -86,7 +83,7 @@ def _systemd_unit(host: Any, python: str, payload_dir: str, user: str) -> str:
     )
 
 
-def install(host: Any, cfg: dict[str, Any], python: str, payload_dir: str) -> str:
+def install(host: Any, cfg: protocol.GuardConfig, python: str, payload_dir: str) -> str:
     """Write the config and make sure the watchdog runs; how it runs ("systemd" or "tmux...")."""
     write_config(host, cfg)
     probe = host.run(["sh", "-c",

@@ -329,3 +329,14 @@ def test_regions_to_search_are_the_enabled_ones_of_the_partition():
             {"RegionName": "cn-north-1", "OptInStatus": "opt-in-not-required"},
         ]})
         assert inventory.regions(aws) == ["af-south-1", "eu-west-1", "us-east-1"]
+
+
+def test_the_user_data_with_the_watchdogs_code_fits_ec2s_16_kb():
+    """The watchdog's files (gpuctl_protocol.WATCHDOG_FILES) ride in the user data, gzipped: a
+    payload that grows past EC2's 16 KB fails every `up` on aws (tests/aws.py checks it in moto;
+    this says so in the fast tier)."""
+    from gpuctl.provision.aws.userdata import boot_script
+
+    guard = {"idle_s": 1800.0, "check_interval_s": 60.0, "gpu_idle_percent": 5.0, "on_fire": "poweroff",
+             "poweroff_command": "sudo shutdown -h now"}
+    assert len(boot_script(8.0, guard, "ubuntu", "~/gpuctl")) <= 16384
