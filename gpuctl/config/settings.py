@@ -19,6 +19,7 @@ from pydantic import (
 
 from gpuctl.config.providers import PROVIDERS, unknown_provider
 from gpuctl.model.endpoint import Endpoint
+from gpuctl.payloads.gpuctl_protocol import GuardConfig as _OnInstance  # the watchdog's defaults are the settings'
 
 
 class _Section(BaseModel):
@@ -122,20 +123,20 @@ class GuardSettings(_Section):
         8.0, gt=0, le=24 * 365, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
     )
     budget_usd: float = Field(
-        0.0, ge=0, le=1e6, description="The cluster's uptime budget: once the instance's uptime costs this much, the "
+        _OnInstance.budget_usd, ge=0, le=1e6, description="The cluster's uptime budget: once the instance's uptime costs this much, the "
         "watchdog stops the jobs and shuts down; 0 = no cap. Flag: `guard set --budget`."
     )
     idle: str = Field("30m", description="Shut down after this long with no job, an idle GPU and no SSH session; 0 = never.")
     stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")
-    on_stall: Literal["warn", "fire"] = Field("warn", description="warn: say so in the log and status; fire: shut down.")
-    down_after_run: bool = Field(False, description="Shut down a grace period after the run ends, success or failure.")
-    grace: str = Field("2m", description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
-    check_interval: str = Field("60s", description="How often the watchdog looks.")
-    gpu_idle_percent: float = Field(5.0, ge=0, le=100, description="GPU utilisation under this counts as idle.")
+    on_stall: Literal["warn", "fire"] = Field(_OnInstance.on_stall, description="warn: say so in the log and status; fire: shut down.")
+    down_after_run: bool = Field(_OnInstance.down_after_run, description="Shut down a grace period after the run ends, success or failure.")
+    grace: str = Field(f"{_OnInstance.grace_s:g}s", description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
+    check_interval: str = Field(f"{_OnInstance.check_interval_s:g}s", description="How often the watchdog looks.")
+    gpu_idle_percent: float = Field(_OnInstance.gpu_idle_percent, ge=0, le=100, description="GPU utilisation under this counts as idle.")
     on_fire: Literal["", "poweroff", "stop-jobs"] = Field(
         "", description="What shutting down means; empty: poweroff on aws, stop-jobs on ssh and local."
     )
-    poweroff_command: str = Field("sudo shutdown -h now", min_length=1, description="How `poweroff` is done.")
+    poweroff_command: str = Field(_OnInstance.poweroff_command, min_length=1, description="How `poweroff` is done.")
 
     _check_durations = field_validator("idle", "stall", "grace", "check_interval")(classmethod(lambda cls, v: _duration(v)))
 

@@ -9,10 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuctl.model import untrusted
 
-# The payload writes EpochReport lines with this schema number; bump it on any incompatible change
-# and keep `gpuctl.payloads.gpuctl_report.SCHEMA_VERSION` equal (a test checks).
-EPOCH_SCHEMA_VERSION = 1
-
 # preempted: its spot instance was interrupted (the job stopped on the notice, or the instance is
 # gone by EC2's word); recovery or `train --resume` continues it from its checkpoint.
 # queued: its job waits on the instance for its GPUs (the cluster's queue, ops/queue.py).

@@ -15,6 +15,7 @@ from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, InstanceRecord
 from gpuctl.model.results import GuardCheck, GuardReport
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
+from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES, GuardConfig
 from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat
 from gpuctl.remote.guard_files import DryLook
@@ -38,9 +39,9 @@ def push_payload(host: Host) -> str:
 
 def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
             existing: dict[str, Any], down_after_run: bool | None = None, armed_at: float | None = None,
-            cluster_rate: float | None = None) -> dict[str, Any]:
+            cluster_rate: float | None = None) -> GuardConfig:
     """The watchdog's config from the settings; values the user never set keep what the host has
-    (so a `guard set` survives the next `train`)."""
+    (`existing`, as guard.read_config reads it: so a `guard set` survives the next `train`)."""
     g = loaded.settings.guards
     fresh: dict[str, tuple[str, Any]] = {  # config key -> (setting, value)
         "idle_s": ("guards.idle", g.seconds("idle")),
@@ -75,17 +76,19 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
                started_at=inst.launched_at, cluster=cluster.name,
                cluster_key=cluster_key(cluster), heartbeat_stale_s=heartbeat.STALE_S,
                notice=provider.interruption_notice())
-    return cfg
+    # What the host had passed its own bounds (guard_files.py); the protocol's drops what it does not know.
+    return GuardConfig.from_dict(cfg)
 
 
-def check_limits(cfg: dict[str, Any], where: str = "") -> None:
+def check_limits(cfg: GuardConfig, where: str = "") -> None:
     """Idle and stall limits the watchdog can notice: none shorter than its check interval. Checked
     on the values that will be in force (the host's merged with this command's), before anything
     is written."""
-    interval = float(cfg["check_interval_s"])
+    interval = cfg.check_interval_s
     for key in ("idle_s", "stall_s"):
-        if 0 < float(cfg[key]) < interval:
-            raise ConfigError(f"guards.{key[:-2]} ({cfg[key]:g}s) is shorter than check_interval ({interval:g}s){where}; "
+        limit = getattr(cfg, key)
+        if 0 < limit < interval:
+            raise ConfigError(f"guards.{key[:-2]} ({limit:g}s) is shorter than check_interval ({interval:g}s){where}; "
                               "the watchdog could not notice it in time",
                               "Raise it, or lower the interval in the same command (--check-interval, "
                               "`guards.check_interval`).")
@@ -94,8 +97,8 @@ def check_limits(cfg: dict[str, Any], where: str = "") -> None:
 def check_settings(loaded: LoadedSettings) -> None:
     """The limits a new cluster's watchdog would get (`up`: every value comes from the settings)."""
     g = loaded.settings.guards
-    check_limits({"check_interval_s": g.seconds("check_interval"), "idle_s": g.seconds("idle"),
-                  "stall_s": g.seconds("stall")})
+    check_limits(GuardConfig(check_interval_s=g.seconds("check_interval"), idle_s=g.seconds("idle"),
+                             stall_s=g.seconds("stall")))
 
 
 def check_for(s: Session, loaded: LoadedSettings, cluster: ClusterRecord) -> None:
@@ -175,7 +178,7 @@ def _alive(host: Host, pid: Any) -> bool:
 def code_version() -> str:
     """What the watchdog reports as its code (`code` in state.json): the hash of its files."""
     digest = hashlib.sha1()
-    for name in guard.WATCHDOG_FILES:
+    for name in WATCHDOG_FILES:
         digest.update((PAYLOAD_DIR / name).read_bytes())
     return digest.hexdigest()[:12]
 

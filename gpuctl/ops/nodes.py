@@ -23,13 +23,11 @@ from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, Ru
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import push, setup
 from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.payloads.gpuctl_protocol import NOTICE_FILE, PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
 
 T = TypeVar("T")
-SIGTERM_EXIT = 143  # stopped by `down` or a guard, after its graceful exit
-PREEMPTED_EXIT = 75  # stopped by a spot interruption notice (gpuctl_run.PREEMPTED_EXIT), with
-PREEMPTED_MARK = "preempted.json"  # this file in its run dir (gpuctl_run.PREEMPTED_MARK)
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ class NodeState:
 
 def notice_file(host: Host) -> str:
     """Where the node's watchdog records a spot interruption notice (the launcher reads it)."""
-    return posixpath.join(guard.guard_dir(host), "notice.json")
+    return posixpath.join(guard.guard_dir(host), NOTICE_FILE)
 
 
 RUNNING = ("running", "starting")  # "starting": its job runs, but has not started as this node yet
@@ -216,7 +214,7 @@ def _look(node: Node, run: RunRecord) -> NodeState:
     if state == "running" and _unconfirmed(run, node.rank):
         mark = node.host.read_bytes(paths.node_started, 0, 64)  # bytes of the instance's: compared, never shown
         state = "running" if (mark or b"").strip() == str(node.rank).encode() else "starting"
-    elif state == "failed" and code == SIGTERM_EXIT:
+    elif state == "failed" and code == STOPPED_EXIT:  # stopped by `down` or a guard, after its graceful exit
         state = "stopped"
     elif state == "failed" and code == PREEMPTED_EXIT and node.host.read_bytes(
             posixpath.join(paths.run_dir, PREEMPTED_MARK), 0, 1) is not None:

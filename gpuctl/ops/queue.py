@@ -10,6 +10,7 @@ from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model import untrusted
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import guards
+from gpuctl.payloads.gpuctl_protocol import QueueConfig
 from gpuctl.remote.host import Host, once
 
 PAYLOAD = "gpuctl_queue.py"
@@ -57,10 +58,10 @@ def asked(gpus_flag: int | None, node_gpus: int, nodes: int) -> int:
     return gpus_flag
 
 
-def config(host: Host, want: int, node_gpus: int, node_usd_per_hour: float, now: bool) -> dict:
+def config(host: Host, want: int, node_gpus: int, node_usd_per_hour: float, now: bool) -> QueueConfig:
     """run.json's `queue` part for this node."""
-    return {"dir": queue_dir(host), "want": want, "slots": slots(node_gpus), "gpus": node_gpus, "now": now,
-            "node_usd_per_hour": node_usd_per_hour}
+    return QueueConfig(dir=queue_dir(host), want=want, slots=slots(node_gpus), gpus=node_gpus, now=now,
+                       node_usd_per_hour=node_usd_per_hour)
 
 
 def look(host: Host, run_dir: str) -> dict | None:

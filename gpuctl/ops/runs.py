@@ -3,7 +3,6 @@ command on every host (`exec`). Following a run lives in run_state.py."""
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import secrets
@@ -18,6 +17,7 @@ from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.ops import guards, nodes, push, queue
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
+from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import NO_DEADLINE, Host
 
@@ -164,34 +164,35 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
         payload_dir = guards.push_payload(node.host)
         chief, paths = node.rank == 0, node.paths(run)
         node_gpus = queue.gpus_of(node.host)
-        config = {
-            "run_id": run.run_id, "entry": run.entry, "usd_per_hour": run.usd_per_hour,
-            "budget_usd": run.budget_usd, "mixed_precision": settings.train.mixed_precision,
-            "memory_growth": settings.train.memory_growth,
+        config = RunConfig(
+            run_id=run.run_id, entry=run.entry, usd_per_hour=run.usd_per_hour,
+            budget_usd=run.budget_usd, mixed_precision=settings.train.mixed_precision,
+            memory_growth=settings.train.memory_growth,
             # nvidia-smi every so often while it trains: each epoch's GPU utilisation and memory.
-            "gpu_sample_s": settings.train.gpu_sample_s,
+            gpu_sample_s=settings.train.gpu_sample_s,
             # The launcher (the reporter) ends the run after this many epochs: a plan's probe.
-            "stop_after_epochs": stop_after,
+            stop_after_epochs=stop_after,
             # The chief's reports are the run's; another node's stay in its own run dir, unread.
-            "report_path": paths.epochs,
+            report_path=paths.epochs,
             # Each Keras fit checkpoints after every epoch here (train --resume starts from it).
-            "checkpoint_dir": nodes.checkpoint_dir(paths) if settings.train.checkpoint == "auto" else None,
+            checkpoint_dir=nodes.checkpoint_dir(paths) if settings.train.checkpoint == "auto" else None,
             # Where the watchdog records a spot interruption notice (the job then stops as preempted).
-            "notice_file": nodes.notice_file(node.host),
+            notice_file=nodes.notice_file(node.host),
             # The run's files also go to the store after each epoch, where the store outlives the instance.
-            "store": {"target": target.model_dump(), "key_prefix": target.run_prefix(run.run_id),
-                      # The instance's credentials (its role) come from this metadata service.
-                      "imds_endpoint": record.spec.imds_endpoint or None,
-                      # Only the chief's checkpoint counts; the others restore from it, never write it.
-                      "read_only": not chief} if target else None,
-            "resumed": resumed,
+            store=StoreConfig(target=target.model_dump(), key_prefix=target.run_prefix(run.run_id),
+                              # The instance's credentials (its role) come from this metadata service.
+                              imds_endpoint=record.spec.imds_endpoint or None,
+                              # Only the chief's checkpoint counts; the others restore from it, never write it.
+                              read_only=not chief) if target else None,
+            resumed=resumed,
             # The job waits its turn in the node's queue first (a multi-node run takes whole nodes).
-            "queue": queue.config(node.host, min(run.gpus, queue.slots(node_gpus)) if run.gpus and len(each) == 1
-                                  else queue.slots(node_gpus), node_gpus,
-                                  node.inst.usd_per_hour if len(each) == 1 else run.usd_per_hour, run.now),
-        }
-        node.host.write_text(posixpath.join(paths.run_dir, "run.json"), json.dumps(config, indent=2))
-        return [node.python, posixpath.join(payload_dir, queue.PAYLOAD), posixpath.join(paths.run_dir, "run.json"),
+            queue=queue.config(node.host, min(run.gpus, queue.slots(node_gpus)) if run.gpus and len(each) == 1
+                               else queue.slots(node_gpus), node_gpus,
+                               node.inst.usd_per_hour if len(each) == 1 else run.usd_per_hour, run.now),
+        )
+        config_path = posixpath.join(paths.run_dir, RUN_CONFIG_FILE)
+        node.host.write_text(config_path, config.to_json())
+        return [node.python, posixpath.join(payload_dir, queue.PAYLOAD), config_path,
                 posixpath.join(payload_dir, LAUNCHER), *run.args]
 
     commands = nodes.each(each, configure)

@@ -18,6 +18,7 @@ The first that fires, in that order, is the tick's reason.
 from collections import namedtuple
 
 import gpuctl_logins  # beside this file on the instance
+import gpuctl_protocol
 
 # What one tick saw (gpuctl_watchdog.observe). runs: [Run]; gpu: the busiest GPU's % or None (no
 # GPU); logins: (utmp path or None, counted, ignored) from gpuctl_logins; heartbeats: {name: mtime}
@@ -39,18 +40,27 @@ Decision = namedtuple("Decision", "reason detail action state memory notes forge
 NEIGHBOUR_FRESH_S = 180.0  # a neighbour's state this recent (either way on the clock) is alive
 
 
-def number(cfg, key, default):
-    """A config number, the default when it is missing or not a finite number."""
+def number(data, key, default):
+    """A number in fired.json or a login, the default when it is missing or not a finite number."""
     try:
-        value = float(cfg.get(key, default))
+        value = float(data.get(key, default))
     except (TypeError, ValueError):
         return float(default)
     return value if value == value and abs(value) != float("inf") else float(default)
 
 
+def config(data):
+    """The GuardConfig of a parsed config.json (or one already made)."""
+    return data if isinstance(data, gpuctl_protocol.GuardConfig) else gpuctl_protocol.GuardConfig.from_dict(data)
+
+
+def _started(cfg, now):
+    return now if cfg.started_at is None else cfg.started_at
+
+
 def spent_usd(cfg, now):
     """$/h x the time since the cluster started (none before it: a start ahead of this clock)."""
-    return number(cfg, "usd_per_hour", 0) * max(0.0, now - number(cfg, "started_at", now)) / 3600.0
+    return cfg.usd_per_hour * max(0.0, now - _started(cfg, now)) / 3600.0
 
 
 def heartbeats(cfg, beats, now):
@@ -58,7 +68,7 @@ def heartbeats(cfg, beats, now):
     `heartbeat_stale_s` by this host's clock. One from further ahead than that is stale too: the
     clock was set back after it was written, and a file that stays in the future would otherwise
     count as work (and keep the bill running) until the clock caught up."""
-    stale_s = number(cfg, "heartbeat_stale_s", 20)
+    stale_s = cfg.heartbeat_stale_s
     fresh, stale = [], []
     for name, mtime in sorted(beats.items()):
         (fresh if -stale_s < now - mtime < stale_s else stale).append(name)
@@ -71,10 +81,10 @@ def _beat_age(age):
 
 def budget(cfg, now):
     """(fires_at or None, detail if it fires now)."""
-    limit, rate = number(cfg, "budget_usd", 0), number(cfg, "usd_per_hour", 0)
+    limit, rate = cfg.budget_usd, cfg.usd_per_hour
     if limit <= 0:
         return None, None
-    at = number(cfg, "started_at", now) + limit / rate * 3600.0 if rate > 0 else None
+    at = _started(cfg, now) + limit / rate * 3600.0 if rate > 0 else None
     spent = spent_usd(cfg, now)
     return at, ("$%.4f spent of a $%.4f budget" % (spent, limit) if spent >= limit else None)
 
@@ -82,30 +92,30 @@ def budget(cfg, now):
 def run_done(cfg, runs, fired, now):
     """(fires_at or None, detail if it fires now): a run that ended after `down_after_run_since`,
     `grace_s` ago, with no run going on, and not fired for already."""
-    armed_at = cfg.get("down_after_run_since")
-    if not cfg.get("down_after_run") or armed_at is None or any(r.running for r in runs):
+    armed_at = cfg.down_after_run_since
+    if not cfg.down_after_run or armed_at is None or any(r.running for r in runs):
         return None, None
-    ended = [r.ended_at for r in runs if r.ended_at is not None and r.ended_at >= number(cfg, "down_after_run_since", 0)]
+    ended = [r.ended_at for r in runs if r.ended_at is not None and r.ended_at >= armed_at]
     if not ended:
         return None, None
     last = max(ended)
     if isinstance(fired, dict) and fired.get("reason") == "run-done" and number(fired, "at", 0) >= last:
         return None, None  # fired for this run already
-    at = last + number(cfg, "grace_s", 120)
+    at = last + cfg.grace_s
     return at, ("the run ended %.0fs ago" % (now - last) if now >= at else None)
 
 
 def hard_cap(cfg, now):
     """(fires_at or None, detail if it fires now)."""
-    if not cfg.get("hard_cap_at"):
+    if not cfg.hard_cap_at:
         return None, None
-    at = number(cfg, "hard_cap_at", 0)
+    at = cfg.hard_cap_at
     return at, ("max_hours reached" if now >= at else None)
 
 
 def stalls(cfg, runs, gpu_idle, now):
     """[(run name, seconds its log has been silent)] for started jobs that look hung."""
-    limit = number(cfg, "stall_s", 0)
+    limit = cfg.stall_s
     if limit <= 0 or not gpu_idle:
         return []
     out = []
@@ -130,7 +140,7 @@ def idle(cfg, working, gpu_idle, counted, now, memory):
     for entry in counted:
         since = max(since, min(number(entry, "last_input", since), now))
     memory = memory._replace(idle_since=since, idle_fired=idle_fired)
-    limit = number(cfg, "idle_s", 0)
+    limit = cfg.idle_s
     if limit <= 0 or idle_fired:
         return since, None, False, memory
     return since, since + limit, not counted and now - since >= limit, memory
@@ -141,14 +151,14 @@ def action(cfg, notice, neighbours, now):
     instance within two minutes and bills none of its first hour then, a poweroff of ours would
     be billed. Another cluster on this host at work (its watchdog saw a job lately): its work is
     not this cluster's to end."""
-    act = cfg.get("on_fire") or "stop-jobs"
-    if act != "poweroff":
+    act = cfg.on_fire
+    if act != gpuctl_protocol.POWEROFF:
         return act, None
     if notice:
-        return "stop-jobs", "poweroff held back: a spot interruption notice came; EC2 ends the instance"
+        return gpuctl_protocol.STOP_JOBS, "poweroff held back: a spot interruption notice came; EC2 ends the instance"
     busy = sorted(name for name, (jobs, at) in neighbours.items() if jobs and _recent(at, now))
     if busy:
-        return "stop-jobs", "poweroff held back: cluster(s) %s on this host run jobs" % ", ".join(busy)
+        return gpuctl_protocol.STOP_JOBS, "poweroff held back: cluster(s) %s on this host run jobs" % ", ".join(busy)
     return act, None
 
 
@@ -161,7 +171,8 @@ def _recent(at, now):
 
 def decide(cfg, seen, now, memory=FRESH):
     """The tick's Decision from the config, what was seen (Observation), the time and the memory."""
-    gpu_idle = seen.gpu is None or seen.gpu < number(cfg, "gpu_idle_percent", 5)
+    cfg = config(cfg)
+    gpu_idle = seen.gpu is None or seen.gpu < cfg.gpu_idle_percent
     running = [r for r in seen.runs if r.running]
     fresh, stale = heartbeats(cfg, seen.heartbeats, now)
     _, counted, ignored = seen.logins
@@ -177,7 +188,7 @@ def decide(cfg, seen, now, memory=FRESH):
     for name, quiet in stalled:
         if name not in memory.warned:
             notes.append("WARN stall: %s: GPU idle and log silent for %.0fs" % (name, quiet))
-        if cfg.get("on_stall") == "fire":
+        if cfg.on_stall == "fire":
             found.append(("stall", "%s hung: GPU idle, log silent %.0fs" % (name, quiet)))
     memory = memory._replace(warned=memory.warned | frozenset(n for n, _ in stalled))
     since, idle_at, idle_now, memory = idle(cfg, bool(running or fresh), gpu_idle, counted, now, memory)
@@ -194,7 +205,7 @@ def decide(cfg, seen, now, memory=FRESH):
     if reason == "idle":
         memory = memory._replace(idle_fired=True)  # one firing per idle stretch
     state = {"jobs": [r.name for r in running], "queued": [r.name for r in running if r.queued], "busy": fresh,
-             "spent_usd": spent_usd(cfg, now), "budget_usd": number(cfg, "budget_usd", 0), "idle_since": since,
+             "spent_usd": spent_usd(cfg, now), "budget_usd": cfg.budget_usd, "idle_since": since,
              "fires_at": fires_at, "stalled": [n for n, _ in stalled]}
     return Decision(reason, detail, act, state, memory, notes, stale)
 
@@ -203,10 +214,11 @@ def inherited_idle_since(previous, cfg, boot):
     """The idle start an earlier watchdog recorded, if it may count: written in this boot, for this
     cluster, and never before this cluster started (a host used by an earlier cluster, or a state
     file from before a reboot, must not make a new cluster look idle for ages)."""
+    cfg = config(cfg)
     since = previous.get("idle_since") if isinstance(previous, dict) else None
-    if since is None or previous.get("boot_id") != boot or previous.get("cluster_key") != cfg.get("cluster_key"):
+    if since is None or previous.get("boot_id") != boot or previous.get("cluster_key") != cfg.cluster_key:
         return None
     try:
-        return max(float(since), number(cfg, "started_at", 0))
+        return max(float(since), cfg.started_at or 0.0)
     except (TypeError, ValueError):
         return None

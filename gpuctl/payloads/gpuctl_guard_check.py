@@ -17,12 +17,12 @@ def check(config_path):
     """One look, as the running watchdog would take it now; nothing written, nothing fired."""
     dog = Watchdog(config_path)
     dog.dry = True
-    cfg = read_json(dog.config_path)
-    if not cfg:
+    cfg = dog.config()
+    if cfg is None:
         return {"error": "no config at %s" % dog.config_path}
     state, reason, detail = dog.tick()
     running = read_json(os.path.join(dog.guard_dir, "state.json"), {}) or {}
-    poweroff = (cfg.get("poweroff_command") or "").split()
+    poweroff = cfg.poweroff_command.split()
     sudo = sh(["sudo", "-n", "true"]) if poweroff[:1] == ["sudo"] else None
     return {"now": time.time(), "state": state, "would_fire": reason, "detail": detail,
             "watchdog": {"pid": running.get("pid"), "last_look": running.get("at"),

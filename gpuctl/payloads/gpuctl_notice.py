@@ -19,11 +19,12 @@ import time
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
+import gpuctl_protocol  # beside this file on the instance
+
 TOKEN_TTL_S = 21600
 ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
-NOTICE_FILE = "notice.json"  # in the guard dir: the interruption, once heard
-REBALANCE_FILE = "rebalance.json"
+REBALANCE_FILE = "rebalance.json"  # in the guard dir
 
 
 class Imds(object):
@@ -125,10 +126,10 @@ def start(watchdog, read_json, write_json):
         # EC2 takes the instance in two minutes: record it (status and the launcher read it) and
         # ask the jobs to stop at their batch end, keeping the last epoch's checkpoint. A watchdog
         # restarted after that finds it recorded: the jobs were told once.
-        if os.path.exists(os.path.join(watchdog.guard_dir, NOTICE_FILE)):
+        if os.path.exists(os.path.join(watchdog.guard_dir, gpuctl_protocol.NOTICE_FILE)):
             return
-        write_json(os.path.join(watchdog.guard_dir, NOTICE_FILE), notice)
-        cfg = read_json(watchdog.config_path) or {}
+        write_json(os.path.join(watchdog.guard_dir, gpuctl_protocol.NOTICE_FILE), notice)
+        cfg = watchdog.config() or gpuctl_protocol.GuardConfig()
         running = [r.name for r in watchdog.runs(cfg) if r.running]
         watchdog.log("NOTICE spot interruption: %s at %s; stopping %d job(s) at the batch end"
                      % (notice.get("action"), notice.get("time"), len(running)))

@@ -23,7 +23,9 @@ import os
 import sys
 import time
 
-CANCELLED_EXIT = 143  # as a stopped run: the job script records it, gpuctl reads "stopped"
+from gpuctl_protocol import STOPPED_EXIT, RunConfig  # beside this file on the instance
+
+POLL_S = 0.5
 MAX_ENTRY = 65536
 
 
@@ -136,17 +138,18 @@ def closed_since(qdir):
         return None
 
 
-def wait_turn(cfg, run_dir, poll_s=0.5):
-    """Queue the run and wait for its turn; its slots to use, or None when it was removed."""
-    q = cfg["queue"]
-    qdir, slots, want = q["dir"], max(1, int(q["slots"])), max(1, int(q["want"]))
+def wait_turn(cfg, run_dir, poll_s=POLL_S):
+    """Queue the run (cfg: a RunConfig with its queue) and wait for its turn; its slots to use, or
+    None when it was removed."""
+    q = cfg.queue
+    qdir, slots, want = q.dir, q.slots, q.want
     status = os.path.join(run_dir, "queue.json")
     with Locked(qdir):
         seq = max([int(n.split("-")[0]) for n in os.listdir(qdir) if n.endswith(".json") and n.split("-")[0].isdigit()]
                   or [0])
-        me = {"run_id": cfg["run_id"], "seq": seq + 1, "want": want, "now": bool(q.get("now")),
+        me = {"run_id": cfg.run_id, "seq": seq + 1, "want": want, "now": q.now,
               "pid": os.getpid(), "queued_at": time.time(), "state": "queued"}
-        path = os.path.join(qdir, "%012d-%s.json" % (me["seq"], cfg["run_id"]))
+        path = os.path.join(qdir, "%012d-%s.json" % (me["seq"], cfg.run_id))
         _write(path, me)
     last = None
     while True:
@@ -171,7 +174,7 @@ def wait_turn(cfg, run_dir, poll_s=0.5):
             _write(status, dict(me, position=pos))
             if last is None:
                 sys.stderr.write("gpuctl: queued (%s): waiting for %s\n"
-                                 % (ordinal(pos), waiting_for(want, slots, int(q.get("gpus", 0)))))
+                                 % (ordinal(pos), waiting_for(want, slots, q.gpus)))
                 sys.stderr.flush()
             last = pos
         time.sleep(poll_s)
@@ -181,15 +184,16 @@ def run(argv):
     config, launcher, args = argv[0], argv[1], argv[2:]
     run_dir = os.path.dirname(os.path.abspath(config))
     with open(config) as fh:
-        cfg = json.load(fh)
-    if cfg.get("queue"):
-        visible = wait_turn(cfg, run_dir, float(cfg["queue"].get("poll_s", 0.5)))
+        raw = json.load(fh)  # rewritten below with every key it has: a newer client's too
+    cfg = RunConfig.from_dict(raw)
+    if cfg.queue is not None:
+        visible = wait_turn(cfg, run_dir)
         now = "%.6f\n" % time.time()
         with open(os.path.join(run_dir, "started"), "w") as fh:
             fh.write(now)  # how long it ran counts from here: its wait in the queue is not its time
         if visible is None:
             sys.stderr.write("gpuctl: removed from the queue before it started\n")
-            return CANCELLED_EXIT
+            return STOPPED_EXIT  # as a stopped run: the job script records it, gpuctl reads "stopped"
         place = _read(os.path.join(run_dir, "queue.json")) or {}
         share = place.get("share", 1.0)
         # A line in its log as it starts: its log grows again (the stall guard counts from here).
@@ -197,9 +201,10 @@ def run(argv):
             place.get("started_at", 0) - place.get("queued_at", 0), ",".join(str(i) for i in visible) or "-"))
         sys.stderr.flush()
         # Its epochs cost its share of the node's rate (the reports are computed here, from run.json).
-        cfg["usd_per_hour"] = float(cfg["queue"].get("node_usd_per_hour", cfg.get("usd_per_hour", 0.0))) * share
-        _write(config, cfg)
-        if int(cfg["queue"].get("gpus", 0)) > 0:
+        node_rate = cfg.queue.node_usd_per_hour
+        raw["usd_per_hour"] = (cfg.usd_per_hour if node_rate is None else node_rate) * share
+        _write(config, raw)
+        if cfg.queue.gpus > 0:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible)
     if os.environ.get("GPUCTL_NUM_NODES", "1") != "1":
         # Which node's job started here: gpuctl reads it back on each node (jobs.NODE_STARTED).

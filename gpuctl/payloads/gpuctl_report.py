@@ -4,7 +4,7 @@ gpuctl's launcher injects `EpochReporter` into every `Model.fit`; a script that 
 `from gpuctl_report import EpochReporter` and pass it itself (the launcher then adds no second
 one). A custom training loop (tf.GradientTape) reports through the public API below, `epoch` or
 `report_epoch`, a no-op off gpuctl. Each finished epoch appends one JSON line (schema
-`SCHEMA_VERSION`) to the run's epochs.jsonl: start/end, seconds, examples and examples/s, dollars
+`gpuctl_protocol.EPOCH_SCHEMA_VERSION`) to the run's epochs.jsonl: start/end, seconds, examples and examples/s, dollars
 per hour, the epoch's cost, the run's cumulative cost, the metrics, and the GPU's utilisation and
 memory while it ran (gpuctl_gpu.py) where nvidia-smi answers.
 
@@ -20,13 +20,13 @@ import os
 import sys
 import time
 
+import gpuctl_protocol  # beside this file (copied into a project, it needs this one beside it too)
+
 try:  # now, while the payload's directory is on sys.path (the user's script's replaces it later)
     import gpuctl_gpu
 except ImportError:  # this file copied into a project, off gpuctl: no sampling (nor reports) there
     gpuctl_gpu = None
 
-SCHEMA_VERSION = 1
-CONFIG_FILE = "run.json"
 # Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for; it came with a
 # spot interruption notice (the epoch it cut short is not a finished one: no report for it).
 STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False, "preempted": False,
@@ -43,22 +43,23 @@ def stop_requested():
     return STATE["stop_requested"]
 
 
-def run_config():
-    """The run's settings written by gpuctl (run.json in $GPUCTL_RUN_DIR); {} outside gpuctl."""
+def settings():
+    """The run's gpuctl_protocol.RunConfig (run.json in $GPUCTL_RUN_DIR); its defaults off gpuctl."""
     run_dir = os.environ.get("GPUCTL_RUN_DIR")
     if not run_dir:
-        return {}
-    try:
-        with open(os.path.join(run_dir, CONFIG_FILE)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return {}
+        return gpuctl_protocol.RunConfig()
+    return gpuctl_protocol.RunConfig.load(os.path.join(run_dir, gpuctl_protocol.RUN_CONFIG_FILE))
+
+
+def run_config():
+    """The same as a dict, for scripts that write their reports through ReportWriter."""
+    return settings().to_dict()
 
 
 if gpuctl_gpu is not None and os.environ.get("GPUCTL_RUN_DIR"):
     # Under gpuctl (the launcher imports this first): sampling starts with the job, so the first
     # epoch has its readings too, however the script reports it.
-    gpuctl_gpu.sampler(run_config().get("gpu_sample_s"))
+    gpuctl_gpu.sampler(settings().gpu_sample_s)
 
 
 def _number(value):
@@ -81,13 +82,13 @@ class ReportWriter(object):
     _by_path = {}
 
     def __init__(self, path, run_id, usd_per_hour, budget_usd=0.0, stop_after=None):
-        cfg = run_config()
+        cfg = settings()
         self.path = path
         self.run_id = run_id
         self.usd_per_hour = float(usd_per_hour)
         self.budget_usd = float(budget_usd or 0.0)
-        self.stop_after = _positive_int(cfg.get("stop_after_epochs") if stop_after is None else stop_after)
-        self.gpu = gpuctl_gpu.sampler(cfg.get("gpu_sample_s")) if gpuctl_gpu is not None else None
+        self.stop_after = _positive_int(cfg.stop_after_epochs if stop_after is None else stop_after)
+        self.gpu = gpuctl_gpu.sampler(cfg.gpu_sample_s) if gpuctl_gpu is not None else None
         self.epochs_done = 0
         self.cumulative_usd = 0.0
         self.last_end = None  # when the last epoch this process reported ended
@@ -135,7 +136,7 @@ class ReportWriter(object):
         self.epochs_done += 1
         self.cumulative_usd += cost
         report = {
-            "schema": SCHEMA_VERSION,
+            "schema": gpuctl_protocol.EPOCH_SCHEMA_VERSION,
             "run_id": self.run_id,
             "epoch": self.epochs_done,
             "epochs_planned": epochs_planned,
@@ -242,12 +243,12 @@ def reporter_class(callback_base):
 
         def __init__(self, path=None, run_id=None, usd_per_hour=None, budget_usd=None):
             super(EpochReporter, self).__init__()
-            cfg = run_config()
+            cfg = settings()
             self.writer = ReportWriter.shared(
-                path or cfg.get("report_path") or "epochs.jsonl",
-                run_id or cfg.get("run_id") or "local",
-                cfg.get("usd_per_hour", 0.0) if usd_per_hour is None else usd_per_hour,
-                cfg.get("budget_usd", 0.0) if budget_usd is None else budget_usd,
+                path or cfg.report_path or "epochs.jsonl",
+                run_id or cfg.run_id,
+                cfg.usd_per_hour if usd_per_hour is None else usd_per_hour,
+                cfg.budget_usd if budget_usd is None else budget_usd,
             )
             self.examples_per_epoch = None
             self.batch_size = None
@@ -324,11 +325,10 @@ def reporter_class(callback_base):
 
 def _run_writer():
     """The run's report writer (the one `fit` uses too), or None off gpuctl."""
-    cfg = run_config()
-    if not cfg.get("report_path"):
+    cfg = settings()
+    if not cfg.report_path:
         return None
-    return ReportWriter.shared(cfg["report_path"], cfg.get("run_id") or "local", cfg.get("usd_per_hour") or 0.0,
-                               cfg.get("budget_usd") or 0.0)
+    return ReportWriter.shared(cfg.report_path, cfg.run_id, cfg.usd_per_hour, cfg.budget_usd)
 
 
 def report_epoch(start=None, end=None, seconds=None, examples=None, planned=None, metrics=None):

@@ -10,7 +10,6 @@ sets the GPU practice and hooks `fit`, so an unmodified Keras script gets per-ep
 """
 
 import functools
-import json
 import os
 import runpy
 import sys
@@ -23,18 +22,13 @@ if HERE not in sys.path:
 import gpuctl_gpu  # noqa: E402  (needs HERE on sys.path)
 import gpuctl_imports  # noqa: E402
 import gpuctl_report  # noqa: E402
+from gpuctl_protocol import PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT, RunConfig, StoreConfig  # noqa: E402
 
-# The run's spot instance is being taken away (EX_TEMPFAIL: try again later, elsewhere): it stopped
-# at a batch end with its last whole epoch checkpointed, and recovery or `train --resume` goes on.
-PREEMPTED_EXIT = 75
 RESTORE_FAILED_EXIT = 3  # a resumed run whose checkpoint could not be brought from the store
 
 
 class Preempted(SystemExit):
     """Raised out of the user's script when a spot interruption notice stopped its training."""
-
-
-PREEMPTED_MARK = "preempted.json"  # in the run's dir: exit 75 means preempted only with it
 
 
 def mark_preempted(notice_file, run_dir):
@@ -110,15 +104,15 @@ class RunStore(object):
         self.read_only = False
 
     def configure(self, cfg, run_dir):
-        store = cfg.get("store") or {}
-        self.target, self.prefix, self.run_dir = store.get("target"), store.get("key_prefix"), run_dir
+        store = cfg.store or StoreConfig()
+        self.target, self.prefix, self.run_dir = store.target, store.key_prefix, run_dir
         # A multi-node run's other nodes restore the chief's checkpoint; only the chief saves.
-        self.read_only = bool(store.get("read_only"))
+        self.read_only = store.read_only
         if self.target:
             import gpuctl_store  # now: the script's directory replaces this one on sys.path later
 
             self.store = gpuctl_store
-        imds = store.get("imds_endpoint")
+        imds = store.imds_endpoint
         if imds and imds.rstrip("/") != "http://169.254.169.254":
             # boto3 reads the instance role's credentials from there (a test's fake IMDS).
             os.environ.setdefault("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
@@ -266,7 +260,7 @@ def install_sigterm(notice_file=None):
             return
         if preempted and gpuctl_report.STATE["stop_requested"]:
             return  # a second word of the same notice (a restarted watchdog): the stop is under way
-        raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(143)
+        raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(STOPPED_EXIT)
 
     _SIGTERM["handler"] = on_term
     signal.signal(signal.SIGTERM, on_term)
@@ -309,9 +303,8 @@ def tensorflow_imported(cfg):
     try:
         if not _TF_READY["gpus"]:
             _TF_READY["gpus"] = True
-            gpuctl_gpu.configure_tensorflow(tf, log, cfg.get("mixed_precision", "auto"),
-                                            cfg.get("memory_growth", True))
-        install_fit_hook(tf, cfg.get("checkpoint_dir"))
+            gpuctl_gpu.configure_tensorflow(tf, log, cfg.mixed_precision, cfg.memory_growth)
+        install_fit_hook(tf, cfg.checkpoint_dir)
     except Exception as exc:
         log("could not hook TensorFlow for per-epoch reports (%s: %s); training goes on without them"
             % (type(exc).__name__, exc))
@@ -328,17 +321,19 @@ def main(argv):
     if not argv:
         sys.stderr.write("usage: gpuctl_run.py RUN_DIR/run.json [ARGS...]\n")
         return 2
-    with open(argv[0]) as fh:
-        cfg = json.load(fh)
-    entry = cfg["entry"]
+    cfg = RunConfig.load(argv[0])
+    entry = cfg.entry
+    if not entry:
+        sys.stderr.write("gpuctl_run.py: no entry in %s\n" % argv[0])
+        return 2
     # TensorFlow's C++ INFO lines drown the training output; warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     STORE.configure(cfg, os.path.dirname(os.path.abspath(argv[0])))
-    if cfg.get("resumed"):
-        STORE.restore(cfg.get("checkpoint_dir"))
-    gpuctl_report.STATE["resumed"] = bool(cfg.get("resumed"))
+    if cfg.resumed:
+        STORE.restore(cfg.checkpoint_dir)
+    gpuctl_report.STATE["resumed"] = cfg.resumed
     watch_tensorflow(cfg)
-    install_sigterm(cfg.get("notice_file"))
+    install_sigterm(cfg.notice_file)
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(entry))
@@ -346,7 +341,7 @@ def main(argv):
         runpy.run_path(entry, run_name="__main__")
     except Preempted:
         log("preempted: the last whole epoch's checkpoint is kept%s" % (" in the store" if STORE.target else ""))
-        mark_preempted(cfg.get("notice_file"), os.path.dirname(os.path.abspath(argv[0])))
+        mark_preempted(cfg.notice_file, os.path.dirname(os.path.abspath(argv[0])))
         STORE.save("preempted")
         return PREEMPTED_EXIT
     except Exception:
@@ -358,7 +353,7 @@ def main(argv):
         return 1
     STORE.save("the end")
     # Stopped by SIGTERM: the script finished its own way, but the run did not complete.
-    return 143 if gpuctl_report.STATE["stop_requested"] else 0
+    return STOPPED_EXIT if gpuctl_report.STATE["stop_requested"] else 0
 
 
 if __name__ == "__main__":

@@ -4,13 +4,9 @@ Usage: python gpuctl_watchdog.py GUARD_DIR/config.json (gpuctl_guard_check.py: o
 
 Every check interval it reloads its config (so `gpuctl guard set` applies at once), looks at the
 jobs, the GPU and the interactive logins, decides, and appends the decision and its reasons to
-decisions.log; state.json holds the latest picture for `gpuctl status`. Guards:
-  idle      no gpuctl job, GPU under the threshold (or no GPU), no input on any interactive login
-            (see logins()), no gpuctl command at work here (see busy()), for `idle_s`
-  stall     a job lives, its GPU is idle and its log has not grown for `stall_s`: warn (or fire)
-  budget    $/h x uptime reaches `budget_usd`: stop the jobs gracefully (SIGTERM, grace), then fire
-  run-done  `down_after_run`: a run ended (success or failure) and `grace_s` passed
-Firing means `on_fire`: "poweroff" runs `poweroff_command`; "stop-jobs" stops gpuctl's jobs only.
+decisions.log; state.json holds the latest picture for `gpuctl status`. The guards, and which
+fires first: gpuctl_decide.py. Firing means `on_fire`: "poweroff" runs `poweroff_command`; "stop-jobs" stops gpuctl's jobs only.
+The config is a gpuctl_protocol.GuardConfig: a key it lacks, or a bad value, takes its default.
 The job-stopping code repeats gpuctl.remote.jobs on purpose: this file runs alone on the instance.
 """
 
@@ -24,11 +20,10 @@ import time
 import gpuctl_decide  # beside these files on the instance
 import gpuctl_logins
 import gpuctl_notice
+import gpuctl_protocol
 from gpuctl_decide import Observation, Run
 
 WATCHDOG_SESSION = "gpuctl-watchdog"
-# Its code, as gpuctl.remote.guard.WATCHDOG_FILES lists it (a test holds the two equal).
-CODE_FILES = ("gpuctl_watchdog.py", "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py")
 
 def log_line(guard_dir, text):
     with open(os.path.join(guard_dir, "decisions.log"), "a") as fh:
@@ -62,7 +57,7 @@ def code_version():
     client restarts a watchdog whose code is older than the one it pushed."""
     digest = hashlib.sha1()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in CODE_FILES:
+    for name in gpuctl_protocol.WATCHDOG_FILES:
         with open(os.path.join(here, name), "rb") as fh:
             digest.update(fh.read())
     return digest.hexdigest()[:12]
@@ -108,15 +103,20 @@ class Watchdog(object):
         if not self.dry:
             log_line(self.guard_dir, text)
 
+    def config(self):
+        """The config as it is now (gpuctl guard set rewrites it); None when there is none."""
+        data = read_json(self.config_path)
+        return gpuctl_protocol.GuardConfig.from_dict(data) if data else None
+
     # --- what is there ---------------------------------------------------------------------------
 
     def tmux(self, cfg, *args):
-        return sh(["tmux", "-L", cfg["tmux_socket"]] + list(args))
+        return sh(["tmux", "-L", cfg.tmux_socket] + list(args))
 
     def runs(self, cfg):
         """[Run] for every run gpuctl started on this host."""
         out = []
-        runs_dir = cfg["runs_dir"]
+        runs_dir = cfg.runs_dir
         for name in entries(runs_dir):
             run_dir = os.path.join(runs_dir, name)
             if not os.path.isfile(os.path.join(run_dir, "job.sh")):
@@ -211,9 +211,9 @@ class Watchdog(object):
         last firing, a spot notice, the neighbours."""
         return Observation(
             runs=self.runs(cfg), gpu=self.gpu_utilization(),
-            logins=self.logins(now, gpuctl_decide.number(cfg, "idle_s", 0)), heartbeats=self.heartbeats(),
+            logins=self.logins(now, cfg.idle_s), heartbeats=self.heartbeats(),
             fired=read_json(os.path.join(self.guard_dir, "fired.json")),
-            notice=os.path.exists(os.path.join(self.guard_dir, gpuctl_notice.NOTICE_FILE)),
+            notice=os.path.exists(os.path.join(self.guard_dir, gpuctl_protocol.NOTICE_FILE)),
             neighbours=self.neighbours())
 
     # --- doing ---------------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ class Watchdog(object):
 
     def stop_jobs(self, cfg, names, grace_s):
         self.signal_jobs(cfg, names, "TERM")
-        codes = dict((name, os.path.join(cfg["runs_dir"], name, "exitcode")) for name in names)
+        codes = dict((name, os.path.join(cfg.runs_dir, name, "exitcode")) for name in names)
         deadline = time.time() + grace_s
         while time.time() < deadline and any(not os.path.exists(c) for c in codes.values()):
             time.sleep(0.5)
@@ -244,16 +244,16 @@ class Watchdog(object):
         write_json(os.path.join(self.guard_dir, "fired.json"), {"reason": decision.reason, "detail": decision.detail,
                                                                  "at": time.time(), "action": decision.action})
         if decision.state["jobs"]:
-            self.stop_jobs(cfg, decision.state["jobs"], gpuctl_decide.number(cfg, "grace_s", 120))
-        if decision.action == "poweroff":
-            sh(["sh", "-c", cfg.get("poweroff_command", "sudo shutdown -h now")], timeout=120)
+            self.stop_jobs(cfg, decision.state["jobs"], cfg.grace_s)
+        if decision.action == gpuctl_protocol.POWEROFF:
+            sh(["sh", "-c", cfg.poweroff_command], timeout=120)
 
     # --- one tick --------------------------------------------------------------------------------------
 
     def tick(self):
         """Observe, decide (gpuctl_decide), act; (state, reason, detail)."""
-        cfg = read_json(self.config_path)
-        if not cfg:
+        cfg = self.config()
+        if cfg is None:
             return
         now = time.time()
         if self.previous is not None:  # the first tick: the idle time a previous watchdog counted
@@ -266,7 +266,7 @@ class Watchdog(object):
         utmp, counted, ignored = seen.logins
         state = dict(decision.state, at=now, gpu_util=seen.gpu, ssh_sessions=len(counted),
                      logins={"utmp": utmp, "counted": counted, "ignored": ignored}, fired=seen.fired,
-                     pid=os.getpid(), code=self.code, boot_id=self.boot_id, cluster_key=cfg.get("cluster_key"))
+                     pid=os.getpid(), code=self.code, boot_id=self.boot_id, cluster_key=cfg.cluster_key)
         for note in decision.notes:
             self.log(note)
         self.log("jobs=%d gpu=%s ssh=%d%s%s%s spent=$%.4f%s -> %s" % (
@@ -297,11 +297,7 @@ class Watchdog(object):
         every second, so a `guard set --check-interval 1s` applies within a second, not after
         the rest of a 60 s sleep."""
         while True:
-            cfg = read_json(self.config_path) or {}
-            try:
-                interval = max(0.2, float(cfg.get("check_interval_s", 60)))
-            except (TypeError, ValueError):
-                interval = 60.0
+            interval = max(0.2, (self.config() or gpuctl_protocol.GuardConfig()).check_interval_s)
             left = since + interval - time.time()
             if left <= 0:
                 return

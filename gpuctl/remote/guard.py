@@ -8,12 +8,12 @@ needs nothing from the client once installed.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 from typing import Any
 
 from gpuctl.model import untrusted
+from gpuctl.payloads import gpuctl_protocol as protocol
 from gpuctl.remote import jobs
 from gpuctl.remote.guard_files import GuardConfig, WatchdogState
 from gpuctl.remote.host import Host
@@ -21,9 +21,6 @@ from gpuctl.remote.host import Host
 GUARD_DIR = "guard"
 WATCHDOG = "gpuctl_watchdog.py"
 CHECK = "gpuctl_guard_check.py"  # one dry look by the watchdog's code (`guard show --check`)
-# Its code (gpuctl_watchdog.CODE_FILES): a change means a restart (ops.guards.code_version), and
-# the aws user data carries them all (the watchdog runs from boot).
-WATCHDOG_FILES = (WATCHDOG, "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py")
 SESSION = "gpuctl-watchdog"
 CRON_MARK = "# gpuctl-watchdog"
 
@@ -47,8 +44,8 @@ def _read(host: Host, name: str, model: type, notes: list[str] | None) -> dict[s
     return untrusted.read(model, raw, f"guard/{name} from {host.label}", notes)
 
 
-def write_config(host: Host, cfg: dict[str, Any]) -> None:
-    host.write_text(config_path(host), json.dumps(cfg, indent=2, sort_keys=True))
+def write_config(host: Host, cfg: protocol.GuardConfig) -> None:
+    host.write_text(config_path(host), cfg.to_json())
 
 
 def _ensure_script(host: Host, python: str, payload_dir: str) -> str:
@@ -87,7 +84,7 @@ def _systemd_unit(host: Host, python: str, payload_dir: str, user: str) -> str:
     )
 
 
-def install(host: Host, cfg: dict[str, Any], python: str, payload_dir: str) -> str:
+def install(host: Host, cfg: protocol.GuardConfig, python: str, payload_dir: str) -> str:
     """Write the config and make sure the watchdog runs; how it runs ("systemd" or "tmux...")."""
     write_config(host, cfg)
     probe = host.run(["sh", "-c",

@@ -16,12 +16,14 @@ import threading
 from types import TracebackType
 from typing import Any, Sequence
 
+from gpuctl.payloads.gpuctl_protocol import GuardConfig
 from gpuctl.remote.guard import guard_dir
 from gpuctl.remote.host import Host
 
 BUSY_DIR = "busy"
 BEAT_S = 5.0
-STALE_S = 20.0  # four beats: a beat lost to a slow link does not make the instance look idle
+# Four beats, the watchdog's own default: a beat lost to a slow link does not make the instance look idle.
+STALE_S = GuardConfig.heartbeat_stale_s
 
 
 def busy_dir(host: Host) -> str:

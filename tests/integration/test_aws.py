@@ -522,7 +522,7 @@ def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch
     script = user_data(aws, inst["InstanceId"])
     assert "OnBootSec=480min" in script and "gpuctl boot-time idle guard" in script
     from gpuctl.ops.guards import PAYLOAD_DIR
-    from gpuctl.remote.guard import WATCHDOG_FILES
+    from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES
 
     assert "gpuctl_decide.py" in WATCHDOG_FILES
     for name in WATCHDOG_FILES:  # the same code `train` pushes

@@ -318,3 +318,50 @@ def test_regions_to_search_are_the_enabled_ones_of_the_partition():
             {"RegionName": "cn-north-1", "OptInStatus": "opt-in-not-required"},
         ]})
         assert inventory.regions(aws) == ["af-south-1", "eu-west-1", "us-east-1"]
+
+
+def test_the_user_data_with_the_watchdogs_code_fits_ec2s_16_kb():
+    """The watchdog's files (gpuctl_protocol.WATCHDOG_FILES) ride in the user data, gzipped: a
+    payload that grows past EC2's 16 KB fails every `up` on aws (tests/aws.py checks it in moto;
+    this says so in the fast tier)."""
+    from gpuctl.provision.aws.userdata import boot_script
+
+    guard = {"idle_s": 1800.0, "check_interval_s": 60.0, "gpu_idle_percent": 5.0, "on_fire": "poweroff",
+             "poweroff_command": "sudo shutdown -h now"}
+    assert len(boot_script(8.0, guard, "ubuntu", "~/gpuctl")) <= 16384
+
+
+def test_the_user_datas_watchdog_is_the_same_code_without_comments():
+    """The user data carries the watchdog's files lean (comments out, docstrings empty): their
+    syntax trees are the originals' but for the docstrings, and a string that spans lines keeps
+    every character (blank lines and trailing spaces are its value)."""
+    import ast
+
+    from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES
+    from gpuctl.provision.aws.shipped import _docstrings, lean
+    from gpuctl.provision.aws.userdata import PAYLOADS
+
+    def tree(source: str) -> str:
+        parsed = ast.parse(source)
+        for doc in _docstrings(parsed):
+            doc.value = ""
+        return ast.dump(parsed)
+
+    whole = lean_total = 0
+    for name in WATCHDOG_FILES:
+        source = (PAYLOADS / name).read_text()
+        shipped = lean(source)
+        assert tree(shipped) == tree(source), name
+        assert "#" not in "".join(ln for ln in shipped.splitlines() if ln.lstrip().startswith("#")), name
+        whole, lean_total = whole + len(source), lean_total + len(shipped)
+    assert lean_total < whole * 0.8  # comments and docstrings are what it leaves out
+
+    tricky = ('"""Doc.\n\nMore."""\nimport os  # why\n\n\nS = """a\n\n  b  \n# not a comment\n"""\n\n'
+              'def f():\n    """Only a docstring."""\n\n\nclass C:\n    # a comment alone\n    x = "#" + f"{1}"  # tail\n')
+    out = lean(tricky)
+    assert tree(out) == tree(tricky)
+    assert 'S = """a\n\n  b  \n# not a comment\n"""' in out
+    assert "why" not in out and "a comment alone" not in out and "tail" not in out and "Doc." not in out
+    namespace: dict = {}
+    exec(compile(out, "<lean>", "exec"), namespace)
+    assert namespace["S"] == "a\n\n  b  \n# not a comment\n" and namespace["C"].x == "#1"

@@ -176,13 +176,13 @@ def test_down_after_run_is_timed_by_the_instances_clock(fake, tmp_path):
     inst, host = s.host(c)
     host.answers["date"] = CommandResult(argv=("date",), returncode=0, stdout="1234567.0\n", stderr="")
     cfg = guards._config(s.settings(), s.provider(c.spec), c, inst, host, {})
-    assert cfg["down_after_run_since"] == 1234567.0 and cfg["cluster_key"] == guards.cluster_key(c)
-    assert guards._config(s.settings(), s.provider(c.spec), c, inst, host, cfg)["idle_s"] == cfg["idle_s"]
+    assert cfg.down_after_run_since == 1234567.0 and cfg.cluster_key == guards.cluster_key(c)
+    assert guards._config(s.settings(), s.provider(c.spec), c, inst, host, cfg.to_dict()).idle_s == cfg.idle_s
     # A config written by another cluster on the same host lends this one nothing, also one that
     # another gpuctl home numbered the same (every home counts its clusters from 1).
     foreign = {"cluster_key": f"{c.id}-someone-elses-token", "idle_s": 10, "on_fire": "stop-jobs"}
     cfg = guards._config(s.settings(), s.provider(c.spec), c, inst, host, foreign)
-    assert cfg["idle_s"] == 1800 and cfg["on_fire"] == "poweroff"
+    assert cfg.idle_s == 1800 and cfg.on_fire == "poweroff"
 
 
 def test_a_command_waiting_for_the_cluster_lock_says_so(fake, tmp_path):

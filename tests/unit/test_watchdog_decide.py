@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpuctl.ops.guards import PAYLOAD_DIR
-from gpuctl.remote.guard import WATCHDOG_FILES
+from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES
 
 sys.path.insert(0, str(PAYLOAD_DIR))  # the payloads import each other by bare name, as on the instance
 import gpuctl_decide as d  # noqa: E402
@@ -245,15 +245,16 @@ def test_the_idle_time_a_previous_watchdog_counted(previous, expected):
     assert d.inherited_idle_since(previous, cfg(cluster_key="k"), "b") == expected
 
 
-def test_the_watchdogs_code_files_are_the_ones_gpuctl_ships_and_hashes():
-    """The watchdog hashes CODE_FILES, the client WATCHDOG_FILES (and the aws user data carries
-    them): the two lists must agree, in order, or every `train` restarts the watchdog."""
-    tree = ast.parse((PAYLOAD_DIR / "gpuctl_watchdog.py").read_text())
-    code_files = next(ast.literal_eval(n.value) for n in tree.body
-                      if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "CODE_FILES")
-    assert tuple(code_files) == WATCHDOG_FILES
-    imported = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    assert {f[:-3] for f in WATCHDOG_FILES[1:]} <= imported
+def test_the_watchdog_files_hold_every_payload_the_watchdog_imports():
+    """The aws user data carries WATCHDOG_FILES alone (the watchdog runs from boot, before any
+    push): a payload one of them imports and the list lacks would stop it there."""
+    payloads = {p.stem for p in PAYLOAD_DIR.glob("gpuctl_*.py")}
+    for name in WATCHDOG_FILES:
+        tree = ast.parse((PAYLOAD_DIR / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert {f"{m}.py" for m in imported & payloads} <= set(WATCHDOG_FILES), name
+    assert WATCHDOG_FILES[0] == "gpuctl_watchdog.py"  # the entry point the unit and the loop start
 
 
 def test_a_spot_notice_makes_the_watchdog_sigterm_its_running_jobs(tmp_path, imds):
@@ -287,7 +288,7 @@ def test_a_spot_notice_makes_the_watchdog_sigterm_its_running_jobs(tmp_path, imd
             return str(job.pid) if name == "r1" else ""
 
     dog = Dog(str(guard / "config.json"))
-    assert [(r.name, r.running) for r in dog.runs(json.loads((guard / "config.json").read_text()))] == [
+    assert [(r.name, r.running) for r in dog.runs(dog.config())] == [
         ("r0", False), ("r1", True)]
     gpuctl_notice.start(dog, wd.read_json, wd.write_json)
     imds.interrupt()

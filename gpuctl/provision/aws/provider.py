@@ -16,6 +16,7 @@ from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint, split_target
 from gpuctl.model.records import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote, Resource
+from gpuctl.payloads.gpuctl_protocol import POWEROFF
 from gpuctl.provision import remote_spec
 from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes
 from gpuctl.provision.aws.baked import AwsImages
@@ -39,7 +40,7 @@ class AwsProvider:
     name = "aws"
     reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
     arms_guard_at_up = True  # billed by the second from now on
-    default_on_fire = "poweroff"  # shutdown behaviour terminate: powering off ends the bill
+    default_on_fire = POWEROFF  # shutdown behaviour terminate: powering off ends the bill
     boot_hard_cap = True
     picks_instance_types = True
 

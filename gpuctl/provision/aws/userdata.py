@@ -15,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES, GuardConfig
+from gpuctl.provision.aws.shipped import lean
 from gpuctl.remote import guard as guard_mod
 
 PAYLOADS = Path(__file__).resolve().parents[2] / "payloads"
@@ -75,17 +77,19 @@ def idle_guard_script(guard: dict[str, Any], user: str, root: str) -> str:
     q = shlex.quote
     here = SimpleNamespace(root=root, tmux_socket="gpuctl")
     payload = posixpath.join(root, "payload")
-    cfg = {k: guard[k] for k in BOOT_GUARD_KEYS if k in guard}
-    cfg.update(runs_dir=posixpath.join(root, "runs"), tmux_socket="gpuctl", started_at=_BOOT, stall_s=0,
-               boot_guard=True)
+    # started_at is the boot's time, known there only: a placeholder that sed replaces.
+    cfg = GuardConfig(**{k: guard[k] for k in BOOT_GUARD_KEYS if k in guard}, runs_dir=posixpath.join(root, "runs"),
+                      tmux_socket="gpuctl", started_at=_BOOT, stall_s=0, boot_guard=True)
+    # Only what differs from the watchdog's defaults: the user data must stay under EC2's 16 KB.
+    boot = {k: v for k, v in cfg.to_dict().items() if v != getattr(GuardConfig, k)}
     lines = ["# gpuctl boot-time idle guard (the watchdog `gpuctl train` re-arms): power off after guards.idle",
              f"root={q(root)}", 'mkdir -p "$root/payload" "$root/guard" "$root/runs"']
-    for name in guard_mod.WATCHDOG_FILES:
-        text = (PAYLOADS / name).read_text()
+    for name in WATCHDOG_FILES:
+        text = lean((PAYLOADS / name).read_text())  # the code, without its comments: 16 KB at most
         lines += [f"cat > \"$root/payload/{name}\" <<'GPUCTL_PAYLOAD_END'", text.rstrip("\n"), "GPUCTL_PAYLOAD_END"]
     lines += [
         "boot=$(( $(date +%s) - $(cut -d. -f1 /proc/uptime) ))",
-        "cat > \"$root/guard/config.json\" <<'GPUCTL_CONFIG_END'", json.dumps(cfg, indent=2, sort_keys=True),
+        "cat > \"$root/guard/config.json\" <<'GPUCTL_CONFIG_END'", json.dumps(boot, indent=2, sort_keys=True),
         "GPUCTL_CONFIG_END",
         f"sed -i \"s/\\\"{_BOOT}\\\"/$boot/\" \"$root/guard/config.json\"",
         "chmod 0600 \"$root/guard/config.json\"",

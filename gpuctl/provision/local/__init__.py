@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.records import ClusterSpec, InstanceRecord, PriceQuote, Resource
+from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote.host import Host, LocalHost
 from gpuctl.remote.teardown import end_cluster
@@ -33,7 +34,7 @@ class LocalProvider(MachinesThatStay):
     name = "local"
     reuses_live_clusters = False
     arms_guard_at_up = False  # nothing is rented: the first `train` arms it
-    default_on_fire = "stop-jobs"
+    default_on_fire = STOP_JOBS
     boot_hard_cap = False
 
     def __init__(self, home: Path, spec: ClusterSpec):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ClusterSpec, InstanceRecord, Resource
+from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard, ssh_resolve
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
@@ -55,7 +56,7 @@ class SshProvider(MachinesThatStay):
     name = "ssh"
     reuses_live_clusters = False
     arms_guard_at_up = True
-    default_on_fire = "stop-jobs"  # the user's own machine: end gpuctl's jobs, never power it off
+    default_on_fire = STOP_JOBS  # the user's own machine: end gpuctl's jobs, never power it off
     boot_hard_cap = False
 
     def __init__(self, home: Path, spec: ClusterSpec):
