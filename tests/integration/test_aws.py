@@ -523,10 +523,11 @@ def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch
     assert "OnBootSec=480min" in script and "gpuctl boot-time idle guard" in script
     from gpuctl.ops.guards import PAYLOAD_DIR
     from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES
+    from gpuctl.provision.aws.shipped import lean
 
-    assert "gpuctl_decide.py" in WATCHDOG_FILES
-    for name in WATCHDOG_FILES:  # the same code `train` pushes
-        assert (PAYLOAD_DIR / name).read_text().rstrip("\n") in script
+    assert "gpuctl_decide.py" in WATCHDOG_FILES and "gpuctl_protocol.py" in WATCHDOG_FILES
+    for name in WATCHDOG_FILES:  # the code `train` pushes, without its comments (16 KB at most)
+        assert lean((PAYLOAD_DIR / name).read_text()).rstrip("\n") in script
     assert '"idle_s": 1200' in script and '"on_fire": "poweroff"' in script
     assert "root=/home/ubuntu/gpuctl" in script and "systemctl enable --now gpuctl-watchdog.service" in script
     # guards.idle = 0 (never): no idle guard at boot, the hard cap alone.
