@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuctl.ledger import Ledger  # noqa: E402
-from gpuctl.model.records import ClusterSpec, EpochReport, InstanceRecord, RunRecord  # noqa: E402
+from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord  # noqa: E402
+from gpuctl.model.specs import LocalSpec  # noqa: E402
 
 HELP_TARGET_S = 0.10
 REPORT_TARGET_S = 1.0
@@ -33,7 +34,7 @@ REPORT_TARGET_S = 1.0
 def fill(home: Path, runs: int, epochs: int) -> None:
     """A ledger as a busy user's would look: one released cluster with many finished runs."""
     led = Ledger(home)
-    cluster = led.add_cluster(ClusterSpec(name="bench", provider="local", usd_per_hour=1.0))
+    cluster = led.add_cluster(LocalSpec(name="bench", usd_per_hour=1.0))
     led.put_instance(cluster.id, InstanceRecord(id="i-bench", cluster="bench", state="running", launched_at=0.0,
                                                 workdir=str(home / "clusters" / "bench"), usd_per_hour=1.0))
     for r in range(runs):

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuctl.model.records import ClusterSpec, CommandResult, InstanceRecord, PriceQuote, RemoteSpec, Resource, SyncStats
+from gpuctl.model.records import CommandResult, InstanceRecord, PriceQuote, Resource, SyncStats
+from gpuctl.model.specs import ClusterSpec, RemoteSpec
 
 
 class FakeHost:

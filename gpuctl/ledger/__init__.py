@@ -18,13 +18,8 @@ from gpuctl.errors import ConfigError, ConflictError, NotFoundError
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
 from gpuctl.model.images import BakedImage
-from gpuctl.model.records import (
-    ClusterRecord,
-    ClusterSpec,
-    EpochReport,
-    InstanceRecord,
-    RunRecord,
-)
+from gpuctl.model.records import ClusterRecord, EpochReport, InstanceRecord, RunRecord
+from gpuctl.model.specs import ClusterSpec, parse_spec
 
 
 class Ledger:
@@ -121,7 +116,7 @@ class Ledger:
         cid, name, provider, state, created, terminated, is_default, spec_json = row
         return ClusterRecord(id=cid, name=name, provider=provider, state=state, created_at=created,
                              terminated_at=terminated, is_default=bool(is_default),
-                             spec=ClusterSpec.model_validate_json(spec_json))
+                             spec=parse_spec(spec_json))
 
     def _one(self, where: str, args: tuple) -> ClusterRecord | None:
         row = self._db.execute(f"SELECT {self._CLUSTER_COLS} FROM clusters WHERE {where}", args).fetchone()

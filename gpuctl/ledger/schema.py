@@ -9,7 +9,9 @@ import sqlite3
 from pathlib import Path
 from typing import Mapping
 
-SCHEMA_VERSION = 3
+from gpuctl.model.specs import spec_fields
+
+SCHEMA_VERSION = 4
 # Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
 # Removed ones stay (removed_at) for what they cost while they existed.
 IMAGES_TABLE = """
@@ -121,16 +123,28 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
                " WHERE c.name = events.cluster AND c.created_at <= events.ts)")
 
 
+def _specs_by_provider(db: sqlite3.Connection) -> None:
+    """Version 3 kept every provider's fields in every spec (an ssh cluster's said `market` and
+    `region`); a spec now holds its own provider's only (model/specs.py), so the others go."""
+    for cid, provider, spec_json in db.execute("SELECT id, provider, spec_json FROM clusters").fetchall():
+        spec, keep = json.loads(spec_json), spec_fields(provider)
+        db.execute("UPDATE clusters SET spec_json = ? WHERE id = ?",
+                   (json.dumps({k: v for k, v in spec.items() if k in keep}), cid))
+
+
 def upgrade(db: sqlite3.Connection) -> None:
     """Bring the ledger's tables to SCHEMA_VERSION, inside the caller's write transaction (another
     gpuctl may have done it while this one waited for the lock)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone()
-    if exists and version < 2:
-        _migrate_1_to_2(db)
-    if exists and version < 3:
-        db.execute(IMAGES_TABLE)
-    elif not exists:
+    if not exists:
         for statement in filter(str.strip, SCHEMA.split(";")):
             db.execute(statement)
+    else:
+        if version < 2:
+            _migrate_1_to_2(db)
+        if version < 3:
+            db.execute(IMAGES_TABLE)
+        if version < 4:
+            _specs_by_provider(db)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from gpuctl.model import untrusted
+from gpuctl.model.specs import AnySpec, Frozen
 
 # preempted: its spot instance was interrupted (the job stopped on the notice, or the instance is
 # gone by EC2's word); recovery or `train --resume` continues it from its checkpoint.
@@ -20,11 +21,6 @@ FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempt
 ENDED_STATES = frozenset({"terminated", "shutting-down"})
 
 
-class Frozen(BaseModel):
-    # No inf or nan crosses a layer: JSON has no spelling for them, and the ledger must read back what it wrote.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
 class PriceQuote(Frozen):
     """What a launch is about to bill, as its provider prices it before anything is created."""
 
@@ -34,81 +30,6 @@ class PriceQuote(Frozen):
     source: str = ""  # where the price comes from ("spot price in us-east-1a", "local.usd_per_hour")
     max_price: Optional[float] = None  # spot: the cap in force per node, $/h
     cap_source: str = ""  # "--max-price" or "the on-demand price (AWS's default)"
-
-
-class RemoteSpec(Frozen):
-    """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
-
-    python: str = ""
-    workdir: str = "~/gpuctl"
-    connect_timeout_s: float = 120.0
-    command_timeout_s: float = 30.0
-    ssh_config: str = ""
-    wheelhouse: str = ""
-
-
-class ClusterSpec(Frozen):
-    """What the user asked for; providers turn it into instances."""
-
-    name: str
-    provider: str
-    instance_type: str = "local"
-    market: Literal["spot", "on-demand"] = "on-demand"
-    max_price: Optional[float] = None
-    image: Optional[str] = None
-    region: Optional[str] = None
-    zones: tuple[str, ...] = ()
-    disk_gb: int = 0
-    nodes: int = 1
-    placement: str = ""  # aws: "cluster" = the nodes share a cluster placement group
-    usd_per_hour: float = 0.0
-    # Random per `up` of this cluster; seeds RunInstances client tokens so a retried `up`
-    # cannot start a second instance for the same request.
-    launch_token: str = ""
-    hosts: tuple[str, ...] = ()  # ssh provider: user@host[:port] (or ssh config alias) of each machine
-    identity: Optional[str] = None  # ssh provider: private key path
-    # Everything else the provider needs, fixed at `up`: later commands on this cluster (status,
-    # logs, down) work from the spec the ledger recorded, whatever the settings files say by then.
-    profile: Optional[str] = None  # aws: the profile that launched it
-    fallback_on_demand: bool = False
-    image_pattern: str = ""
-    # The TensorFlow the cluster is set up with (train.tensorflow at `up`), and the OS of the base
-    # image that gpuctl installs it on when no image carries it.
-    tensorflow: str = ""
-    base_os: str = "ubuntu-22.04"
-    ssh_cidr: str = ""
-    ssh_user: str = "ubuntu"  # aws: the image's login user
-    wait_timeout_s: float = 900.0
-    max_hours: float = 8.0  # boot-time hard cap armed by the provider
-    # aws: the limits the watchdog started at boot has until `train` re-arms it (userdata.py).
-    boot_guard: dict[str, Any] = Field(default_factory=dict)
-    # aws: where runs keep checkpoints ("s3": a bucket that outlives the instance; "instance"),
-    # the bucket's expiry, and the metadata service the watchdog asks for spot notices.
-    checkpoints: str = ""
-    checkpoint_expiry_days: int = 30
-    checkpoint_versions_days: int = 0
-    imds_endpoint: str = ""
-    imds_hop_limit: int = 1  # aws: 2 where containers on the instance may reach IMDS (aws.imds_for_containers)
-    # aws: this cluster's own place in the checkpoint store (random per `up`), so that a later
-    # cluster of the same name never reads or deletes this one's checkpoints; "" for a cluster
-    # made before it existed, whose place is its name.
-    store_id: str = ""
-    # "": the user's cluster. Else the use case that launched it for itself and releases it ("plan",
-    # "bake"): never the cluster a command that names none picks as "the only one up".
-    launched_for: str = ""
-    imds_poll_s: float = 5.0
-    remote: RemoteSpec = RemoteSpec()
-    # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
-    # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).
-    billing: Literal["per-second", "hourly-rate"] = "hourly-rate"
-    # 2: everything above is recorded at `up`. 1: recorded by gpuctl 0.1, which kept only what the
-    # user asked for and read the rest from the settings of each command (the ledger's upgrade marks it).
-    version: int = 2
-
-    @property
-    def store_place(self) -> str:
-        """The cluster's place in a checkpoint store: `name.id` (cluster names hold no dot)."""
-        return f"{self.name}.{self.store_id}" if self.store_id else self.name
 
 
 class InstanceRecord(Frozen):
@@ -175,7 +96,7 @@ class ClusterRecord(Frozen):
     created_at: float
     terminated_at: Optional[float] = None
     is_default: bool = False
-    spec: ClusterSpec
+    spec: AnySpec  # the provider's own spec class, by its `provider`
 
 
 class Segment(Frozen):

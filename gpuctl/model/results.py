@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from gpuctl.model.records import (
-    ClusterRecord,
-    Frozen,
-    InstanceRecord,
-    Resource,
-    RunRecord,
-    RunState,
-    Segment,
-    SyncStats,
-)
+from gpuctl.model.records import ClusterRecord, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
+from gpuctl.model.specs import Frozen
 
 
 class TfEnv(Frozen):

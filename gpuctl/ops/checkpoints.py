@@ -59,8 +59,8 @@ def _stores(s: Session) -> list[tuple[ClusterRecord, CheckpointStore]]:
     is the owner's, not a cluster's: every cluster of a region shares it)."""
     seen, out = set(), []
     for c in s.ledger.clusters():
-        key = (c.provider, c.spec.region or "", c.spec.profile or "")
-        if not c.spec.checkpoints or key in seen:
+        key = c.spec.store_key
+        if key is None or key in seen:
             continue
         seen.add(key)
         store = s.provider(c.spec).checkpoint_store()
@@ -83,7 +83,7 @@ def storage(s: Session) -> CheckpointStorage:
             for key, size in store.usage().items():
                 rows[key] = rows.get(key, 0) + size
         except GpuctlError as exc:
-            notes.append(f"{cluster.spec.region or cluster.provider}: {exc.message}")
+            notes.append(f"{cluster.spec.scope or cluster.provider}: {exc.message}")
     # A place in the store is `name.id` (ClusterSpec.store_place): shown by its cluster's name.
     names = {c.spec.store_place: c.name for c in s.ledger.clusters()}
     runs = tuple(RunStorage(cluster=names.get(c, c), run_id=r, bytes=b,

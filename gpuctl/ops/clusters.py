@@ -13,8 +13,9 @@ import time
 
 from gpuctl.config import tf_releases
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, PriceQuote
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, PriceQuote
 from gpuctl.model.results import TfEnv, UpResult
+from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import guards, setup, workdirs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import Provider, provider_class, spec_from_settings
@@ -140,20 +141,13 @@ def _setup_again(s: Session, live: ClusterRecord, asked: ClusterSpec, why: str, 
     """`up` of a live cluster whose setup failed: the same machines and TensorFlow version, set up
     again with today's `remote.*` (a `remote.python` or `remote.wheelhouse` set since is used)."""
     _refuse_other_machines(live.spec, asked)
-    spec = live.spec.model_copy(update={k: getattr(asked, k) for k in ("remote", *ACCESS_FIELDS)})
+    spec = live.spec.model_copy(update={k: getattr(asked, k) for k in ("remote", *asked.access_fields)})
     s.ledger.set_spec(live.id, spec)
     s.forget_hosts(live)  # they were made with the old remote.* (python, timeouts)
     cluster = s.ledger.cluster(live.id)
     progress(f"cluster {cluster.name!r} is up but its setup failed ({why}); setting it up again with today's settings")
     instances = [i for i in s.ledger.instances(cluster.id) if i.state not in ENDED_STATES]
     return _armed_and_set_up(s, cluster, s.provider(spec), instances, progress, wait_ssh, reused=True)
-
-
-# What decides which machines a cluster gets; the rest (timeouts, remote.*) may differ on reuse.
-LAUNCH_FIELDS = {"provider", "instance_type", "market", "max_price", "image", "region", "disk_gb", "nodes", "hosts",
-                 "tensorflow", "base_os"}  # these two choose the image (aws) and the TF the runs get
-# Who may reach the cluster: always as this `up` asks, never as an earlier (perhaps killed) one did.
-ACCESS_FIELDS = {"ssh_cidr"}
 
 
 def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:
@@ -165,12 +159,13 @@ def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpe
             f"Use it (`gpuctl train --cluster {asked.name} ...`), pick another --name, or `gpuctl down {asked.name}`.",
         )
     _refuse_other_machines(live.spec, asked)
-    return live.spec.model_copy(update=asked.model_dump(include=ACCESS_FIELDS))
+    return live.spec.model_copy(update=asked.model_dump(include=set(asked.access_fields)))
 
 
 def _refuse_other_machines(have_spec: ClusterSpec, asked: ClusterSpec) -> None:
-    """A ConflictError unless `asked` launches what the live cluster has (LAUNCH_FIELDS)."""
-    want, have = asked.model_dump(include=LAUNCH_FIELDS), have_spec.model_dump(include=LAUNCH_FIELDS)
+    """A ConflictError unless `asked` launches what the live cluster has (its spec's launch_fields)."""
+    fields = set(asked.launch_fields | have_spec.launch_fields)
+    want, have = asked.model_dump(include=fields), have_spec.model_dump(include=fields)
     if not have["tensorflow"]:  # recorded before gpuctl pinned TensorFlow: whatever it has, it keeps
         want["tensorflow"] = have["tensorflow"]
     if want != have:
@@ -183,7 +178,7 @@ def _forget_if_nothing_exists(s: Session, provider: Provider, cluster: ClusterRe
     """After a failed launch, drop the cluster from the ledger unless the provider holds something
     of it (then it stays up, so `gpuctl down` and `status` still see it)."""
     try:
-        leftovers = provider.discover(cluster.name, cluster.spec.region)
+        leftovers = provider.discover(cluster.name, cluster.spec.scope)
     except ConfigError:
         leftovers = []  # e.g. an unknown region: nothing can exist there
     except GpuctlError:

@@ -59,7 +59,7 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
             usd = 0.0 if free else billing.compute_cost(periods, steps)
             compute += usd
             # The volume is billed while the instance is stopped too: storage covers the whole life.
-            storage += billing.storage_cost(c.spec.disk_gb, inst.launched_at, end)
+            storage += billing.storage_cost(c.spec.billed_storage_gb, inst.launched_at, end)
             if inst.market == "spot" and inst.on_demand_usd_per_hour:
                 billed = sum(billing.billed_seconds(a, b) for a, b in periods)
                 savings += billed * inst.on_demand_usd_per_hour / 3600.0 - usd

@@ -147,7 +147,7 @@ def _type_targets(s: Session, types: tuple[str, ...], spot: bool | None, timeout
         if spot is not None:
             flags["aws.market"] = "spot" if spot else "on-demand"
         spec, quote = clusters.priced(Session(s.home, flags, s.env))  # an unknown type: did-you-mean, here
-        market = quote.market if quote is not None else spec.market
+        market = quote.market if quote is not None else ("spot" if spec.interruptible else "on-demand")
         rate = quote.usd_per_hour if quote is not None else 0.0
         # A spot price is the price now, in the cheapest zone: the launch may land in a dearer zone
         # and the price may rise, up to the cap (the on-demand price unless --max-price).

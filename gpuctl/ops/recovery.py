@@ -39,7 +39,7 @@ def enabled(s: Session, cluster: ClusterRecord, asked: bool | None = None) -> bo
     if asked is not None:
         return asked
     setting = s.settings().settings.recover.enabled
-    return setting == "on" or (setting == "auto" and cluster.spec.market == "spot")
+    return setting == "on" or (setting == "auto" and cluster.spec.interruptible)
 
 
 def instances_now(s: Session, run: RunRecord) -> list[InstanceRecord]:
@@ -226,8 +226,8 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     # A launch token of its own per generation: EC2 keeps a RunInstances client token for a day
     # and would answer a replacement with the instance it replaces.
     spec = cluster.spec.model_copy(update={"launch_token": f"{cluster.spec.launch_token}-r{len(known)}"})
-    if fallback_on_demand and not spec.fallback_on_demand:
-        spec = spec.model_copy(update={"fallback_on_demand": True})
+    if fallback_on_demand:
+        spec = spec.on_demand_fallback()
     provider = s.provider(spec)
     left = [i for i in known if i.state not in ENDED_STATES]
     if left:

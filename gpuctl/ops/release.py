@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, ClusterSpec, Resource, RunRecord
+from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, Resource, RunRecord
 from gpuctl.model.results import DownResult
+from gpuctl.model.specs import parse_spec
 from gpuctl.ops import run_state, runs
 from gpuctl.ops.clusters import reconcile
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
@@ -158,7 +159,7 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
 def _release(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
     """Everything the provider still finds of the cluster, released; what was found."""
     provider = s.provider(cluster.spec)
-    region = next((i.region for i in s.ledger.instances(cluster.id) if i.region), None) or cluster.spec.region
+    region = next((i.region for i in s.ledger.instances(cluster.id) if i.region), None) or cluster.spec.scope
     resources = provider.discover(cluster.name, region)
     provider.release(resources, progress, frozenset(s.unreachable_ids))
     return resources
@@ -184,7 +185,7 @@ def searcher(s: Session, name: str) -> Provider:
     try:
         spec = provider_class(name).spec_from_settings(settings)
     except ConfigError:
-        spec = ClusterSpec(name=settings.cluster, provider=name)
+        spec = parse_spec({"name": settings.cluster, "provider": name})
     return s.provider(spec)
 
 

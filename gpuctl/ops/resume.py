@@ -56,10 +56,8 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
                             f"{run.run_id} --cluster OTHER")
     if cluster is None:
         spec = s.ledger.cluster(run.cluster_id).spec
-        keep = (" (keep the next run's checkpoints off the instance: aws.checkpoints = \"s3\")"
-                if spec.checkpoints == "instance" else "")
         raise NotFoundError(f"cannot resume run {run.run_id}: its cluster {run.cluster!r} is gone, and its "
-                            "checkpoint with it", f"Start it anew: gpuctl train {run.project}{keep}")
+                            "checkpoint with it", f"Start it anew: gpuctl train {run.project}{spec.checkpoint_hint}")
     if run.nodes > 1:
         return _resume_nodes(s, run, cluster, progress)
     secret_env = runs.env_values(s, run.env_names)  # asked before anything moves

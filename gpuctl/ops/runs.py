@@ -181,7 +181,7 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
             # The run's files also go to the store after each epoch, where the store outlives the instance.
             store=StoreConfig(target=target.model_dump(), key_prefix=target.run_prefix(run.run_id),
                               # The instance's credentials (its role) come from this metadata service.
-                              imds_endpoint=record.spec.imds_endpoint or None,
+                              imds_endpoint=record.spec.metadata_endpoint,
                               # Only the chief's checkpoint counts; the others restore from it, never write it.
                               read_only=not chief) if target else None,
             resumed=resumed,

@@ -24,7 +24,8 @@ from gpuctl.errors import (
 )
 from gpuctl.ledger import Ledger
 from gpuctl.ledger.schema import gpuctl_home
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, ClusterSpec, InstanceRecord, RunRecord
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord
+from gpuctl.model.specs import ClusterSpec
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import QUICK_CONNECT_S, Host

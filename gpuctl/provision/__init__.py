@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from gpuctl.config.providers import PROVIDERS, unknown_provider
 from gpuctl.errors import ConfigError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
-from gpuctl.model.records import RemoteSpec
+from gpuctl.model.specs import RemoteSpec
 from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from gpuctl.config.settings import Settings
-    from gpuctl.model.records import ClusterSpec, InstanceRecord, PriceQuote, Resource
+    from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
+    from gpuctl.model.specs import ClusterSpec
     from gpuctl.remote.host import Host
 
 

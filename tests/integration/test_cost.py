@@ -13,14 +13,15 @@ import pytest
 
 from gpuctl.ledger import Ledger
 from gpuctl.model import billing
-from gpuctl.model.records import ClusterSpec, InstanceRecord
+from gpuctl.model.records import InstanceRecord
+from gpuctl.model.specs import AwsSpec
 
 H = 3600.0
 
 
 def aws_cluster(home, name, launched, ended, steps, market="spot", od=1.006, disk=100):
     led = Ledger(home)
-    c = led.add_cluster(ClusterSpec(name=name, provider="aws", instance_type="g5.xlarge", market=market,
+    c = led.add_cluster(AwsSpec(name=name, instance_type="g5.xlarge", market=market,
                                     disk_gb=disk, billing="per-second"))
     led.put_instance(c.id, InstanceRecord(
         id=f"i-{name}", cluster=name, state="terminated", launched_at=launched, terminated_at=ended,

@@ -279,7 +279,7 @@ def test_capture_refuses_a_version_that_is_not_one(gpuctl, aws, isolated, instal
 
 def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_hours(aws, isolated, monkeypatch):
     from gpuctl.errors import GpuctlError
-    from gpuctl.model.records import ClusterSpec
+    from gpuctl.model.specs import LocalSpec
     from gpuctl.ops import images
     from gpuctl.ops.session import open_session
 
@@ -287,7 +287,7 @@ def test_a_bake_is_nobodys_default_runs_the_setup_step_and_powers_off_within_2_h
     monkeypatch.setenv("GPUCTL_AWS__SSH_CIDR", "203.0.113.5/32")
     monkeypatch.setenv("GPUCTL_AWS__WAIT_TIMEOUT_S", "1")  # moto's instance never answers SSH: fails after launch
     s = open_session()
-    s.ledger.add_cluster(ClusterSpec(name="mine", provider="local"))
+    s.ledger.add_cluster(LocalSpec(name="mine"))
     lines, defaults = [], []
 
     def progress(line: str) -> None:  # while the bake runs, a `train` elsewhere still lands on "mine"

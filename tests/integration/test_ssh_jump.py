@@ -187,12 +187,12 @@ def test_openssh_argv_goes_through_the_jump_with_strict_keys(lab, tmp_path, monk
 
 
 def test_ssh_provider_records_the_resolved_endpoint(lab, isolated):
-    from gpuctl.model.records import ClusterSpec, RemoteSpec
+    from gpuctl.model.specs import RemoteSpec, SshSpec
     from gpuctl.provision.ssh import SshProvider
 
     user_config(lab)
     remote = RemoteSpec(workdir=sshd.WORKDIR, python=str(REPO / ".venv/bin/python"), connect_timeout_s=15)
-    spec = ClusterSpec(name="jbox", provider="ssh", instance_type="ssh", hosts=("gpubox",), remote=remote)
+    spec = SshSpec(name="jbox", instance_type="ssh", hosts=("gpubox",), remote=remote)
     provider = SshProvider(isolated, spec)
     [rec] = provider.launch()
     assert (rec.public_ip, rec.ssh_user, rec.port, rec.key_path) == (lab.box.ip, "root", 22, str(lab.key))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.model.records import ClusterSpec
+from gpuctl.model.specs import AwsSpec
 from gpuctl.provision.aws import catalog
 from gpuctl.provision.aws.provider import AwsProvider
 from gpuctl.provision.aws.session import Aws
@@ -59,10 +59,10 @@ def test_a_failing_price_list_is_asked_twice_then_the_table_answers(creds, faili
 
 
 def test_one_session_per_region_per_command_and_one_loader_for_all(creds, tmp_path):
-    p = AwsProvider(Path(tmp_path), ClusterSpec(name="c", provider="aws", region="us-east-1"))
+    p = AwsProvider(Path(tmp_path), AwsSpec(name="c", region="us-east-1"))
     assert p.aws() is p.aws("us-east-1") and p.aws("us-west-2") is not p.aws()
     assert p.aws().ec2() is p.aws().ec2()
-    other = AwsProvider(Path(tmp_path), ClusterSpec(name="c", provider="aws", region="us-east-1"))
+    other = AwsProvider(Path(tmp_path), AwsSpec(name="c", region="us-east-1"))
     assert other.aws() is not p.aws()  # a session per command: nothing outlives it
     loaders = {id(a.session._session.get_component("data_loader")) for a in (p.aws(), p.aws("us-west-2"), other.aws())}
     assert len(loaders) == 1

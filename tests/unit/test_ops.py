@@ -7,7 +7,8 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.errors import CloudError, ConfigError
-from gpuctl.model.records import ClusterSpec, RunRecord
+from gpuctl.model.records import RunRecord
+from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import clusters, costs, release, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs

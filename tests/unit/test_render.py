@@ -26,7 +26,7 @@ from gpuctl.cli import render
 from gpuctl.cli.render import Col, fit, usd
 from gpuctl.cli.render import commands as render_commands
 from gpuctl.cli.render import cost as render_cost
-from gpuctl.model.records import ClusterRecord, ClusterSpec, InstanceRecord, Resource, SettingValue
+from gpuctl.model.records import ClusterRecord, InstanceRecord, Resource, SettingValue
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
@@ -40,6 +40,7 @@ from gpuctl.model.results import (
     StatusReport,
     UpResult,
 )
+from gpuctl.model.specs import AwsSpec
 
 IDS = ["cifar10-resnet-20261130-142233-ab12", "cifar10-resnet-20261130-153012-cd34", "digits-mlp-20261201-080000-0e0f"]
 CLUSTER = "lab-gpu-box-a100"
@@ -238,7 +239,7 @@ def test_json_of_a_model_and_of_a_list(capsys):
 
 
 def test_up_names_the_hard_cap_from_the_spec(capsys):
-    spec = ClusterSpec(name="c", provider="aws", max_hours=6.5)
+    spec = AwsSpec(name="c", max_hours=6.5)
     cluster = ClusterRecord(id=1, name="c", provider="aws", state="up", created_at=0, spec=spec)
     inst = InstanceRecord(id="i-0123456789abcdef0", cluster="c", state="running", launched_at=0, workdir="/w",
                           region="us-east-1", usd_per_hour=0.0123)

@@ -1,6 +1,7 @@
 """The ledger: typed round trips, one live cluster per name, clusters told apart by id when a name
 is used again, the upgrade of a version-1 ledger, and several processes writing at once."""
 
+import json
 import multiprocessing
 import sqlite3
 import time
@@ -9,11 +10,13 @@ import pytest
 
 from gpuctl.errors import ConfigError
 from gpuctl.ledger import Ledger
-from gpuctl.model.records import ClusterSpec, EpochReport, InstanceRecord, RunRecord
+from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord
+from gpuctl.ledger.schema import SCHEMA_VERSION
+from gpuctl.model.specs import AwsSpec, ClusterSpec, LocalSpec, SshSpec
 
 
 def spec(name="c1"):
-    return ClusterSpec(name=name, provider="local", usd_per_hour=1.5)
+    return LocalSpec(name=name, usd_per_hour=1.5)
 
 
 def test_round_trip_and_default(tmp_path):
@@ -110,8 +113,36 @@ def test_a_version_1_ledger_is_upgraded_in_place(tmp_path):
     assert led.run("r").cluster_id == 1
     assert [e[4] for e in led.events(1)] == ["x"] and [e[4] for e in led.events(2)] == ["y"]
     Ledger(tmp_path)  # opening it again changes nothing
-    assert led._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert led.images() == []  # and the images table of version 3 is there
+    assert isinstance(c.spec, AwsSpec) and c.spec.disk_gb == 100  # an aws spec, read as one
+
+
+def test_a_version_3_ledger_keeps_each_spec_to_its_own_providers_fields(tmp_path):
+    """Version 3 wrote every provider's fields into every spec (an ssh cluster's said `market`):
+    the upgrade keeps each spec's own, so it reads back as its provider's class; a provider
+    gpuctl does not know (a test's) keeps the common fields."""
+    Ledger(tmp_path)  # a ledger of today's tables
+    common = {"name": "x", "instance_type": "t", "nodes": 1, "usd_per_hour": 2.0, "launch_token": "k", "tensorflow": "2.21",
+              "max_hours": 8.0, "launched_for": "", "billing": "hourly-rate", "version": 2}
+    aws_only = {"market": "spot", "region": "eu-west-1", "disk_gb": 100, "ssh_cidr": "1.2.3.4/32", "store_id": "ab"}
+    ssh_only = {"hosts": ["me@box"], "identity": None}
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    for cid, (provider, name) in enumerate([("aws", "a"), ("ssh", "s"), ("local", "l"), ("fake", "f")], start=1):
+        spec = {**common, **aws_only, **ssh_only, "name": name, "provider": provider}
+        db.execute("INSERT INTO clusters VALUES (?, ?, ?, 'up', 1.0, NULL, 0, ?)", (cid, name, provider, json.dumps(spec)))
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    led = Ledger(tmp_path)
+    a, s, loc, fake = led.clusters()
+    assert type(a.spec) is AwsSpec and a.spec.interruptible and a.spec.store_place == "a.ab" and a.spec.scope == "eu-west-1"
+    assert type(s.spec) is SshSpec and s.spec.hosts == ("me@box",) and not s.spec.interruptible and s.spec.scope is None
+    assert type(loc.spec) is LocalSpec and loc.spec.usd_per_hour == 2.0 and loc.spec.tensorflow == "2.21"
+    assert type(fake.spec) is ClusterSpec and fake.spec.launch_token == "k"
+    stored = json.loads(led._db.execute("SELECT spec_json FROM clusters WHERE name = 'l'").fetchone()[0])
+    assert not (set(aws_only) | set(ssh_only)) & set(stored)
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_a_ledger_from_a_newer_gpuctl_is_refused_not_rewritten(tmp_path):

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuctl.model.records import ClusterSpec
+from gpuctl.model.specs import AwsSpec
 from gpuctl.provision.aws import access
 from gpuctl.provision.aws.session import Aws, call
 
@@ -16,7 +16,7 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
 class AwsContext:
-    def __init__(self, home: Path, spec: ClusterSpec):
+    def __init__(self, home: Path, spec: AwsSpec):
         self.home = Path(home)
         self.spec = spec
         self._owner: str | None = None

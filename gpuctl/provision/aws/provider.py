@@ -15,7 +15,8 @@ from gpuctl.config.settings import Settings
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint, split_target
-from gpuctl.model.records import ENDED_STATES, ClusterSpec, InstanceRecord, PriceQuote, Resource
+from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
+from gpuctl.model.specs import AwsSpec
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
 from gpuctl.provision import remote_spec
 from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes
@@ -44,19 +45,19 @@ class AwsProvider:
     boot_hard_cap = True
     picks_instance_types = True
 
-    def __init__(self, home: Path, spec: ClusterSpec):
+    def __init__(self, home: Path, spec: AwsSpec):
         self.ctx = AwsContext(home, spec)
         self.home = self.ctx.home
         self.spec = spec
 
     @classmethod
-    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> AwsSpec:
         if usd_per_hour is not None:
             raise ConfigError("--usd-per-hour is for local and ssh clusters",
                               "On aws the price comes from AWS (spot price history, or the on-demand list price).")
         a = s.aws
-        return ClusterSpec(
-            name=s.cluster, provider=cls.name, instance_type=a.instance_type, market=a.market,
+        return AwsSpec(
+            name=s.cluster, instance_type=a.instance_type, market=a.market,
             max_price=a.max_price or None, image=a.image or None, region=a.region or None, disk_gb=a.disk_gb,
             launch_token=secrets.token_hex(8), profile=a.profile or None, fallback_on_demand=a.fallback_on_demand,
             image_pattern=a.image_pattern, base_os=a.base_os, tensorflow=s.train.tensorflow, ssh_cidr=a.ssh_cidr, ssh_user=a.ssh_user, wait_timeout_s=a.wait_timeout_s,
@@ -252,7 +253,7 @@ class AwsProvider:
         host.close()
         return record
 
-    def _record(self, aws: Aws, inst: dict[str, Any], spec: ClusterSpec, usd: float | None, source: str,
+    def _record(self, aws: Aws, inst: dict[str, Any], spec: AwsSpec, usd: float | None, source: str,
                 chosen: images.Chosen | None = None) -> InstanceRecord:
         # Where the tests map an instance to a test host, its peers reach it at that host's address.
         mapped = seams.endpoint_override(inst.get("PublicIpAddress") or "", nodes.rank(inst),

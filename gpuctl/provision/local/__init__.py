@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
-from gpuctl.model.records import ClusterSpec, InstanceRecord, PriceQuote, Resource
+from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
+from gpuctl.model.specs import LocalSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote.host import Host, LocalHost
@@ -37,15 +38,15 @@ class LocalProvider(MachinesThatStay):
     default_on_fire = STOP_JOBS
     boot_hard_cap = False
 
-    def __init__(self, home: Path, spec: ClusterSpec):
+    def __init__(self, home: Path, spec: LocalSpec):
         self.home = Path(home)
         self.spec = spec
 
     @classmethod
-    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> LocalSpec:
         refuse_placement(s)
         rate = s.local.usd_per_hour if usd_per_hour is None else usd_per_hour
-        return ClusterSpec(name=s.cluster, provider=cls.name, usd_per_hour=rate, launch_token=secrets.token_hex(8),
+        return LocalSpec(name=s.cluster, usd_per_hour=rate, launch_token=secrets.token_hex(8),
                            nodes=s.nodes,
                            max_hours=s.guards.max_hours, remote=remote_spec(s), tensorflow=s.train.tensorflow)
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.model.endpoint import Endpoint
-from gpuctl.model.records import ClusterSpec, InstanceRecord, Resource
+from gpuctl.model.records import InstanceRecord, Resource
+from gpuctl.model.specs import SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
 from gpuctl.remote import guard, ssh_resolve
@@ -59,13 +60,13 @@ class SshProvider(MachinesThatStay):
     default_on_fire = STOP_JOBS  # the user's own machine: end gpuctl's jobs, never power it off
     boot_hard_cap = False
 
-    def __init__(self, home: Path, spec: ClusterSpec):
+    def __init__(self, home: Path, spec: SshSpec):
         self.home = Path(home)
         self.spec = spec
         self.remote = spec.remote
 
     @classmethod
-    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> ClusterSpec:
+    def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> SshSpec:
         if not s.ssh.hosts:
             raise ConfigError("the ssh provider needs at least one host",
                               "Pass --host user@host[:port] (repeat it for more), or set `[ssh] hosts`.")
@@ -74,7 +75,7 @@ class SshProvider(MachinesThatStay):
                               "Pass one --host per node (and leave --nodes out).")
         refuse_placement(s)
         rate = s.ssh.usd_per_hour if usd_per_hour is None else usd_per_hour
-        return ClusterSpec(name=s.cluster, provider=cls.name, instance_type="ssh", usd_per_hour=rate,
+        return SshSpec(name=s.cluster, instance_type="ssh", usd_per_hour=rate,
                            hosts=tuple(s.ssh.hosts),
                            # Absolute: later commands may run from another directory.
                            identity=os.path.abspath(os.path.expanduser(s.ssh.identity)) if s.ssh.identity else None, nodes=len(s.ssh.hosts),
