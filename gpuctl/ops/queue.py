@@ -10,7 +10,7 @@ from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model import untrusted
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import guards
-from gpuctl.payloads.gpuctl_protocol import QueueConfig
+from gpuctl.payloads.gpuctl_protocol import QUEUE_FILE, QueueConfig
 from gpuctl.remote.host import Host, once
 
 PAYLOAD = "gpuctl_queue.py"
@@ -67,7 +67,7 @@ def config(host: Host, want: int, node_gpus: int, node_usd_per_hour: float, now:
 def look(host: Host, run_dir: str) -> dict | None:
     """The run's place in the queue as the instance wrote it (RUN_DIR/queue.json), checked: state,
     position, share and times within bounds; None when absent or not believable."""
-    raw = host.read_bytes(posixpath.join(run_dir, "queue.json"), 0, 65537)
+    raw = host.read_bytes(posixpath.join(run_dir, QUEUE_FILE), 0, 65537)
     if not raw or len(raw) > 65536:
         return None
     try:

@@ -4,8 +4,8 @@ The client builds these records and writes `to_json()`; the payloads (which impo
 name: it is pushed with them) read them with `load` / `from_dict`, which never raise: a missing
 key or a bad value (wrong type, not finite, out of bounds) takes the default, an unknown key (a
 newer client's) is ignored. JSON keys are the field names and keep their meaning: older payloads
-still running on an instance meet newer clients. This file is in the aws user data (WATCHDOG_FILES,
-16 KB in all, gzipped): keep it short.
+still running on an instance meet newer clients. This file rides in the aws user data with the
+watchdog (WATCHDOG_FILES), without its comments (provision/aws/shipped.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ EPOCH_SCHEMA_VERSION = 1
 
 RUN_CONFIG_FILE = "run.json"  # in the run's dir
 NOTICE_FILE = "notice.json"  # in the guard dir: a spot interruption, once the watchdog heard it
+# In the run's dir: the job's exit code (its script writes it; the watchdog, for a pane that died
+# without), its place in the node's queue, and the rank of the node whose job started there.
+EXIT_CODE_FILE, QUEUE_FILE, NODE_STARTED_FILE = "exitcode", "queue.json", "node-started"
 
 # Stopped by a spot interruption notice (EX_TEMPFAIL: again later, elsewhere) at a batch end, its
 # last whole epoch checkpointed; only with PREEMPTED_MARK in its run dir (a script may exit 75 itself).

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from gpuctl_protocol import STOPPED_EXIT, RunConfig  # beside this file on the instance
+from gpuctl_protocol import NODE_STARTED_FILE, QUEUE_FILE, STOPPED_EXIT, RunConfig  # beside this file on the instance
 
 POLL_S = 0.5
 MAX_ENTRY = 65536
@@ -143,7 +143,7 @@ def wait_turn(cfg, run_dir, poll_s=POLL_S):
     None when it was removed."""
     q = cfg.queue
     qdir, slots, want = q.dir, q.slots, q.want
-    status = os.path.join(run_dir, "queue.json")
+    status = os.path.join(run_dir, QUEUE_FILE)
     with Locked(qdir):
         seq = max([int(n.split("-")[0]) for n in os.listdir(qdir) if n.endswith(".json") and n.split("-")[0].isdigit()]
                   or [0])
@@ -194,7 +194,7 @@ def run(argv):
         if visible is None:
             sys.stderr.write("gpuctl: removed from the queue before it started\n")
             return STOPPED_EXIT  # as a stopped run: the job script records it, gpuctl reads "stopped"
-        place = _read(os.path.join(run_dir, "queue.json")) or {}
+        place = _read(os.path.join(run_dir, QUEUE_FILE)) or {}
         share = place.get("share", 1.0)
         # A line in its log as it starts: its log grows again (the stall guard counts from here).
         sys.stderr.write("gpuctl: starting after %.0fs in the queue, on slot(s) %s\n" % (
@@ -207,8 +207,9 @@ def run(argv):
         if cfg.queue.gpus > 0:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible)
     if os.environ.get("GPUCTL_NUM_NODES", "1") != "1":
-        # Which node's job started here: gpuctl reads it back on each node (jobs.NODE_STARTED).
-        _write_text(os.path.join(run_dir, "node-started"), os.environ.get("GPUCTL_NODE_RANK", "") + "\n")
+        # Which node's job started here: gpuctl reads it back on each node (a node that reads
+        # another rank shares this directory with that node).
+        _write_text(os.path.join(run_dir, NODE_STARTED_FILE), os.environ.get("GPUCTL_NODE_RANK", "") + "\n")
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, launcher, config] + list(args))
 

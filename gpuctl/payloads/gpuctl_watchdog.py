@@ -121,7 +121,7 @@ class Watchdog(object):
             run_dir = os.path.join(runs_dir, name)
             if not os.path.isfile(os.path.join(run_dir, "job.sh")):
                 continue
-            code_path = os.path.join(run_dir, "exitcode")
+            code_path = os.path.join(run_dir, gpuctl_protocol.EXIT_CODE_FILE)
             pane = None if os.path.exists(code_path) else self.pane(cfg, name)  # pane first, then the file
             if pane is not None and pane["dead"] and not os.path.exists(code_path):
                 self.record_exit(run_dir, pane)
@@ -133,7 +133,7 @@ class Watchdog(object):
             running = bool(pane is not None and not pane["dead"])
             # A run waiting in the cluster's queue (payloads/gpuctl_queue.py) is work, as a job is
             # (its pane lives), but neither hung nor stalled: it has not started.
-            queued = running and (read_json(os.path.join(run_dir, "queue.json")) or {}).get("state") == "queued"
+            queued = running and (read_json(os.path.join(run_dir, gpuctl_protocol.QUEUE_FILE)) or {}).get("state") == "queued"
             out.append(Run(name, running, None, queued, mtime(os.path.join(run_dir, "output.log"))))
         return out
 
@@ -163,10 +163,10 @@ class Watchdog(object):
             at = float(pane["time"]) if pane["time"].isdigit() else time.time()
             with open(ended, "w") as fh:
                 fh.write("%.3f\n" % at)
-        tmp = os.path.join(run_dir, "exitcode.watchdog.tmp")
+        tmp = os.path.join(run_dir, gpuctl_protocol.EXIT_CODE_FILE + ".watchdog.tmp")
         with open(tmp, "w") as fh:
             fh.write("%d\n" % code)
-        os.replace(tmp, os.path.join(run_dir, "exitcode"))
+        os.replace(tmp, os.path.join(run_dir, gpuctl_protocol.EXIT_CODE_FILE))
         self.log("run %s: its pane died without recording an exit code; tmux says %d"
                  % (os.path.basename(run_dir), code))
 
@@ -230,7 +230,7 @@ class Watchdog(object):
 
     def stop_jobs(self, cfg, names, grace_s):
         self.signal_jobs(cfg, names, "TERM")
-        codes = dict((name, os.path.join(cfg.runs_dir, name, "exitcode")) for name in names)
+        codes = dict((name, os.path.join(cfg.runs_dir, name, gpuctl_protocol.EXIT_CODE_FILE)) for name in names)
         deadline = time.time() + grace_s
         while time.time() < deadline and any(not os.path.exists(c) for c in codes.values()):
             time.sleep(0.5)

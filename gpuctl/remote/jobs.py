@@ -18,18 +18,15 @@ from typing import Any, Mapping, Sequence
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.untrusted import EARLIEST, LATEST, number
+from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
 
 LOG = "output.log"
-EXITCODE = "exitcode"
 EPOCHS = "epochs.jsonl"
 # The instance's clock at the job's start and end: how long it ran, whatever the client's clock says.
 STARTED = "started"
 ENDED = "ended"
 SCRIPT = "job.sh"
-# Several nodes: the rank of the node whose job started here (written by the queue wrapper past
-# the queue): a node that reads another rank shares this directory with that node.
-NODE_STARTED = "node-started"
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,7 @@ class JobPaths:
 
     @property
     def exitcode(self) -> str:
-        return posixpath.join(self.run_dir, EXITCODE)
+        return posixpath.join(self.run_dir, EXIT_CODE_FILE)
 
     @property
     def started(self) -> str:
@@ -54,7 +51,7 @@ class JobPaths:
 
     @property
     def node_started(self) -> str:
-        return posixpath.join(self.run_dir, NODE_STARTED)
+        return posixpath.join(self.run_dir, NODE_STARTED_FILE)
 
     @property
     def epochs(self) -> str:
