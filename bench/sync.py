@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuctl.model.endpoint import Endpoint  # noqa: E402
-from gpuctl.remote.ssh import SshHost  # noqa: E402
+from gpuctl.remote.ssh.host import SshHost  # noqa: E402
 from tests import sshd  # noqa: E402
 
 

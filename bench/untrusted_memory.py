@@ -135,7 +135,7 @@ sys.stdout.buffer.write(json.dumps({"python": "3", "tensorflow": "2.21.0", "tf_g
 
 PREFLIGHT_CLIENT = '''
 import sys
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 from gpuctl.remote.preflight import preflight
 host = LocalHost(sys.argv[1])
 print(preflight(host, sys.argv[1]))

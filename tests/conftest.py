@@ -104,8 +104,8 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCTL_PROVIDER", "local")
     monkeypatch.chdir(work)
     yield home
-    from gpuctl.remote.host import LocalHost
     from gpuctl.remote.jobs import end_processes, kill_server
+    from gpuctl.remote.local import LocalHost
 
     clusters = home / "clusters"
     if clusters.is_dir():

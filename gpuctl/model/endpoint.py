@@ -1,6 +1,7 @@
 """Where to SSH: an endpoint (`user@host:port`, its key, its jump hosts) and the parsing of what a
 user types for one. Plain data: what settings, the providers and both SSH transports (Fabric:
-remote/ssh.py, OpenSSH: remote/openssh.py) share; the pins of host keys are remote/known_hosts.py.
+remote/ssh/host.py, OpenSSH: remote/ssh/openssh.py) share; the pins of host keys are
+remote/ssh/known_hosts.py.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class PullResult(Frozen):
     run_id: str
     dest: str
     files: int
-    skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/pull.py)
+    skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/sync/pull.py)
 
 
 class ExecResult(Frozen):

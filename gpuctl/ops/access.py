@@ -18,8 +18,9 @@ from gpuctl.model.records import ClusterRecord
 from gpuctl.model.results import SshConfigResult
 from gpuctl.ops import setup
 from gpuctl.ops.session import Session
-from gpuctl.remote import jobs, openssh
+from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
+from gpuctl.remote.ssh import openssh
 from gpuctl.retry import TimedOut, poll
 
 TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there

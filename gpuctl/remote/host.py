@@ -1,5 +1,6 @@
 """Host: run commands and move files on an instance, the same way whether it is this machine
-(LocalHost) or one reached over SSH (ssh.py's SshHost), as Fabric's Connection mirrors Invoke's Context.
+(local.py's LocalHost) or one reached over SSH (ssh/host.py's SshHost), as Fabric's Connection
+mirrors Invoke's Context. This module is the contract both keep, and what they share.
 
 Commands are argv lists, never shell strings: the local host passes them to exec directly and a
 remote host joins them with shlex.quote, so no user-controlled string reaches a shell unquoted.
@@ -7,13 +8,7 @@ remote host joins them with shlex.quote, so no user-controlled string reaches a 
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
@@ -22,8 +17,6 @@ from gpuctl.errors import RemoteError, RemoteTimeout
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
-from gpuctl.remote.pull import LocalFiles, pull_walk
-from gpuctl.remote.sync import push_local, unique_suffix
 
 # Every command on a host has a deadline: this, unless the caller names its own (remote.command_timeout_s).
 COMMAND_TIMEOUT_S = 30.0
@@ -113,7 +106,7 @@ class Host(Protocol):
 
     def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
         """Copy a directory from the host to `local`: (files copied, "path: why" of each entry
-        skipped: names and links that would leave `local`, special files; remote/pull.py)."""
+        skipped: names and links that would leave `local`, special files; remote/sync/pull.py)."""
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
         """(argv, cwd) that runs the shell line `command` (None: a login shell) in `root`, from here."""
@@ -127,8 +120,8 @@ class Host(Protocol):
 
 
 class SshShell(Host, Protocol):
-    """A Host reached over SSH (remote/ssh.py's SshHost): what the push to it (sync_ssh.py,
-    tar_push.py) needs beyond the Host contract."""
+    """A Host reached over SSH (remote/ssh/host.py's SshHost): what the push to it (sync/ssh.py,
+    sync/tar.py) needs beyond the Host contract."""
 
     ep: Endpoint
     has_rsync: bool | None  # None until a push finds out; False: tar from then on
@@ -141,14 +134,6 @@ class SshShell(Host, Protocol):
 
     def makedirs(self, path: str) -> None:
         """mkdir -p over SFTP."""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def output_tail(argv: Sequence[str], stdout_bytes: int = 1 << 20, stderr_bytes: int = 64 << 10) -> list[str]:
@@ -188,95 +173,3 @@ def once(host: Host, what: str, compute: Callable[[], T]) -> T:
     if what not in facts:
         facts[what] = compute()
     return facts[what]
-
-
-class LocalHost(Deadlines):
-    """This machine playing the instance; `root` is the cluster's work directory."""
-
-    def __init__(self, root: Path, command_timeout_s: float = COMMAND_TIMEOUT_S):
-        self.root = str(root)
-        self.command_timeout_s = command_timeout_s
-        self.label = "local"
-        self.local = True
-        self.python = sys.executable
-        # One tmux server per cluster root, so clusters (and test runs) never see each other's jobs.
-        self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
-
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
-            cwd: bool = True) -> CommandResult:
-        limit = self.deadline(timeout)
-        try:
-            # No root (yet, or any more: killing a removed cluster's tmux): this process's own.
-            where = self.root if cwd and os.path.isdir(self.root) else None
-            # A session of its own: past the deadline the whole group goes, not only the first process
-            # (a `sh -c` whose tmux hangs would keep the pipes, and so this call, open).
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=where,
-                                    start_new_session=limit is not None)
-        except FileNotFoundError:
-            if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
-                return CommandResult(argv=tuple(argv), returncode=127, stdout="",
-                                     stderr=f"{argv[0]}: command not found\n")
-            raise RemoteError(
-                f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."
-            ) from None
-        try:
-            out, err = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise self.timed_out(shown(argv), limit or 0) from None
-        except BaseException:  # Ctrl-C: the command goes with gpuctl
-            if limit is None:
-                proc.kill()  # the user's own command (exec), in gpuctl's group: it had the Ctrl-C too
-                proc.wait()
-            else:
-                _kill_group(proc)
-            raise
-        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=out, stderr=err)
-        return check_result(res, self.label) if check else res
-
-    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
-        try:
-            with open(path, "rb") as fh:
-                return read_part(fh, offset, limit, os.fstat(fh.fileno()).st_size)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-
-    def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
-        self.write_bytes(path, text.encode("utf-8"), mode)
-
-    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{unique_suffix()}.tmp")  # concurrent writers
-        tmp.write_bytes(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
-
-    def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
-        return push_local(src, Path(dest), progress=progress)
-
-    def fetch(self, path: str, local: Path) -> bool:
-        if not os.path.isfile(path):
-            return False
-        local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, local)
-        return True
-
-    def remove_tree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-
-    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
-        if not os.path.isdir(path):
-            return 0, ()
-        return pull_walk(LocalFiles(), path, local)
-
-    def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
-        if command is None:
-            return [os.environ.get("SHELL", "/bin/sh")], self.root
-        return ["/bin/sh", "-c", command], self.root
-
-    def forward(self, local_port: int, remote_port: int) -> list[str] | None:
-        return None
-
-    def close(self) -> None:
-        pass

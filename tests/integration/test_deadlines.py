@@ -70,7 +70,7 @@ def wait_for(pred, timeout: float = 30.0) -> None:
 @pytest.mark.parametrize("force", [False, True])
 def test_a_tmux_that_never_answers_hangs_nothing_and_down_ends_the_jobs(gpuctl, make_project, isolated, tmp_path,
                                                                          monkeypatch, force):
-    from gpuctl.remote.host import LocalHost
+    from gpuctl.remote.local import LocalHost
 
     monkeypatch.setenv("GPUCTL_REMOTE__COMMAND_TIMEOUT_S", str(COMMAND_S))
     gpuctl("up", "--provider", "local")

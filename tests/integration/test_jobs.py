@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gpuctl.remote import jobs
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 
 
 @pytest.fixture

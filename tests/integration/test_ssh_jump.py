@@ -24,9 +24,9 @@ import pytest
 
 from gpuctl.errors import ConfigError, RemoteError
 from gpuctl.model.endpoint import Endpoint
-from gpuctl.remote import ssh_resolve
-from gpuctl.remote.known_hosts import known_hosts_path
-from gpuctl.remote.ssh import SshHost
+from gpuctl.remote.ssh import resolve as ssh_resolve
+from gpuctl.remote.ssh.host import SshHost
+from gpuctl.remote.ssh.known_hosts import known_hosts_path
 from tests import sshd
 from tests.conftest import REPO, use_hosts
 
@@ -172,7 +172,7 @@ def test_openssh_argv_goes_through_the_jump_with_strict_keys(lab, tmp_path, monk
     finally:
         host.close()
     # The block `gpuctl ssh-config` can give the user's own ssh: plain `ssh box` takes the same path.
-    from gpuctl.remote.openssh import host_block
+    from gpuctl.remote.ssh.openssh import host_block
 
     user_cfg = tmp_path / "user ssh config"
     user_cfg.write_text("\n".join(host_block("box", ep, home)) + "\n")
@@ -224,7 +224,7 @@ def test_changed_host_keys_behind_and_of_the_bastion_are_refused(lab, isolated):
 
 
 def _openssh(ep: Endpoint, home: Path) -> subprocess.CompletedProcess:
-    from gpuctl.remote.openssh import config_file
+    from gpuctl.remote.ssh.openssh import config_file
 
     argv = ["ssh", "-F", str(config_file(ep, home)), "-T", f"{ep.user}@{ep.host}", "true"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30)

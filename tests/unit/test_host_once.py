@@ -7,7 +7,8 @@ import gc
 
 from gpuctl.ops import guards, queue
 from gpuctl.remote import host as host_mod
-from gpuctl.remote.host import LocalHost, once
+from gpuctl.remote.host import once
+from gpuctl.remote.local import LocalHost
 
 
 class Counting(LocalHost):

@@ -62,8 +62,9 @@ def test_every_host_has_the_whole_host_contract():
     """Callers hold a `Host` (remote/host.py) and use nothing else of it; the push over SSH holds an
     `SshShell`. Both hosts have every member their contract declares, so a caller typed by the
     contract never meets an AttributeError on one kind of host only."""
-    from gpuctl.remote.host import Host, LocalHost, SshShell
-    from gpuctl.remote.ssh import SshHost
+    from gpuctl.remote.host import Host, SshShell
+    from gpuctl.remote.local import LocalHost
+    from gpuctl.remote.ssh.host import SshHost
 
     def members(proto: type) -> set[str]:
         names = set()

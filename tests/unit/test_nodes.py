@@ -10,7 +10,7 @@ import pytest
 
 from gpuctl.model.records import InstanceRecord
 from gpuctl.ops import nodes
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 
 
 def _node(tmp_path, rank, ip="127.0.0.1"):

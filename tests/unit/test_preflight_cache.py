@@ -18,7 +18,7 @@ import pytest
 from gpuctl.errors import RemoteError
 from gpuctl.payloads import gpuctl_preflight as pf
 from gpuctl.remote import preflight
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 
 GPU = [{"name": "NVIDIA A10G", "memory": "23028 MiB", "driver": "550.1"}]
 

@@ -9,7 +9,7 @@ import pytest
 from gpuctl.cli.render.cost import ordinal
 from gpuctl.errors import ConfigError
 from gpuctl.ops import queue
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 
 
 def place(tmp_path, data) -> dict | None:

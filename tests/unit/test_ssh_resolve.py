@@ -17,7 +17,8 @@ import pytest
 from gpuctl.errors import ConfigError
 from gpuctl.model.endpoint import Endpoint, split_target
 from gpuctl.model.records import InstanceRecord
-from gpuctl.remote import openssh, ssh_resolve
+from gpuctl.remote.ssh import openssh
+from gpuctl.remote.ssh import resolve as ssh_resolve
 
 
 def cfg_file(tmp_path: Path, text: str) -> Path:

@@ -10,8 +10,8 @@ import pytest
 
 from gpuctl.errors import ConfigError
 from gpuctl.ledger import Ledger
-from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord
 from gpuctl.ledger.schema import SCHEMA_VERSION
+from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord
 from gpuctl.model.specs import AwsSpec, ClusterSpec, LocalSpec, SshSpec
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuctl.remote import sync, sync_ssh
+from gpuctl.remote import sync
 from gpuctl.remote.host import Deadlines
 from gpuctl.remote.sync import (
     IgnoreRules,
@@ -21,7 +21,8 @@ from gpuctl.remote.sync import (
     push_local,
     scan,
 )
-from gpuctl.remote.sync_ssh import push_remote
+from gpuctl.remote.sync import ssh as sync_ssh
+from gpuctl.remote.sync.ssh import push_remote
 
 
 def tree(root, files):

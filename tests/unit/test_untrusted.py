@@ -19,7 +19,7 @@ from gpuctl.errors import RemoteError
 from gpuctl.model import untrusted
 from gpuctl.model.records import EpochReport
 from gpuctl.remote.guard_files import WatchdogState
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 from gpuctl.remote.sync import MANIFEST_MAX, ManifestTooLarge, decode_manifest, inflate, previous_manifest
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.remote.pull import LocalFiles, link_stays_inside, pull_walk
 from gpuctl.remote.sync import decode_manifest, encode_manifest, manifest_path, push_local
-from gpuctl.remote.sync_ssh import push_remote
+from gpuctl.remote.sync.pull import LocalFiles, link_stays_inside, pull_walk
+from gpuctl.remote.sync.ssh import push_remote
 from tests.unit.test_sync import StandInHost, tree
 
 
@@ -192,7 +192,7 @@ def test_a_file_that_changes_during_a_tar_push_is_an_error_not_a_hang(tmp_path, 
     """Review finding: a file that vanished or shrank mid-push left the host's unpacker waiting
     for the rest of the stream, and `train` hung holding the cluster lock."""
     from gpuctl.errors import ProjectError
-    from gpuctl.remote import tar_push
+    from gpuctl.remote.sync import tar as tar_push
 
     src, dest = tmp_path / "src", tmp_path / "remote" / "code"
     tree(src, {"a.txt": "old a", "b.txt": "old b"})
@@ -226,7 +226,7 @@ def test_two_links_leading_into_each_other_are_one_loop_not_forty(tmp_path):
 
 def test_pulled_modes_lose_special_bits_and_what_the_umask_takes():
     """The one rule both pull paths apply (rsync gets it as --chmod)."""
-    from gpuctl.remote.pull import pulled_mode, rsync_chmod
+    from gpuctl.remote.sync.pull import pulled_mode, rsync_chmod
 
     assert pulled_mode(0o104755, False, 0o022) == 0o755  # setuid gone
     assert pulled_mode(0o100600, False, 0o022) == 0o600  # never widened to the umask's 0644

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from gpuctl.ops.workdirs import TOKEN, sharing, subdir
-from gpuctl.remote.host import LocalHost
+from gpuctl.remote.local import LocalHost
 
 
 def test_nodes_whose_work_dir_is_one_are_found_and_the_others_are_not(tmp_path):

@@ -10,7 +10,7 @@ from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, nodes, store_iam
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import Aws, call, error_code, translate
-from gpuctl.remote.known_hosts import forget_host_keys
+from gpuctl.remote.ssh.known_hosts import forget_host_keys
 from gpuctl.retry import TimedOut, poll
 
 Progress = Callable[[str], None]

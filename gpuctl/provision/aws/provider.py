@@ -28,7 +28,7 @@ from gpuctl.provision.aws.store import S3Store
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
-from gpuctl.remote.ssh import SshHost
+from gpuctl.remote.ssh.host import SshHost
 
 Progress = Callable[[str], None]
 

@@ -20,7 +20,8 @@ from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import LocalSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
-from gpuctl.remote.host import Host, LocalHost
+from gpuctl.remote.host import Host
+from gpuctl.remote.local import LocalHost
 from gpuctl.remote.teardown import end_cluster
 
 if TYPE_CHECKING:

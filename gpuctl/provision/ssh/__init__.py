@@ -24,9 +24,10 @@ from gpuctl.model.records import InstanceRecord, Resource
 from gpuctl.model.specs import SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
-from gpuctl.remote import guard, ssh_resolve
+from gpuctl.remote import guard
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
-from gpuctl.remote.ssh import SshHost
+from gpuctl.remote.ssh import resolve as ssh_resolve
+from gpuctl.remote.ssh.host import SshHost
 from gpuctl.remote.teardown import end_cluster
 
 if TYPE_CHECKING:

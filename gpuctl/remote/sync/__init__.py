@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gpuctl.errors import ProjectError, RemoteError
 from gpuctl.model.records import SyncStats
-from gpuctl.remote.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
+from gpuctl.remote.sync.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
 
 Progress = Callable[[str], None]
 

@@ -4,7 +4,7 @@ channel carries the next, Fabric's gateway), then the host, with backoff while i
 Every hop's host key is checked against gpuctl's own known_hosts, never the user's or the
 system's: the first contact pins a key, a changed key is refused. Fabric's own defaults would
 accept any key (AutoAddPolicy) and resolve hops from ssh config files again; here everything is
-already resolved (gpuctl.remote.ssh_resolve), so each Connection gets an empty ssh config and
+already resolved (gpuctl.remote.ssh.resolve), so each Connection gets an empty ssh config and
 exactly the user, port and key it was given.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.endpoint import Endpoint
-from gpuctl.remote.known_hosts import known_hosts_path
+from gpuctl.remote.ssh.known_hosts import known_hosts_path
 from gpuctl.retry import TimedOut, poll
 
 

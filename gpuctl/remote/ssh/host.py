@@ -1,5 +1,5 @@
 """SshHost: the Host contract over one SSH connection per command (never one per file), a Fabric
-`Connection` (through the jump hosts' Connections where a ProxyJump says so: ssh_connect.py).
+`Connection` (through the jump hosts' Connections where a ProxyJump says so: connect.py).
 
 Host keys are verified against gpuctl's own known_hosts on every hop: the first contact pins the
 key, a changed key is refused. (Fabric ignores StrictHostKeyChecking, so gpuctl enforces it with
@@ -27,11 +27,11 @@ from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, REMOVE_TIMEOUT_S, Deadlines, check_result, shown
-from gpuctl.remote.openssh import config_file
-from gpuctl.remote.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
-from gpuctl.remote.ssh_connect import close_all, open_chain
+from gpuctl.remote.ssh.connect import close_all, open_chain
+from gpuctl.remote.ssh.openssh import config_file
 from gpuctl.remote.sync import unique_suffix
-from gpuctl.remote.sync_ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host
+from gpuctl.remote.sync.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
+from gpuctl.remote.sync.ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host
 
 
 class SshHost(Deadlines):
@@ -312,7 +312,7 @@ class SshHost(Deadlines):
 
     def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
         """rsync from the host where both ends have it, else an SFTP walk (same connection); both
-        keep what the instance lists inside `local` (remote/pull.py)."""
+        keep what the instance lists inside `local` (remote/sync/pull.py)."""
         import subprocess
 
 
@@ -325,7 +325,7 @@ class SshHost(Deadlines):
             # --timeout: a host that sends nothing for that long ends the pull (rsync exits 30).
             proc = subprocess.run(
                 # -rlpt, not -a: no owner or group from the instance (root would keep them), and
-                # --chmod makes its modes safe (remote/pull.py pulled_mode), files pulled before too.
+                # --chmod makes its modes safe (remote/sync/pull.py pulled_mode), files pulled before too.
                 ["rsync", "-rlpt", f"--chmod={rsync_chmod(current_umask())}", "--safe-links", "--no-D",
                  "--info=name1,nonreg1", "--out-format=",
                  *([f"--timeout={max(1, round(limit))}"] if limit else []),

@@ -1,6 +1,6 @@
 """The push to an SSH host: rsync over SSH where both ends have it (its progress turned into
-sync.py's meter lines), else one tar stream over the existing connection (tar_push.py); then the
-deletions and the manifest. What to send is sync.py's scan, as on every provider."""
+sync/__init__.py's meter lines), else one tar stream over the existing connection (tar.py); then
+the deletions and the manifest. What to send is sync/__init__.py's scan, as on every provider."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from gpuctl.remote.sync import (
     rate_text,
     size_text,
 )
-from gpuctl.remote.tar_push import tar_push
+from gpuctl.remote.sync.tar import tar_push
 
 
 def _remote_manifest(host: SshShell, dest: str) -> dict[str, tuple[int, int]]:
@@ -144,7 +144,7 @@ def _rsync(host: SshShell, src: Path, dest: str, current: dict[str, tuple[int, i
 
 def push_remote(host: SshShell, src: Path, dest: str, progress: Progress | None = None) -> SyncStats:
     """Mirror `src` to `dest` on an SSH host: rsync over SSH where both ends have it, else one tar
-    stream over the existing connection (tar_push.py). Each file lands whole (both write a temporary
+    stream over the existing connection (tar.py). Each file lands whole (both write a temporary
     file and rename it), the manifest is written last, and only files gpuctl pushed before are deleted.
     Besides rsync's own connection, a push costs SFTP requests only: no remote shell.
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuctl.errors import ConfigError
 from gpuctl.model.endpoint import Endpoint
-from gpuctl.remote.known_hosts import known_hosts_path
+from gpuctl.remote.ssh.known_hosts import known_hosts_path
 
 HOP = "gpuctl-jump-"  # the Host names of the hops inside the file; the target is everything else
 

@@ -1,0 +1,120 @@
+"""This machine playing the instance (the local provider's host): commands exec'd without a
+shell, files copied on this disk, each command under the deadline rule every host keeps."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpuctl.errors import RemoteError
+from gpuctl.model.records import CommandResult, SyncStats
+from gpuctl.model.untrusted import MAX_READ
+from gpuctl.remote.host import COMMAND_TIMEOUT_S, Deadlines, check_result, read_part, shown
+from gpuctl.remote.sync import push_local, unique_suffix
+from gpuctl.remote.sync.pull import LocalFiles, pull_walk
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class LocalHost(Deadlines):
+    """This machine playing the instance; `root` is the cluster's work directory."""
+
+    def __init__(self, root: Path, command_timeout_s: float = COMMAND_TIMEOUT_S):
+        self.root = str(root)
+        self.command_timeout_s = command_timeout_s
+        self.label = "local"
+        self.local = True
+        self.python = sys.executable
+        # One tmux server per cluster root, so clusters (and test runs) never see each other's jobs.
+        self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
+
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
+            cwd: bool = True) -> CommandResult:
+        limit = self.deadline(timeout)
+        try:
+            # No root (yet, or any more: killing a removed cluster's tmux): this process's own.
+            where = self.root if cwd and os.path.isdir(self.root) else None
+            # A session of its own: past the deadline the whole group goes, not only the first process
+            # (a `sh -c` whose tmux hangs would keep the pipes, and so this call, open).
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=where,
+                                    start_new_session=limit is not None)
+        except FileNotFoundError:
+            if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
+                return CommandResult(argv=tuple(argv), returncode=127, stdout="",
+                                     stderr=f"{argv[0]}: command not found\n")
+            raise RemoteError(
+                f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."
+            ) from None
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise self.timed_out(shown(argv), limit or 0) from None
+        except BaseException:  # Ctrl-C: the command goes with gpuctl
+            if limit is None:
+                proc.kill()  # the user's own command (exec), in gpuctl's group: it had the Ctrl-C too
+                proc.wait()
+            else:
+                _kill_group(proc)
+            raise
+        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=out, stderr=err)
+        return check_result(res, self.label) if check else res
+
+    def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
+        try:
+            with open(path, "rb") as fh:
+                return read_part(fh, offset, limit, os.fstat(fh.fileno()).st_size)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.write_bytes(path, text.encode("utf-8"), mode)
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{unique_suffix()}.tmp")  # concurrent writers
+        tmp.write_bytes(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+
+    def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
+        return push_local(src, Path(dest), progress=progress)
+
+    def fetch(self, path: str, local: Path) -> bool:
+        if not os.path.isfile(path):
+            return False
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, local)
+        return True
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+        if not os.path.isdir(path):
+            return 0, ()
+        return pull_walk(LocalFiles(), path, local)
+
+    def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
+        if command is None:
+            return [os.environ.get("SHELL", "/bin/sh")], self.root
+        return ["/bin/sh", "-c", command], self.root
+
+    def forward(self, local_port: int, remote_port: int) -> list[str] | None:
+        return None
+
+    def close(self) -> None:
+        pass
