@@ -91,6 +91,8 @@ class Record(object):
                     got = _accept(f, data[f.name])
                     if got is not _BAD:
                         values[f.name] = got
+                    elif "bad" in f.metadata:  # a limit that is there but unreadable: fire, never off
+                        values[f.name] = f.metadata["bad"]
         return cls(**values)
 
     @classmethod
@@ -165,10 +167,10 @@ class GuardConfig(Record):
     gpu_idle_percent: float = 5.0
     budget_usd: float = 0.0  # 0 = no cap
     down_after_run: bool = False
-    down_after_run_since: Optional[float] = None  # runs ended after this count (the instance's clock)
+    down_after_run_since: Optional[float] = field(default=None, metadata={"bad": 0.0})  # runs ended after it count
     on_fire: str = field(default=STOP_JOBS, metadata={"choices": (POWEROFF, STOP_JOBS)})
     poweroff_command: str = "sudo shutdown -h now"
-    hard_cap_at: Optional[float] = None
+    hard_cap_at: Optional[float] = field(default=None, metadata={"bad": 0.0})
     runs_dir: str = ""
     tmux_socket: str = "gpuctl"
     usd_per_hour: float = 0.0  # all the cluster's nodes'

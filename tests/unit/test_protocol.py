@@ -48,11 +48,20 @@ def test_a_missing_or_broken_file_reads_as_the_defaults(tmp_path):
 @pytest.mark.parametrize("key, value", [
     ("grace_s", "soon"), ("grace_s", float("nan")), ("grace_s", True), ("grace_s", [1]),
     ("on_fire", "explode"), ("on_stall", 1), ("down_after_run", "yes"), ("poweroff_command", None),
-    ("hard_cap_at", "later"), ("notice", "http://x"), ("tmux_socket", 7),
+    ("notice", "http://x"), ("tmux_socket", 7),
 ])
 def test_a_bad_guard_value_takes_its_default_and_the_rest_stands(key, value):
     got = GuardConfig.from_dict({key: value, "idle_s": 600})
     assert getattr(got, key) == getattr(GuardConfig(), key) and got.idle_s == 600.0
+
+
+@pytest.mark.parametrize("value", ["later", float("inf"), True, [1]])
+def test_a_deadline_that_is_there_but_unreadable_fires_rather_than_never(value):
+    """A hard cap (or a run-done mark) the watchdog cannot read is taken as passed long ago: the
+    spend ends, as it did before the protocol; a missing one is off."""
+    got = GuardConfig.from_dict({"hard_cap_at": value, "down_after_run_since": value})
+    assert got.hard_cap_at == 0.0 and got.down_after_run_since == 0.0
+    assert GuardConfig.from_dict({}).hard_cap_at is None and GuardConfig.from_dict({"hard_cap_at": None}).hard_cap_at is None
 
 
 def test_numbers_may_come_as_ints_or_numeric_text():
