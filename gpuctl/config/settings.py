@@ -118,6 +118,11 @@ def _duration(v: str) -> str:
     return v
 
 
+def _spelled(seconds: float) -> str:
+    """A default duration as a person writes it (120 -> "2m", 60 -> "60s")."""
+    return f"{seconds / 60:g}m" if seconds >= 120 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
 class GuardSettings(_Section):
     max_hours: float = Field(
         8.0, gt=0, le=24 * 365, description="Hard cap armed at boot on cloud instances: power off this many hours after boot."
@@ -130,8 +135,8 @@ class GuardSettings(_Section):
     stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")
     on_stall: Literal["warn", "fire"] = Field(_OnInstance.on_stall, description="warn: say so in the log and status; fire: shut down.")
     down_after_run: bool = Field(_OnInstance.down_after_run, description="Shut down a grace period after the run ends, success or failure.")
-    grace: str = Field(f"{_OnInstance.grace_s:g}s", description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
-    check_interval: str = Field(f"{_OnInstance.check_interval_s:g}s", description="How often the watchdog looks.")
+    grace: str = Field(_spelled(_OnInstance.grace_s), description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
+    check_interval: str = Field(_spelled(_OnInstance.check_interval_s), description="How often the watchdog looks.")
     gpu_idle_percent: float = Field(_OnInstance.gpu_idle_percent, ge=0, le=100, description="GPU utilisation under this counts as idle.")
     on_fire: Literal["", "poweroff", "stop-jobs"] = Field(
         "", description="What shutting down means; empty: poweroff on aws, stop-jobs on ssh and local."

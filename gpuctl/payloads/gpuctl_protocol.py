@@ -2,8 +2,9 @@
 
 The client builds these records and writes `to_json()`; the payloads (which import this by bare
 name: it is pushed with them) read them with `load` / `from_dict`, which never raise: a missing
-key or a bad value (wrong type, not finite, out of bounds) takes the default, an unknown key (a
-newer client's) is ignored. JSON keys are the field names and keep their meaning: older payloads
+key or a bad value (wrong type, not finite, out of bounds) takes the default (but a deadline that
+is there and unreadable takes one long past: its guard fires), an unknown key (a newer client's)
+is ignored. JSON keys are the field names and keep their meaning: older payloads
 still running on an instance meet newer clients. This file rides in the aws user data with the
 watchdog (WATCHDOG_FILES), without its comments (provision/aws/shipped.py).
 """
@@ -170,7 +171,7 @@ class GuardConfig(Record):
     down_after_run_since: Optional[float] = field(default=None, metadata={"bad": 0.0})  # runs ended after it count
     on_fire: str = field(default=STOP_JOBS, metadata={"choices": (POWEROFF, STOP_JOBS)})
     poweroff_command: str = "sudo shutdown -h now"
-    hard_cap_at: Optional[float] = field(default=None, metadata={"bad": 0.0})
+    hard_cap_at: Optional[float] = field(default=None, metadata={"bad": 1.0})  # 1970: long past
     runs_dir: str = ""
     tmux_socket: str = "gpuctl"
     usd_per_hour: float = 0.0  # all the cluster's nodes'

@@ -52,8 +52,8 @@ def settings():
 
 
 def run_config():
-    """The same as a dict, for scripts that write their reports through ReportWriter."""
-    return settings().to_dict()
+    """The same as a dict, for scripts that write their reports through ReportWriter; {} off gpuctl."""
+    return settings().to_dict() if os.environ.get("GPUCTL_RUN_DIR") else {}
 
 
 if gpuctl_gpu is not None and os.environ.get("GPUCTL_RUN_DIR"):

@@ -6,7 +6,8 @@ Every check interval it reloads its config (so `gpuctl guard set` applies at onc
 jobs, the GPU and the interactive logins, decides, and appends the decision and its reasons to
 decisions.log; state.json holds the latest picture for `gpuctl status`. The guards, and which
 fires first: gpuctl_decide.py. Firing means `on_fire`: "poweroff" runs `poweroff_command`; "stop-jobs" stops gpuctl's jobs only.
-The config is a gpuctl_protocol.GuardConfig: a key it lacks, or a bad value, takes its default.
+The config is a gpuctl_protocol.GuardConfig: a key it lacks, or a bad value, takes its default (a
+deadline there but unreadable takes one long past, so its guard fires).
 The job-stopping code repeats gpuctl.remote.jobs on purpose: this file runs alone on the instance.
 """
 

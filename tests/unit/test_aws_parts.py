@@ -1,6 +1,7 @@
 """The aws provider's pure parts: error translation, quota hints, waiting, the user data script,
 and the Price List parse and cache (botocore's Stubber: moto has no Price List API)."""
 
+import gzip
 import subprocess
 import time
 
@@ -328,7 +329,12 @@ def test_the_user_data_with_the_watchdogs_code_fits_ec2s_16_kb():
 
     guard = {"idle_s": 1800.0, "check_interval_s": 60.0, "gpu_idle_percent": 5.0, "on_fire": "poweroff",
              "poweroff_command": "sudo shutdown -h now"}
-    assert len(boot_script(8.0, guard, "ubuntu", "~/gpuctl")) <= 16384
+    raw = boot_script(8.0, guard, "ubuntu", "~/gpuctl")
+    assert len(raw) <= 16384
+    script = gzip.decompress(raw).decode()
+    # The settings' limits are written even where they equal the watchdog's defaults: `guard show`
+    # reads them back before the first `train`.
+    assert '"on_fire": "poweroff"' in script and '"poweroff_command": "sudo shutdown -h now"' in script
 
 
 def test_the_user_datas_watchdog_is_the_same_code_without_comments():
@@ -357,7 +363,7 @@ def test_the_user_datas_watchdog_is_the_same_code_without_comments():
     assert lean_total < whole * 0.8  # comments and docstrings are what it leaves out
 
     tricky = ('"""Doc.\n\nMore."""\nimport os  # why\n\n\nS = """a\n\n  b  \n# not a comment\n"""\n\n'
-              'def f():\n    """Only a docstring."""\n\n\nclass C:\n    # a comment alone\n    x = "#" + f"{1}"  # tail\n')
+              'def f():\n    """Only a docstring."""\n\n\ndef g():\n    """Non-ASCII: é ü."""\n    return 1\n\n\nclass C:\n    # a comment alone\n    x = "#" + f"{1}"  # tail\n')
     out = lean(tricky)
     assert tree(out) == tree(tricky)
     assert 'S = """a\n\n  b  \n# not a comment\n"""' in out

@@ -59,9 +59,26 @@ def test_a_bad_guard_value_takes_its_default_and_the_rest_stands(key, value):
 def test_a_deadline_that_is_there_but_unreadable_fires_rather_than_never(value):
     """A hard cap (or a run-done mark) the watchdog cannot read is taken as passed long ago: the
     spend ends, as it did before the protocol; a missing one is off."""
+    from gpuctl.payloads import gpuctl_decide
+
     got = GuardConfig.from_dict({"hard_cap_at": value, "down_after_run_since": value})
-    assert got.hard_cap_at == 0.0 and got.down_after_run_since == 0.0
+    assert got.hard_cap_at == 1.0 and got.down_after_run_since == 0.0
+    assert gpuctl_decide.hard_cap(got, now=1e9) == (1.0, "max_hours reached")  # the watchdog's own rule fires
     assert GuardConfig.from_dict({}).hard_cap_at is None and GuardConfig.from_dict({"hard_cap_at": None}).hard_cap_at is None
+    assert gpuctl_decide.hard_cap(GuardConfig.from_dict({}), now=1e9) == (None, None)
+
+
+def test_one_protocol_module_whichever_name_imports_it(monkeypatch):
+    """The client's gpuctl.payloads.gpuctl_protocol is the payloads' bare gpuctl_protocol: a config
+    the client built passes the payloads' isinstance checks (two copies would be two classes)."""
+    import gpuctl_protocol
+
+    from gpuctl.payloads import gpuctl_decide, gpuctl_protocol as client_side, gpuctl_report
+
+    assert gpuctl_protocol is client_side
+    assert gpuctl_decide.config(client_side.GuardConfig(idle_s=600.0)).idle_s == 600.0
+    monkeypatch.delenv("GPUCTL_RUN_DIR", raising=False)
+    assert gpuctl_report.run_config() == {}  # off gpuctl, as before the protocol
 
 
 def test_numbers_may_come_as_ints_or_numeric_text():

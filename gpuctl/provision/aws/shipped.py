@@ -20,12 +20,19 @@ def _docstrings(tree: ast.AST) -> list[ast.Constant]:
     return found
 
 
+def _chars(line: str, byte_col: int) -> int:
+    """ast counts columns in UTF-8 bytes; the line is sliced by characters."""
+    return len(line.encode()[:byte_col].decode(errors="ignore"))
+
+
 def lean(source: str) -> str:
     """`source` without its comments and with each docstring made `""`."""
     lines = source.splitlines(keepends=True)
     cuts: list[tuple[int, int, int, int, str]] = []  # (start row, col, end row, col, replacement), 1-based rows
     for doc in _docstrings(ast.parse(source)):
-        cuts.append((doc.lineno, doc.col_offset, doc.end_lineno or doc.lineno, doc.end_col_offset or 0, '""'))
+        end_row = doc.end_lineno or doc.lineno
+        cuts.append((doc.lineno, _chars(lines[doc.lineno - 1], doc.col_offset), end_row,
+                     _chars(lines[end_row - 1], doc.end_col_offset or 0), '""'))
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             (row, col), (_, end) = tok.start, tok.end

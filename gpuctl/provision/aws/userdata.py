@@ -80,8 +80,9 @@ def idle_guard_script(guard: dict[str, Any], user: str, root: str) -> str:
     # started_at is the boot's time, known there only: a placeholder that sed replaces.
     cfg = GuardConfig(**{k: guard[k] for k in BOOT_GUARD_KEYS if k in guard}, runs_dir=posixpath.join(root, "runs"),
                       tmux_socket="gpuctl", started_at=_BOOT, stall_s=0, boot_guard=True)
-    # Only what differs from the watchdog's defaults: the user data must stay under EC2's 16 KB.
-    boot = {k: v for k, v in cfg.to_dict().items() if v != getattr(GuardConfig, k)}
+    # The settings' limits, and of the rest only what differs from the watchdog's defaults (16 KB in
+    # all); `guard show` reads the limits back before the first `train`.
+    boot = {k: v for k, v in cfg.to_dict().items() if k in BOOT_GUARD_KEYS or v != getattr(GuardConfig, k)}
     lines = ["# gpuctl boot-time idle guard (the watchdog `gpuctl train` re-arms): power off after guards.idle",
              f"root={q(root)}", 'mkdir -p "$root/payload" "$root/guard" "$root/runs"']
     for name in WATCHDOG_FILES:
