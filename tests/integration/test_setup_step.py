@@ -30,6 +30,9 @@ def bare_host(ssh, small_wheels, monkeypatch):
     dir on a disk big enough for a TensorFlow venv (/srv is a small tmpfs), and the small wheelhouse."""
     host = ssh.hosts[0]
     work = host.base / "work"
+    # Bare from the start: another test on this host (a failed setup's) may have left its venvs
+    # and install log there, and a test that counts the log's pip runs would count theirs too.
+    host.run(f"rm -rf {work}")
     monkeypatch.delenv("GPUCTL_REMOTE__PYTHON")
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", str(work))
     monkeypatch.setenv("GPUCTL_REMOTE__WHEELHOUSE", str(small_wheels))
