@@ -14,6 +14,7 @@ import posixpath
 import select
 import shlex
 import shutil
+import stat
 import socket
 import threading
 import time
@@ -269,7 +270,15 @@ class SshHost(Deadlines):
             except socket.timeout:
                 raise self.timed_out(f"creating {d}", self.command_timeout_s) from None
             except OSError as exc:
+                if self._is_dir(d):  # made meanwhile by another push to the same place: as mkdir -p
+                    continue
                 raise RemoteError(f"cannot create {d} on {self.label}: {exc}", "Is the disk full, or the path not writable?") from None
+
+    def _is_dir(self, path: str) -> bool:
+        try:
+            return stat.S_ISDIR(self.sftp.stat(path).st_mode or 0)
+        except (OSError, socket.timeout):
+            return False
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.write_bytes(path, text.encode("utf-8"), mode)
