@@ -24,7 +24,13 @@ def cloud_init(host, isolated, cluster="default"):
         deadline = time.monotonic() + 60
         while not list(keys.glob(f"{cluster}.us-east-1.pub")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(1.5)
+        # Not before sshd has refused a login with it (a fixed delay was sometimes too short on a
+        # loaded machine: the first login already worked and `up` had nothing to wait for).
+        log = host.base / "sshd.log"
+        seen = log.stat().st_size if log.exists() else 0
+        refused = time.monotonic() + 30
+        while time.monotonic() < refused and b"authenticating user" not in log.read_bytes()[seen:]:
+            time.sleep(0.1)
         found = list(keys.glob(f"{cluster}.us-east-1.pub"))
         if len(found) == 1:  # none: that cluster was never launched (a test that refused it)
             authorized.write_text(lab_key + found[0].read_text())
