@@ -24,12 +24,21 @@ def cloud_init(host, isolated, cluster="default"):
         deadline = time.monotonic() + 60
         while not list(keys.glob(f"{cluster}.us-east-1.pub")) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if not list(keys.glob(f"{cluster}.us-east-1.pub")):
+            return  # that cluster was never launched (a test that refused it)
         # Not before sshd has refused a login with it (a fixed delay was sometimes too short on a
         # loaded machine: the first login already worked and `up` had nothing to wait for).
         log = host.base / "sshd.log"
         seen = log.stat().st_size if log.exists() else 0
-        refused = time.monotonic() + 30
-        while time.monotonic() < refused and b"authenticating user" not in log.read_bytes()[seen:]:
+
+        def refused() -> bool:
+            try:
+                return b"authenticating user" in log.read_bytes()[seen:]
+            except OSError:
+                return True  # the lab is gone: its test has ended
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not refused():
             time.sleep(0.1)
         found = list(keys.glob(f"{cluster}.us-east-1.pub"))
         if len(found) == 1:  # none: that cluster was never launched (a test that refused it)
