@@ -40,6 +40,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(_GroupsTook(), "gpuctl-groups-took")
     if config.getoption("--fast"):
         # No TensorFlow in this process: a test that imports it (or a test module that does at
         # import time, which --fast would pay for even when the test is left out) fails saying so.
@@ -64,6 +65,29 @@ def pytest_collection_modifyitems(config, items):
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+
+
+class _GroupsTook:
+    """Fails, saying why, each test that xdist's --dist loadgroup did not group: it groups by
+    suffixing a test's id with "@group", which pytest 9.2's structured ids silently ignore
+    (pytest-dev/pytest-xdist#1386); the TensorFlow tests then ran several at once, slower and
+    flakier, and nothing said so. (Failing the collection instead makes xdist's controller die
+    with an assertion that hides the message.)"""
+
+    def __init__(self):
+        self.lost: set[str] = set()
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own hook
+    def pytest_collection_modifyitems(self, config, items):
+        if config.getvalue("loadgroup"):
+            self.lost = {i.nodeid for i in items
+                         if i.get_closest_marker("xdist_group") and "@" not in i.nodeid.rsplit("]", 1)[-1]}
+
+    def pytest_runtest_setup(self, item):
+        if item.nodeid in self.lost:
+            pytest.fail("--dist loadgroup did not group this test: this pytest and pytest-xdist do not work together "
+                        "(pytest-dev/pytest-xdist#1386). Hint: pyproject.toml pins pytest; run scripts/bootstrap.",
+                        pytrace=False)
 
 
 class _NoTensorFlow:
