@@ -79,7 +79,7 @@ class _GroupsTook:
 
     @pytest.hookimpl(trylast=True)  # after xdist's own hook
     def pytest_collection_modifyitems(self, config, items):
-        if config.getvalue("loadgroup"):
+        if getattr(config.option, "loadgroup", False):  # set on xdist's workers only
             self.lost = {i.nodeid for i in items
                          if i.get_closest_marker("xdist_group") and "@" not in i.nodeid.rsplit("]", 1)[-1]}
 

@@ -250,6 +250,9 @@ def duration(host: Host, paths: JobPaths) -> float | None:
     return max(0.0, end - start) if start is not None and end is not None else None
 
 
+REAP_WAIT_S = 3.0  # how long tmux may take to learn a dead pane's exit status
+
+
 def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:
     """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
     nobody knows is 'failed' with None: over, not running."""
@@ -257,11 +260,11 @@ def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | Non
     code = read_exit_code(host, paths)
     if code is None and p is not None and p.dead:
         # tmux marks a pane dead when its terminal closes, and learns the status a moment later when
-        # it reaps the process: give it that moment before calling the code unknown (up to 3 s: on
-        # a loaded machine 1 s was once too short; a tmux that keeps no signal, before 3.3, costs it).
-        for _ in range(15):
-            if tmux_exit_code(p) is not None:
-                break
+        # it reaps the process: give it that moment before calling the code unknown (on a loaded
+        # machine 1 s was once too short). Some never come: tmux 3.3a loses about one killed
+        # pane's status in 30, and a tmux before 3.3 keeps no signal; those cost the whole wait.
+        deadline = time.monotonic() + REAP_WAIT_S
+        while tmux_exit_code(p) is None and time.monotonic() < deadline:
             time.sleep(0.2)
             p = pane(host, session) or p
         code = record_exit_from_pane(host, paths, p)

@@ -150,7 +150,10 @@ STATES = [[1, 2, 3], "str", 123, None, {"at": "abc"}, {"stalled": "abc"}, {"fire
 
 
 @pytest.mark.parametrize("raw", [*(json.dumps(s) for s in STATES), "[" * 100_000 + "]" * 100_000, "x" * (2 << 20),
-                                 "{\"at\": " + "9" * 5000 + "}"])
+                                 "{\"at\": " + "9" * 5000 + "}"],
+                         # Short ids: a 200 KB one went into PYTEST_CURRENT_TEST, and so into the
+                         # environment of every process the test started (past exec's limit).
+                         ids=lambda raw: raw if len(raw) <= 40 else f"{raw[:12]}...{len(raw)}B")
 def test_guard_state_of_any_shape_reads_as_what_holds_of_it(gpuctl, lingering_run, raw):
     state = lingering_run.root / "guard" / "state.json"
     state.write_text(raw)

@@ -93,18 +93,27 @@ def test_ctrl_c_in_the_pane_ends_the_job_with_130(host, tmp_path):
 @pytest.mark.parametrize("signal, code", [("KILL", 137), ("QUIT", 131)])
 def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path, signal, code):
     """The script itself killed (SIGKILL to the group, or Ctrl-\\): nothing wrote the exit code.
-    The dead pane ends the run, and tmux's status is recorded once, as the fallback."""
-    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "k"))
-    jobs.start_job(host, "k", host.root, ["bash", "-c", "echo up; sleep 300"], {}, paths)
-    wait_log(host, paths, "up")
-    p = jobs.pane(host, "k")
-    assert p is not None and not p.dead
-    host.run(["kill", f"-{signal}", "--", f"-{p.pid}"])
-    assert wait_final(host, "k", paths, timeout=10) == ("failed", code)
+    The dead pane ends the run, and tmux's status is recorded once, as the fallback. (tmux 3.3a
+    loses about one killed pane's status in 30 for good: the run is then over with no code, and
+    the kill is tried again, so that the recording is what is tested.)"""
+    for attempt in range(3):
+        session = f"k{attempt}"
+        paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / session))
+        jobs.start_job(host, session, host.root, ["bash", "-c", "echo up; sleep 300"], {}, paths)
+        wait_log(host, paths, "up")
+        p = jobs.pane(host, session)
+        assert p is not None and not p.dead
+        host.run(["kill", f"-{signal}", "--", f"-{p.pid}"])
+        final = wait_final(host, session, paths, timeout=10)
+        if final == ("failed", None):  # tmux never learnt it: over all the same, nothing recorded
+            assert host.read_bytes(paths.exitcode) is None
+            continue
+        break
+    assert final == ("failed", code)
     assert host.read_bytes(paths.exitcode) == f"{code}\n".encode()  # recorded for every reader
     assert jobs.duration(host, paths) is not None  # and its end, by the instance's clock
-    assert jobs.stop_job(host, "k", paths) == code  # stopping an ended job changes nothing
-    assert not jobs.session_alive(host, "k")
+    assert jobs.stop_job(host, session, paths) == code  # stopping an ended job changes nothing
+    assert not jobs.session_alive(host, session)
 
 
 NASTY = ["sp ace", "quo'te", 'dq"x', "$(touch pwned1)", "`touch pwned2`", "; touch pwned3", "ünï©ødé", "*"]
