@@ -105,24 +105,6 @@ def pytest_runtest_setup(item):
     # Before any fixture of the test (a module's lab included) is set up: a lab started for a test
     # not marked sshd (its fixture missing from TIER_FIXTURES) fails at once, naming the fix.
     sshd.MARKED = item.get_closest_marker("sshd") is not None
-    _yield_to_tensorflow(item)
-
-
-# The niceness of an xdist worker that runs other tests while one runs the TensorFlow group: that
-# group, one test at a time, is the full tier's longest path; the others wait on sshd, tmux and
-# timers more than they compute and have time to spare, so they give it the cores first.
-OTHERS_NICE = 5
-
-
-def _yield_to_tensorflow(item) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not item.config.getoption("dist", "no") == "no":
-        return  # xdist's workers only (their own "dist" is "no"); a plain run keeps its priority
-    want = 0 if item.get_closest_marker("tf") else OTHERS_NICE
-    if os.getpriority(os.PRIO_PROCESS, 0) != want:
-        try:  # the processes it starts from now on (labs, jobs) inherit it
-            os.setpriority(os.PRIO_PROCESS, 0, want)
-        except PermissionError:  # back to 0 needs root; without root there is no TensorFlow tier
-            pass
 
 
 @pytest.fixture(autouse=True)
