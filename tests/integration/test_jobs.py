@@ -107,6 +107,12 @@ def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path
         final = wait_final(host, session, paths, timeout=10)
         if final == ("failed", None):  # tmux never learnt it: over all the same, nothing recorded
             assert host.read_bytes(paths.exitcode) is None
+            # ... and it really never does: had it come later, job_state gave up too early.
+            late = time.monotonic() + 5
+            while time.monotonic() < late:
+                p = jobs.pane(host, session)
+                assert p is not None and jobs.tmux_exit_code(p) is None, "job_state gave up before tmux reaped"
+                time.sleep(0.5)
             continue
         break
     assert final == ("failed", code)

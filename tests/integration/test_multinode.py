@@ -202,7 +202,9 @@ def test_resume_restores_every_node_from_the_chiefs_checkpoint(gpuctl, nodes):
         log = gpuctl("logs", run_id, "--node", str(node)).stdout
         # The resumed attempt is what follows the script's last "worker I of N" line (TensorFlow's
         # own errors at shutdown name /job:worker too, so a bare "worker" is no marker).
-        last = log[[m.end() for m in re.finditer(r"^worker \d+ of \d+$", log, re.M)][-1] :]
+        starts = [m.end() for m in re.finditer(r"^worker \d+ of \d+$", log, re.M)]
+        assert starts, log[-2000:]
+        last = log[starts[-1] :]
         assert f"Epoch {done + 1}/5" in last
         assert "Epoch 1/5" not in last
 
