@@ -103,6 +103,10 @@ class Session:
             raise RemoteError(f"cluster {cluster.name!r} has no instance", f"Release it: `gpuctl down {cluster.name} -y`.")
         if cluster.id in self._unreachable:  # one wait per command for a host that does not answer
             raise self._unreachable[cluster.id]
+        # A short wait asked for (a report's) never exceeds what the user set for this cluster.
+        wait = connect_timeout_s or self.connect_timeout_s
+        if wait is not None:
+            wait = min(wait, cluster.spec.remote.connect_timeout_s)
         provider = None
         out = []
         for inst in instances:
@@ -110,7 +114,7 @@ class Session:
             if key not in self._hosts:
                 provider = provider or self.provider(cluster.spec)
                 try:
-                    self._hosts[key] = provider.host(inst, connect_timeout_s or self.connect_timeout_s, self.on_wait)
+                    self._hosts[key] = provider.host(inst, wait, self.on_wait)
                 except GpuctlError as exc:
                     self._unreachable[cluster.id] = exc
                     self.unreachable_ids.add(inst.id)
