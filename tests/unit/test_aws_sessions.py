@@ -68,14 +68,16 @@ def test_one_session_per_region_per_command_and_one_loader_for_all(creds, tmp_pa
     assert len(loaders) == 1
 
 
-def test_clients_of_every_session_and_region_share_their_class_and_others_build_their_own(creds, tmp_path):
+def test_clients_of_every_session_and_region_share_their_class_and_model_and_others_build_their_own(creds, tmp_path):
     import boto3
 
     a, b = Aws("us-east-1"), Aws("us-west-2")
     assert type(a.ec2()) is type(b.ec2()) and a.ec2() is not b.ec2()
+    assert a.ec2().meta.service_model is b.ec2().meta.service_model
     assert a.ec2().meta.region_name == "us-east-1" and b.ec2().meta.region_name == "us-west-2"
     s3 = a.client("s3")
     assert type(s3) is type(b.client("s3")) and hasattr(s3, "upload_file")  # boto3's injected methods stay
     assert type(s3) is not type(a.ec2())
     plain = boto3.session.Session(region_name="us-east-1").client("ec2")  # not a session of ours
     assert type(plain) is not type(a.ec2()) and hasattr(plain, "describe_instances")
+    assert plain.meta.service_model is not a.ec2().meta.service_model

@@ -115,8 +115,9 @@ def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, *
 
 
 _LOADER: list[Any] = []  # botocore's data loader, shared by every session of this process
-_CLASSES: dict[tuple[str, str], type] = {}  # client classes built for that loader, by service and API version
-_CLASSES_LOCK = threading.Lock()
+# Built for that loader once per (service, API version): service models and client classes.
+_SHARED: dict[tuple[str, str, str], Any] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def _botocore_session() -> Any:
@@ -129,33 +130,50 @@ def _botocore_session() -> Any:
         session.register_component("data_loader", _LOADER[0])
     else:
         _LOADER.append(session.get_component("data_loader"))
-        _share_client_classes()
+        _share_service_parts()
     return session
 
 
-def _share_client_classes() -> None:
-    """botocore builds every client's class anew, a method per operation: ~50 ms of CPU for EC2's
-    ~700, for each region's client (`status --all` makes 17) and each command's. The class holds no
-    state (credentials, endpoint and connections are the instance's); it depends on the service's
-    model and on the handlers of `creating-client-class`, which boto3 registers alike on every
-    session. So a session of ours (known by the shared loader) reuses the class its service's first
-    client built; any other session of the process builds its own, as botocore does."""
+def _once(kind: str, service: str, version: Any, build: Any) -> Any:
+    key = (kind, service, str(version))
+    with _SHARED_LOCK:
+        made = _SHARED.get(key)
+    if made is None:
+        made = build()
+        with _SHARED_LOCK:
+            made = _SHARED.setdefault(key, made)
+    return made
+
+
+def _share_service_parts() -> None:
+    """botocore builds two things anew for every client that depend only on the service's model:
+    the ServiceModel (whose endpoint-discovery check walks all ~700 EC2 operations, ~60 ms) and the
+    client's class (a method per operation, ~50 ms), for each region's client (`status --all` makes
+    17) and each command's. Neither holds a client's state (credentials, endpoint and connections
+    are the instance's); the class also depends on the handlers of `creating-client-class`, which
+    boto3 registers alike on every session. So a session of ours (known by the shared loader)
+    reuses what its service's first client built; any other session of the process builds its own,
+    as botocore does."""
     from botocore.client import ClientCreator
 
-    build = ClientCreator._create_client_class
+    load_model = ClientCreator._load_service_model
+    build_class = ClientCreator._create_client_class
+
+    def ours(creator: Any) -> bool:
+        return bool(_LOADER) and getattr(creator, "_loader", None) is _LOADER[0]
+
+    def load_service_model(self: Any, service_name: str, api_version: Any = None) -> Any:
+        if not ours(self):
+            return load_model(self, service_name, api_version)
+        return _once("model", service_name, api_version, lambda: load_model(self, service_name, api_version))
 
     def create_client_class(self: Any, service_name: str, service_model: Any) -> type:
-        if not _LOADER or getattr(self, "_loader", None) is not _LOADER[0]:
-            return build(self, service_name, service_model)
-        key = (service_name, str(service_model.api_version))
-        with _CLASSES_LOCK:
-            cls = _CLASSES.get(key)
-        if cls is None:
-            cls = build(self, service_name, service_model)
-            with _CLASSES_LOCK:
-                cls = _CLASSES.setdefault(key, cls)
-        return cls
+        if not ours(self):
+            return build_class(self, service_name, service_model)
+        return _once("class", service_name, service_model.api_version,
+                     lambda: build_class(self, service_name, service_model))
 
+    ClientCreator._load_service_model = load_service_model  # type: ignore[method-assign]
     ClientCreator._create_client_class = create_client_class  # type: ignore[method-assign]
 
 
