@@ -6,6 +6,7 @@ pushes the files whole and restarts the watchdog, as for any watchdog running ol
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 
@@ -25,6 +26,7 @@ def _chars(line: str, byte_col: int) -> int:
     return len(line.encode()[:byte_col].decode(errors="ignore"))
 
 
+@functools.lru_cache(maxsize=8)  # the same watchdog source on every `up` of a process (`up --all` regions, tests)
 def lean(source: str) -> str:
     """`source` without its comments and with each docstring made `""`."""
     lines = source.splitlines(keepends=True)
