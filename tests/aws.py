@@ -132,6 +132,27 @@ def _route_without_disk_scans() -> None:
     backends.list_of_moto_modules = lambda: modules
 
 
+def _serve_without_waste() -> None:
+    """Three costs of moto's server that no test looks at, a quarter of the fast tier's moto CPU:
+    werkzeug logs every request at INFO (pytest's capture formats each record); moto lists a
+    response class's methods with inspect.getmembers on every request; and each fresh EC2 backend
+    makes EBS's default KMS key with a new 2048-bit RSA key pair, though nothing here uses it (one
+    pair per key spec serves them all)."""
+    import functools
+    import logging
+
+    from moto.core import responses
+    from moto.kms import models as kms_models
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+    listed = responses.method_names_from_class
+    names = functools.lru_cache(maxsize=None)(lambda cls, _attrs: listed(cls))
+    # Keyed by the class's own attribute names as well: a test that adds a method sees it.
+    responses.method_names_from_class = lambda cls: names(cls, frozenset(vars(cls)))
+    kms_models.generate_private_key = functools.lru_cache(maxsize=None)(kms_models.generate_private_key)
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory):
     os.environ["MOTO_AMIS_PATH"] = str(ami_file(tmp_path_factory.mktemp("moto") / "amis.json"))
@@ -139,6 +160,7 @@ def moto_server(tmp_path_factory):
     from moto.server import ThreadedMotoServer
 
     _route_without_disk_scans()
+    _serve_without_waste()
 
     # On every address, so that the sshd test hosts reach S3 through their gateway as an instance
     # reaches AWS's endpoint (s3_endpoint below); this side keeps to loopback.
