@@ -117,6 +117,19 @@ def test_a_plain_script_runs_without_tensorflow(tmp_path):
     assert "TensorFlow" not in proc.stderr  # no word about a TF the script never asked for
 
 
+def test_crash_in_the_script_is_its_exit_status(tmp_path):
+    """(It ran with real TensorFlow imported first; what it tests is the launcher's.)"""
+    (tmp_path / "train.py").write_text("raise RuntimeError('boom in user code')\n")
+    report = tmp_path / "epochs.jsonl"
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "entry": "train.py", "usd_per_hour": 1.0,
+                                                   "report_path": str(report)}))
+    proc = subprocess.run([sys.executable, str(PAYLOAD_DIR / "gpuctl_run.py"), str(tmp_path / "run.json")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "boom in user code" in proc.stderr
+    assert not report.exists() or report.read_text() == ""
+
+
 def test_the_loader_wrapper_answers_for_the_real_loader_and_copies_safely(packages):
     import copy
 
