@@ -183,7 +183,7 @@ def make_boundary() -> str:
     """The boundary policy in moto's account, as the administrator made it; its ARN."""
     from gpuctl.provision.aws.store_iam import BOUNDARY
 
-    iam = boto3_session().client("iam")
+    iam = moto_client("iam")
     return iam.create_policy(PolicyName=BOUNDARY, PolicyDocument=json.dumps(BOUNDARY_POLICY))["Policy"]["Arn"]
 
 
@@ -371,7 +371,7 @@ def aws(moto_server, monkeypatch, tmp_path):
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     make_boundary()
-    yield boto3_session().client("ec2")
+    yield moto_client("ec2")
     assert not violations, f"tests must not leave loopback: {violations}"
 
 
@@ -383,6 +383,19 @@ def boto3_session():
     from gpuctl.provision.aws.session import _botocore_session
 
     return boto3.session.Session(region_name=REGION, botocore_session=_botocore_session())
+
+
+_CLIENTS: dict[tuple[str, str], object] = {}
+
+
+def moto_client(service: str):
+    """The tests' own client of a service on this worker's moto server, made once (a session and
+    a client per test were a tenth of the AWS tests' CPU). It keeps the test credentials it was made
+    with: a test that takes gpuctl's away still looks with it."""
+    key = (service, os.environ["AWS_ENDPOINT_URL"])
+    if key not in _CLIENTS:
+        _CLIENTS[key] = boto3_session().client(service)
+    return _CLIENTS[key]
 
 
 def live_instances(ec2, **filters):
@@ -403,9 +416,7 @@ def gpuctl_keys(ec2):
 
 def gpuctl_profiles():
     """The roles and instance profiles gpuctl made (under its IAM path), by name."""
-    import boto3
-
-    iam = boto3.client("iam", region_name=REGION)
+    iam = moto_client("iam")
     return sorted({r["RoleName"] for r in iam.list_roles(PathPrefix="/gpuctl/")["Roles"]}
                   | {p["InstanceProfileName"] for p in iam.list_instance_profiles(PathPrefix="/gpuctl/")["InstanceProfiles"]})
 

@@ -13,12 +13,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import boto3
 import pytest
 
 from gpuctl.provision.aws import store_iam
 from gpuctl.provision.aws.store import bucket_name
-from tests.aws import ACCOUNT, REGION, live_instances, nothing_created, s3_endpoint
+from tests.aws import ACCOUNT, REGION, live_instances, moto_client, nothing_created, s3_endpoint
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 PAYLOAD = Path(__file__).resolve().parents[2] / "gpuctl" / "payloads" / "gpuctl_store.py"
@@ -33,7 +32,7 @@ def owner_of(home: Path) -> str:
 
 
 def clients():
-    return boto3.client("s3", region_name=REGION), boto3.client("iam", region_name=REGION)
+    return moto_client("s3"), moto_client("iam")
 
 
 def store_place(home: Path, name: str = "default") -> str:

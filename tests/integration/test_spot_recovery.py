@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import pytest
 
 from gpuctl.ledger import Ledger
-from tests.aws import boto3_session, live_instances
+from tests.aws import live_instances, moto_client
 from tests.integration.test_aws import _fail_run_instances
 from tests.integration.test_resume import RESUMABLE, SLOW
 from tests.integration.test_spot_notice import epochs_on, spot_terminate, wait_for
@@ -109,7 +109,7 @@ def finished(thread, out, timeout: float = 400):
 
 
 def stored_keys(_ec2, run_id):
-    s3 = boto3_session().client("s3")
+    s3 = moto_client("s3")
     (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("gpuctl-")]
     # clusters/default.<id>/: the cluster's own place, not shared with a later cluster of the same name
     res = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/default.")
