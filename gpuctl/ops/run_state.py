@@ -197,6 +197,7 @@ def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None =
         time.sleep(poll_s)
 
 
+FIRST_POLL_S = 0.1  # a followed log's first look after output
 LOG_CHUNK = 1 << 20  # a log is read (and printed) this many bytes at a time: never whole
 
 
@@ -243,6 +244,9 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     offset = 0
     cluster = s.live_cluster_of(run) if follow else None
     decode = codecs.getincrementaldecoder("utf-8")("replace")  # a character may straddle two chunks
+    # Right after output, the next look comes sooner (a job's last line is often just before its
+    # end, which `train --wait` then reports within a tenth of a second); quiet, back to poll_s.
+    wait_s = FIRST_POLL_S
     with s.working(cluster, "logs") if cluster is not None else nullcontext():
         while True:
             chunk = _read_log(s, run, offset, node)
@@ -258,8 +262,11 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
                 if rest:
                     yield rest
                 return
-            if not chunk:
-                time.sleep(poll_s)
+            if chunk:
+                wait_s = FIRST_POLL_S
+            else:
+                time.sleep(min(wait_s, poll_s))
+                wait_s *= 2
             run = refresh(s, run)
             if check is not None:
                 check(run)
