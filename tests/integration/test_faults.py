@@ -69,7 +69,7 @@ def test_a_host_that_never_sends_a_banner_is_one_line_not_a_traceback(gpuctl, is
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "4")
+    monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "2")
     try:
         res = gpuctl("up", "--provider", "ssh", "--host", f"root@127.0.0.1:{server.getsockname()[1]}", code=7)
     finally:

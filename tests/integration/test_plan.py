@@ -167,7 +167,7 @@ def test_a_slower_ssh_host_wins_only_when_its_speed_beats_its_price(gpuctl, prob
 
 NO_API = '''
 import time
-time.sleep(1.5)
+time.sleep(0.6)
 print("trained without reporting", flush=True)
 '''
 
@@ -179,7 +179,7 @@ def test_a_run_that_reports_no_epoch_costs_its_wall_time(gpuctl, make_project):
     gpuctl("train", proj, "--wait")
     (run,) = json.loads(gpuctl("cost", "--json").stdout)["runs"]
     assert run["epochs_done"] == 0 and run["spent_from"] == "wall time"
-    assert run["spent_usd"] == pytest.approx(run["wall_s"], rel=1e-6) and run["wall_s"] >= 1.5
+    assert run["spent_usd"] == pytest.approx(run["wall_s"], rel=1e-6) and run["wall_s"] >= 0.6
     out = gpuctl("cost").stdout
     assert " wall" in out and "no epoch reported: its" in out and "$0.0000" not in out.split("\n\n")[1]
     # A plan of it says it measured nothing, and why, and exits 8 after its report (a script must
