@@ -24,6 +24,10 @@ NOTICE_FILE = "notice.json"  # in the guard dir: a spot interruption, once the w
 # In the run's dir: the job's exit code (its script writes it; the watchdog, for a pane that died
 # without), its place in the node's queue, and the rank of the node whose job started there.
 EXIT_CODE_FILE, QUEUE_FILE, NODE_STARTED_FILE = "exitcode", "queue.json", "node-started"
+# In the run's dir: written by `stop` and `down` before their SIGTERM, which a job just starting can
+# lose (its script's fork still carries the script's trap); the launcher looks for it once its own
+# handler is in place, so one of the two always reaches it.
+STOP_FILE = "stop-requested"
 
 # Stopped by a spot interruption notice (EX_TEMPFAIL: again later, elsewhere) at a batch end, its
 # last whole epoch checkpointed; only with PREEMPTED_MARK in its run dir (a script may exit 75 itself).

@@ -22,7 +22,7 @@ if HERE not in sys.path:
 import gpuctl_gpu  # noqa: E402  (needs HERE on sys.path)
 import gpuctl_imports  # noqa: E402
 import gpuctl_report  # noqa: E402
-from gpuctl_protocol import PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT, RunConfig, StoreConfig  # noqa: E402
+from gpuctl_protocol import PREEMPTED_EXIT, PREEMPTED_MARK, STOP_FILE, STOPPED_EXIT, RunConfig, StoreConfig  # noqa: E402
 
 RESTORE_FAILED_EXIT = 3  # a resumed run whose checkpoint could not be brought from the store
 
@@ -334,6 +334,9 @@ def main(argv):
     gpuctl_report.STATE["resumed"] = cfg.resumed
     watch_tensorflow(cfg)
     install_sigterm(cfg.notice_file)
+    if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(argv[0])), STOP_FILE)):
+        log("stopped before the script started")  # its SIGTERM came before the handler above
+        return STOPPED_EXIT
     # Run the entry exactly as `python ENTRY ARGS...` would: its directory first on sys.path.
     sys.argv = [entry] + list(argv[1:])
     sys.path[0] = os.path.dirname(os.path.abspath(entry))

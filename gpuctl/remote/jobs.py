@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import RemoteError, RemoteTimeout
 from gpuctl.model.untrusted import EARLIEST, LATEST, number
-from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE
+from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
 
 LOG = "output.log"
@@ -52,6 +52,10 @@ class JobPaths:
     @property
     def node_started(self) -> str:
         return posixpath.join(self.run_dir, NODE_STARTED_FILE)
+
+    @property
+    def stop_requested(self) -> str:
+        return posixpath.join(self.run_dir, STOP_FILE)
 
     @property
     def epochs(self) -> str:
@@ -153,7 +157,7 @@ def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[s
 def clear_ends(host: Host, session: str, paths: JobPaths) -> None:
     """Forget how a job ended (its dead pane, its exit code and end time) before it runs again."""
     host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
-    host.run(["rm", "-f", paths.exitcode, paths.ended, paths.node_started])
+    host.run(["rm", "-f", paths.exitcode, paths.ended, paths.node_started, paths.stop_requested])
 
 
 def _write_secrets(host: Host, paths: JobPaths, secret_env: Mapping[str, str]) -> None:
@@ -291,10 +295,19 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
     p = pane(host, session)
     if p is not None:
         if p.pid and not p.dead:
+            try:
+                host.write_text(paths.stop_requested, "", mode=0o600)  # before the SIGTERM: see STOP_FILE
+            except RemoteTimeout:
+                raise
+            except RemoteError:
+                pass  # a run dir that cannot take it (a hostile instance): the SIGTERM and SIGKILL still go
             # tmux starts each pane as a session leader: its pid is the job's process group.
             host.run(["kill", "-TERM", "--", "-" + p.pid], check=False)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and read_exit_code(host, paths) is None:
+                now = pane(host, session)
+                if now is None or now.dead:
+                    break  # gone without an exit code (killed before its wrapper could write one)
                 time.sleep(0.2)
             if read_exit_code(host, paths) is None:
                 host.run(["kill", "-KILL", "--", "-" + p.pid], check=False)

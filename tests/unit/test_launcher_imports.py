@@ -130,6 +130,21 @@ def test_crash_in_the_script_is_its_exit_status(tmp_path):
     assert not report.exists() or report.read_text() == ""
 
 
+def test_a_stop_asked_before_the_launcher_could_hear_it_ends_the_run_before_the_script(tmp_path):
+    """`stop` writes STOP_FILE, then sends SIGTERM; a job just starting lost that SIGTERM in its
+    script's fork, and `stop` waited its whole grace (10 s) before SIGKILL."""
+    from gpuctl.payloads.gpuctl_protocol import STOP_FILE, STOPPED_EXIT
+
+    (tmp_path / "train.py").write_text("open('ran', 'w').write('yes')\n")
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "entry": "train.py", "usd_per_hour": 1.0,
+                                                   "report_path": str(tmp_path / "epochs.jsonl")}))
+    (tmp_path / STOP_FILE).write_text("")
+    proc = subprocess.run([sys.executable, str(PAYLOAD_DIR / "gpuctl_run.py"), str(tmp_path / "run.json")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == STOPPED_EXIT and "stopped before the script started" in proc.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_the_loader_wrapper_answers_for_the_real_loader_and_copies_safely(packages):
     import copy
 
