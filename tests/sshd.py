@@ -221,8 +221,10 @@ class TestHost:
         """A shell command inside the host's namespaces (its /srv, its /tmp), as the host sees them."""
         assert self.proc is not None
         target = self.proc.pid
-        # The sshd process (child of `ip netns exec ... sh`) holds the mount namespace.
-        for pid in self.pids(rb"sshd"):
+        # The listening sshd holds the mount namespace. Not any sshd: a connection's own (`sshd:
+        # root@notty`) may come first once pids wrap (pid_max is 32768 on some machines), and
+        # nsenter into one that just ended ran nothing: the command's output came back empty.
+        for pid in self.pids(rb"^/usr/sbin/sshd -D "):
             target = pid
             break
         return _run("nsenter", "-t", str(target), "-m", "-n", "sh", "-c", command, check=False)
