@@ -55,8 +55,8 @@ def pytest_collection_modifyitems(config, items):
             if used & fixtures and not item.get_closest_marker(marker):
                 item.add_marker(marker)
         if item.get_closest_marker("tf"):
-            # Under xdist the TensorFlow tests run in two groups, each on one worker, one test at
-            # a time: at most two TF tests at once, never all of them on the two cores.
+            # Under xdist every TensorFlow test runs on one worker, one at a time: two TF
+            # processes at once on two cores make both slower, and some tests wait on their epochs.
             item.add_marker(pytest.mark.xdist_group(_tf_group(item)))
     if config.getoption("--fast"):
         full = [any(i.get_closest_marker(m) for m in FULL_TIER_ONLY) for i in items]
@@ -90,18 +90,20 @@ class _GroupsTook:
                         pytrace=False)
 
 
-# The TensorFlow tests' two xdist groups, of about the same length (~7 min each in the full tier
-# on two cores): the payload's own tests, the README demo and the single-host recoveries in one,
-# the multi-node, ssh, aws and setup-step loops in the other. In one group (GPUCTL_TEST_TF_GROUPS=1)
-# they were the suite's longest path: 924-929 s in all, against 782 s in two (CONTRIBUTING.md).
+# GPUCTL_TEST_TF_GROUPS=2 splits the TensorFlow tests into two xdist groups of about equal length:
+# the payload's own tests, the README demo and the single-host recoveries in one, the multi-node,
+# ssh, aws and setup-step loops in the other. The full suite took 735-797 s so (924-929 s in one
+# group), but in each of three such runs one command on a test host came back empty (twice
+# test_ssh_jump's first probe of the box, once a `cat` of the watchdog's state), for a reason not
+# found yet (CONTRIBUTING.md): one group stays the default until it is.
 _PAYLOAD_SIDE = ("test_payload_tf.py", "test_readme.py", "test_faults.py", "test_plan.py", "test_spot_recovery.py",
                  "test_resume.py")
 
 
 def _tf_group(item) -> str:
-    if os.environ.get("GPUCTL_TEST_TF_GROUPS", "2") == "1":
-        return "tf"
-    return "tf-payload" if item.path.name in _PAYLOAD_SIDE else "tf-loops"
+    if os.environ.get("GPUCTL_TEST_TF_GROUPS", "1") == "2":
+        return "tf-payload" if item.path.name in _PAYLOAD_SIDE else "tf-loops"
+    return "tf"
 
 
 class _NoTensorFlow:
