@@ -27,11 +27,11 @@ SUBNET = "10.251."
 BEHIND_SUBNET = "10.252."
 WORKDIR = "/srv/gpuctl"
 ROOT = WORKDIR + "/box"  # where the tests' cluster ("box") works on a host: WORKDIR/CLUSTER
-# Ends every tmux server on a host (gpuctl's, one per cluster, and the user's) and empties its /srv
-# (gpuctl's work dirs, the poweroff marks).
 # Where pip reads this machine's own settings (an image's mirror of PyPI, constraints); the pip of
 # a test host reads none of them, as on a fresh instance (the lab hides them, like root's ~/.bashrc).
 PIP_CONFIGS = ("/root/.config/pip/pip.conf", "/root/.pip/pip.conf", "/etc/xdg/pip/pip.conf")
+# Ends every tmux server on a host (gpuctl's, one per cluster, and the user's) and empties its /srv
+# (gpuctl's work dirs, the poweroff marks).
 CLEAN = "for s in /tmp/tmux-0/*; do tmux -S \"$s\" kill-server; done 2>/dev/null; rm -rf /srv/*"
 
 
@@ -152,17 +152,16 @@ class TestHost:
             "UsePAM no", "StrictModes no", "AllowTcpForwarding yes", "X11Forwarding no", "PrintMotd no",
             "Subsystem sftp internal-sftp", "LogLevel VERBOSE", *self.extra_config,
         ]) + "\n")
-        hide = "".join(f"mount --bind /dev/null {p} && " for p in self.hidden)
+        # Hidden too, always: this machine's pip settings. An index of its own (a local mirror) let
+        # the setup step on a host "without network" install all of TensorFlow (46 s) before failing.
+        pip = tuple(p for p in PIP_CONFIGS if Path(p).is_file())
+        hide = "".join(f"mount --bind /dev/null {p} && " for p in (*self.hidden, *pip))
         # root's shell start-up files as on a fresh instance, not this machine's: a developer's
         # ~/.bashrc (pyenv init, a stale rehash lock that waits 60 s) must not slow every command.
         rc = self.base / "bashrc"
         rc.write_text("# a fresh instance's root: nothing to set up\n")
         shell_rc = "".join(f"mount --bind {rc} {p} && " for p in ("/root/.bashrc", "/root/.profile")
                            if Path(p).is_file())
-        # Nor this machine's pip settings: an index of its own (a local mirror) let the setup step
-        # on a host "without network" install all of TensorFlow (46 s) before failing; an instance
-        # has none of them.
-        shell_rc += "".join(f"mount --bind /dev/null {p} && " for p in PIP_CONFIGS if Path(p).is_file())
         # Only tmux's socket directory is private, not all of /tmp: the repository (and its .venv,
         # the Python the jobs run with) may itself live under /tmp, as in CI's clone.
         Path("/tmp/tmux-0").mkdir(mode=0o700, exist_ok=True)
