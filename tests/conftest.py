@@ -3,8 +3,11 @@ tmux servers its clusters started are killed afterwards."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shlex
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuctl.cli import cli as gpuctl_cli
+from gpuctl.ops.guards import PAYLOAD_DIR
 from tests import sshd
 from tests.aws import aws, moto_server  # noqa: F401  (fixtures)
 from tests.imds import imds, imds_server  # noqa: F401  (fixtures)
@@ -121,6 +125,8 @@ def pytest_runtest_setup(item):
     # Before any fixture of the test (a module's lab included) is set up: a lab started for a test
     # not marked sshd (its fixture missing from TIER_FIXTURES) fails at once, naming the fix.
     sshd.MARKED = item.get_closest_marker("sshd") is not None
+    global KEEPS_PREFLIGHT
+    KEEPS_PREFLIGHT = not (item.get_closest_marker("tf") or item.get_closest_marker("preflight"))
 
 
 @pytest.fixture(autouse=True)
@@ -239,9 +245,35 @@ def forwarding():
         yield
 
 
+# Whether the test being set up starts its hosts with the preflight's answer kept (set per test
+# below): every one not marked `tf` or `preflight`.
+KEEPS_PREFLIGHT = True
+
+
+@functools.cache
+def kept_preflight() -> dict[str, str]:
+    """{path on a test host: text}: the real preflight payload's kept answer for the Python every
+    test host runs (this checkout's venv), where `train` looks for it in the hosts' work dir. Made
+    here by the payload itself, with its own cache and flock in the venv: the first worker of a run
+    imports TensorFlow, the others (and later runs, while the environment is the same) read it.
+    Empty where TensorFlow does not import: the hosts then look for themselves and say why."""
+    python = REPO / ".venv" / "bin" / "python"
+    root = REPO / ".venv" / "gpuctl-tests"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # as sshd's sessions have it
+    res = subprocess.run([str(python), str(PAYLOAD_DIR / "gpuctl_preflight.py"), "--cache", str(root)],
+                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True, timeout=600)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines or not json.loads(lines[-1]).get("tensorflow"):
+        return {}
+    return {f"{sshd.WORKDIR}/_preflight/{f.name}": f.read_text() for f in (root / "_preflight").glob("*.json")}
+
+
 def use_hosts(hosts, monkeypatch) -> None:
-    """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl's remote side at them."""
-    sshd.fresh(hosts)
+    """Fresh test hosts (empty /srv and /tmp) and settings that point gpuctl's remote side at them.
+    Unless the test is about the preflight or TensorFlow, the hosts keep the preflight's answer for
+    their Python, as a host that ran gpuctl before does: the first `train` of each test imported
+    TensorFlow there (6 CPU-seconds) only to learn what every test before it had learnt."""
+    sshd.fresh(hosts, kept_preflight() if KEEPS_PREFLIGHT else None)
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
     monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")

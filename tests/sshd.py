@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -396,14 +397,18 @@ def running_lab(kind: str, names: dict[int, str]):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def fresh(hosts) -> None:
-    """Each host as new: empty /srv and /tmp, no tmux server (restarted when it must be)."""
+def fresh(hosts, files: dict[str, str] | None = None) -> None:
+    """Each host as new: empty /srv and /tmp, no tmux server (restarted when it must be); then
+    `files` (path -> text) written there, as a host that ran gpuctl before keeps them."""
     for h in hosts:
         h.routes()  # a test may have taken its link down (unreachable()), and its routes with it
         if h.proc is None or h.hidden or h.srv_size != "256m" or h.proc.poll() is not None:
             h.restart()
         else:  # cheaper than a restart: end gpuctl's jobs there and empty its work dir
             h.run(CLEAN)
+        for path, text in (files or {}).items():
+            q = shlex.quote(path)
+            h.run(f"mkdir -p \"$(dirname {q})\" && printf %s {shlex.quote(text)} > {q}")
 
 
 def cleanup_stale() -> None:

@@ -14,6 +14,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from gpuctl.remote import heartbeat
 from tests.conftest import QUICK_TRAIN
 from tests.integration.test_guards import GPUCTL, decisions, fire_times, fired, marks, wait_fired, wait_for
@@ -43,6 +45,7 @@ def test_exec_and_ssh_commands_longer_than_the_idle_limit_never_look_idle(gpuctl
         host.run(f"rm -f {ROOT}/guard/fired.json")
 
 
+@pytest.mark.preflight  # its first train's preflight imports TensorFlow: longer than the idle limit
 def test_up_then_train_wait_then_nothing_fires_only_after_the_run(gpuctl, fast_guards, make_project, monkeypatch):
     """Acceptance 2: idle=4s, check every 1 s. The push and the preflight (TensorFlow's import takes
     longer than the limit) are not idle; the run is not; idle fires ~4 s after it ends."""
