@@ -220,14 +220,12 @@ class TestHost:
     def run(self, command: str) -> subprocess.CompletedProcess:
         """A shell command inside the host's namespaces (its /srv, its /tmp), as the host sees them."""
         assert self.proc is not None
-        target = self.proc.pid
-        # The listening sshd holds the mount namespace. Not any sshd: a connection's own (`sshd:
-        # root@notty`) may come first once pids wrap (pid_max is 32768 on some machines), and
-        # nsenter into one that just ended ran nothing: the command's output came back empty.
-        for pid in self.pids(rb"^/usr/sbin/sshd -D "):
-            target = pid
-            break
-        return _run("nsenter", "-t", str(target), "-m", "-n", "sh", "-c", command, check=False)
+        # The started process itself: `ip netns exec`, unshare and sh each exec the next, so it is
+        # the listening sshd (retitled "sshd: ... [listener]"), in the host's namespaces for the
+        # host's whole life. Not a process looked up by its command line: OpenSSH 9.2 re-executes
+        # itself for each connection as "/usr/sbin/sshd -D ... -R", and nsenter into one that ended
+        # a moment later ran nothing: the command's output came back empty (ci10-ci12).
+        return _run("nsenter", "-t", str(self.proc.pid), "-m", "-n", "sh", "-c", command, check=False)
 
     def who(self) -> list[str]:
         """The host's utmp as `who -u` shows it: one line per login and per tmux pane."""
