@@ -59,8 +59,8 @@ def pytest_collection_modifyitems(config, items):
             if used & fixtures and not item.get_closest_marker(marker):
                 item.add_marker(marker)
         if item.get_closest_marker("tf"):
-            # Under xdist every TensorFlow test runs on one worker, one at a time: two TF
-            # processes at once on two cores make both slower, and some tests wait on their epochs.
+            # Under xdist each group of TensorFlow tests runs on one worker, one at a time: more TF
+            # processes at once on two cores make all slower, and some tests wait on their epochs.
             item.add_marker(pytest.mark.xdist_group(_tf_group(item)))
     if config.getoption("--fast"):
         full = [any(i.get_closest_marker(m) for m in FULL_TIER_ONLY) for i in items]
@@ -94,20 +94,18 @@ class _GroupsTook:
                         pytrace=False)
 
 
-# GPUCTL_TEST_TF_GROUPS=2 splits the TensorFlow tests into two xdist groups of about equal length:
-# the payload's own tests, the README demo and the single-host recoveries in one, the multi-node,
-# ssh, aws and setup-step loops in the other. The full suite took 735-797 s so (924-929 s in one
-# group), but in each of three such runs one command on a test host came back empty (twice
-# test_ssh_jump's first probe of the box, once a `cat` of the watchdog's state), for a reason not
-# found yet (CONTRIBUTING.md): one group stays the default until it is.
+# The TensorFlow tests run in two xdist groups of about equal length (~310 s each in ci14): the
+# payload's own tests, the README demo and the single-host recoveries in one, the multi-node, ssh,
+# aws and setup-step loops in the other; never more than two TF processes at once on two cores.
+# GPUCTL_TEST_TF_GROUPS=1 puts them all in one group (one at a time; the suite's longest path then).
 _PAYLOAD_SIDE = ("test_payload_tf.py", "test_readme.py", "test_faults.py", "test_plan.py", "test_spot_recovery.py",
                  "test_resume.py")
 
 
 def _tf_group(item) -> str:
-    if os.environ.get("GPUCTL_TEST_TF_GROUPS", "1") == "2":
-        return "tf-payload" if item.path.name in _PAYLOAD_SIDE else "tf-loops"
-    return "tf"
+    if os.environ.get("GPUCTL_TEST_TF_GROUPS", "2") == "1":
+        return "tf"
+    return "tf-payload" if item.path.name in _PAYLOAD_SIDE else "tf-loops"
 
 
 class _NoTensorFlow:
