@@ -6,7 +6,8 @@ Each round, in turn: plain python, then a new cluster's first `train --wait`, th
 the figure is the median of --repeat rounds, the overhead each median less plain python's. On
 ssh each round's cluster is made on a host whose preflight cache was emptied first (as a fresh
 instance): its `up` starts the preflight in the background, and the first train comes right
-after the `up` (a user is slower), so it may still wait for part of that TensorFlow import. Targets: a second
+after the `up` (a user is slower), so it may still wait for part of that TensorFlow import (each
+round's line says how long its `up` took). Targets: a second
 `train` within 2 s of plain python on both, a first within 4 s.
 
 --timeline prints, for the last round, when each of gpuctl's progress lines came (seconds from the
@@ -76,8 +77,8 @@ class Local:
     def plain(self) -> float:
         return timed([sys.executable, "train.py"], self.env, cwd=self.project)[0]
 
-    def up(self, name: str) -> None:
-        timed([*GPUCTL, "up", "--name", name], self.env)
+    def up(self, name: str) -> float:
+        return timed([*GPUCTL, "up", "--name", name], self.env)[0]
 
     def fresh_instance(self) -> None:
         pass  # nothing of a local cluster's outlives its `down`
@@ -108,8 +109,9 @@ class Ssh:
         cmd = f"cd /srv/plain && TF_CPP_MIN_LOG_LEVEL=2 {shlex.quote(sys.executable)} train.py"
         return timed([*self.ssh, cmd], self.env)[0]
 
-    def up(self, name: str) -> None:
-        timed([*GPUCTL, "up", "--name", name, "--host", self.host.address, "--identity", str(self.key)], self.env)
+    def up(self, name: str) -> float:
+        return timed([*GPUCTL, "up", "--name", name, "--host", self.host.address, "--identity", str(self.key)],
+                     self.env)[0]
 
     def fresh_instance(self) -> None:
         self.host.run(f"rm -rf {sshd.WORKDIR}/_preflight")  # what a new instance has not seen
@@ -122,13 +124,13 @@ class Ssh:
 
 
 def rounds(where, project: Path, repeat: int) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, str]]]]:
-    times: dict[str, list[float]] = {"plain": [], "first": [], "second": []}
+    times: dict[str, list[float]] = {"plain": [], "up": [], "first": [], "second": []}
     lines: dict[str, list[tuple[float, str]]] = {}
     for i in range(repeat):
         times["plain"].append(where.plain())
         name = f"ovh{os.getpid() % 10000}x{i}"
         where.fresh_instance()
-        where.up(name)
+        times["up"].append(where.up(name))
         try:
             for which in ("first", "second"):
                 took, lines[which] = timed([*GPUCTL, "train", str(project), "--cluster", name, "--allow-cpu", "--wait"],
@@ -136,8 +138,8 @@ def rounds(where, project: Path, repeat: int) -> tuple[dict[str, list[float]], d
                 times[which].append(took)
         finally:
             where.down(name)
-        print(f"  {where.name} round {i + 1}: plain {times['plain'][-1]:.2f} s, first {times['first'][-1]:.2f} s, "
-              f"second {times['second'][-1]:.2f} s", flush=True)
+        print(f"  {where.name} round {i + 1}: plain {times['plain'][-1]:.2f} s, up {times['up'][-1]:.2f} s, "
+              f"first {times['first'][-1]:.2f} s, second {times['second'][-1]:.2f} s", flush=True)
     return times, lines
 
 

@@ -118,19 +118,23 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
 
 def _armed_and_set_up(s: Session, cluster: ClusterRecord, provider: Provider, instances: list[InstanceRecord],
                       progress: Progress, wait_ssh: bool, reused: bool) -> UpResult:
+    given = wait_ssh and bool(cluster.spec.remote.python)
+    if given:
+        # The Python is known: its preflight (seconds of TensorFlow import) starts before the
+        # watchdog's install and first look, not after, so a train right after `up` waits less.
+        setup.done_by_remote_python(s, cluster)
+        setup.warm(s, cluster)
     if provider.arms_guard_at_up and wait_ssh:
         progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
     elif provider.arms_guard_at_up:
         progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
     envs: tuple[TfEnv, ...] = ()
-    if wait_ssh and not cluster.spec.remote.python:
+    if wait_ssh and not given:
         # The TensorFlow runs will use, found or installed now rather than at the first train:
-        # `up` is where a user expects to wait, and a baked image proves itself here.
+        # `up` is where a user expects to wait, and a baked image proves itself here (the watchdog
+        # guards the install's minutes).
         with s.working(cluster, "setup"):
             envs = setup.ensure(s, cluster, progress, check=False)
-    elif wait_ssh:
-        setup.done_by_remote_python(s, cluster)
-    if wait_ssh:
         setup.warm(s, cluster)
     return UpResult(cluster=cluster, instances=tuple(instances), reused=reused,
                     tensorflow=tuple(e for e in envs if e.how != "local"))
