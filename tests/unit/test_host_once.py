@@ -33,9 +33,25 @@ def test_the_payload_is_pushed_once_per_connection(tmp_path):
     for _ in range(3):  # setup, launch_job and guards.install each ask
         assert guards.push_payload(host) == str(tmp_path / "root" / "payload")
     assert host.pushes == 1 and (tmp_path / "root" / "payload" / "gpuctl_run.py").is_file()
-    other = Counting(tmp_path / "root")  # a new connection (the next command) pushes again
-    guards.push_payload(other)
-    assert other.pushes == 1
+
+
+def test_the_next_command_pushes_the_payload_only_where_the_hosts_files_differ(tmp_path):
+    """A new connection (the next command) hashes the files there (`cat | sha1sum`, one command)
+    instead of an rsync connection; a file changed or gone there is pushed again."""
+    payload = tmp_path / "root" / "payload"
+    guards.push_payload(Counting(tmp_path / "root"))
+    same = Counting(tmp_path / "root")
+    guards.push_payload(same)
+    assert same.pushes == 0 and same.runs == 1
+    for harm in (lambda: (payload / "gpuctl_watchdog.py").write_text("# an older gpuctl's\n"),
+                 lambda: (payload / "gpuctl_report.py").unlink(),
+                 lambda: (payload / "gpuctl_run.py").write_bytes(b"")):
+        harm()
+        changed = Counting(tmp_path / "root")
+        guards.push_payload(changed)
+        assert changed.pushes == 1
+        for f in guards.PAYLOAD_DIR.glob("*.py"):
+            assert (payload / f.name).read_bytes() == f.read_bytes()
 
 
 def test_the_gpus_are_counted_once_per_connection(tmp_path):
