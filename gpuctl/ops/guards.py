@@ -43,10 +43,14 @@ def _push_payload(host: Host) -> None:
     # SSH). Their content, not a stamp: a file changed or gone there (an older gpuctl's, a
     # half-done push) is pushed again. A host that lies about it could as well change them after.
     names, digest = _payload_files()
-    check = ["sh", "-c", 'cd "$1" && shift && cat -- "$@" | sha1sum', "sh", payload_dir(host), *names]
+    where = payload_dir(host)
+    check = ["sh", "-c", 'cd "$1" && shift && cat -- "$@" | sha1sum', "sh", where, *names]
     res = host.run(output_tail(check, 4096, 4096), check=False)
     if (res.stdout or "").split()[:1] != [digest]:
-        host.push(PAYLOAD_DIR, payload_dir(host))
+        # Without the last push's manifest every file goes: the tar stream (a host without rsync)
+        # and the local copy trust it and would not send a file edited there at the same size.
+        host.run(["rm", "-f", "--", sync.manifest_path(where)], check=False)
+        host.push(PAYLOAD_DIR, where)
 
 
 @functools.cache

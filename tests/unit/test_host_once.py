@@ -43,9 +43,11 @@ def test_the_next_command_pushes_the_payload_only_where_the_hosts_files_differ(t
     same = Counting(tmp_path / "root")
     guards.push_payload(same)
     assert same.pushes == 0 and same.runs == 1
+    same_size = b"#" * (payload / "gpuctl_queue.py").stat().st_size  # the local copy's manifest alone misses it
     for harm in (lambda: (payload / "gpuctl_watchdog.py").write_text("# an older gpuctl's\n"),
                  lambda: (payload / "gpuctl_report.py").unlink(),
-                 lambda: (payload / "gpuctl_run.py").write_bytes(b"")):
+                 lambda: (payload / "gpuctl_run.py").write_bytes(b""),
+                 lambda: (payload / "gpuctl_queue.py").write_bytes(same_size)):
         harm()
         changed = Counting(tmp_path / "root")
         guards.push_payload(changed)
