@@ -122,14 +122,15 @@ def _armed_and_set_up(s: Session, cluster: ClusterRecord, provider: Provider, in
     if given:
         # The Python is known: its preflight (seconds of TensorFlow import) starts before the
         # watchdog's install and first look, not after, so a train right after `up` waits less.
-        setup.done_by_remote_python(s, cluster)
         setup.warm(s, cluster)
     if provider.arms_guard_at_up and wait_ssh:
         progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
     elif provider.arms_guard_at_up:
         progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
     envs: tuple[TfEnv, ...] = ()
-    if wait_ssh and not given:
+    if given:
+        setup.done_by_remote_python(s, cluster)
+    elif wait_ssh:
         # The TensorFlow runs will use, found or installed now rather than at the first train:
         # `up` is where a user expects to wait, and a baked image proves itself here (the watchdog
         # guards the install's minutes).
