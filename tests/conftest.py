@@ -96,7 +96,7 @@ class _GroupsTook:
 
 # The TensorFlow tests run in two xdist groups of about equal length (~310 s each in ci14): the
 # payload's own tests, the README demo and the single-host recoveries in one, the multi-node, ssh,
-# aws and setup-step loops in the other; never more than two TF processes at once on two cores.
+# aws and setup-step loops in the other: two TensorFlow tests at a time, not four, on two cores.
 # GPUCTL_TEST_TF_GROUPS=1 puts them all in one group (one at a time; the suite's longest path then).
 _PAYLOAD_SIDE = ("test_payload_tf.py", "test_readme.py", "test_faults.py", "test_plan.py", "test_spot_recovery.py",
                  "test_resume.py")
@@ -257,11 +257,18 @@ def kept_preflight() -> dict[str, str]:
     Empty where TensorFlow does not import: the hosts then look for themselves and say why."""
     python = REPO / ".venv" / "bin" / "python"
     root = REPO / ".venv" / "gpuctl-tests"
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # as sshd's sessions have it
+    # An sshd session's environment, not the calling test's (a fake nvidia-smi on its PATH would
+    # make an answer no host accepts).
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
     res = subprocess.run([str(python), str(PAYLOAD_DIR / "gpuctl_preflight.py"), "--cache", str(root)],
-                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=600)
     lines = res.stdout.strip().splitlines()
-    if res.returncode != 0 or not lines or not json.loads(lines[-1]).get("tensorflow"):
+    try:
+        usable = res.returncode == 0 and bool(lines) and bool(json.loads(lines[-1]).get("tensorflow"))
+    except ValueError:
+        usable = False
+    if not usable:
         return {}
     return {f"{sshd.WORKDIR}/_preflight/{f.name}": f.read_text() for f in (root / "_preflight").glob("*.json")}
 

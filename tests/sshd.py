@@ -225,6 +225,8 @@ class TestHost:
         # host's whole life. Not a process looked up by its command line: OpenSSH 9.2 re-executes
         # itself for each connection as "/usr/sbin/sshd -D ... -R", and nsenter into one that ended
         # a moment later ran nothing: the command's output came back empty (ci10-ci12).
+        if self.proc.poll() is not None:  # nsenter into what is left of it would run nothing, silently
+            raise RuntimeError(f"the sshd of {self.ns} has exited: {(self.base / 'sshd.log').read_text()[-500:]}")
         return _run("nsenter", "-t", str(self.proc.pid), "-m", "-n", "sh", "-c", command, check=False)
 
     def who(self) -> list[str]:

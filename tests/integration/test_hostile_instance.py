@@ -34,7 +34,9 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # anything but tab and n
 # Two epochs, then it stays (so `down` has a job to end) and says where it is.
 LINGERING = QUICK_TRAIN.replace('print("done", flush=True)', '''print("done", flush=True)
 import os
-open(os.path.join(os.environ["GPUCTL_OUTPUT_DIR"], "pid"), "w").write(str(os.getpid()))
+out = os.environ["GPUCTL_OUTPUT_DIR"]
+open(os.path.join(out, "pid.tmp"), "w").write(str(os.getpid()))
+os.replace(os.path.join(out, "pid.tmp"), os.path.join(out, "pid"))  # whole when it appears (ci16 read it empty)
 time.sleep(600)''')
 
 
