@@ -153,6 +153,20 @@ def _serve_without_waste() -> None:
     kms_models.generate_private_key = functools.lru_cache(maxsize=None)(kms_models.generate_private_key)
 
 
+# The fake account's enabled regions, as an account may have few: `status --all` and `down --all`
+# search each enabled one (four calls, and a fresh moto backend after every test's reset), and
+# moto enables twenty. The others stay listed as not opted in, so that the search skips them.
+ENABLED_REGIONS = (REGION, "eu-west-1", "us-west-2")
+
+
+def _few_regions_enabled() -> None:
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+
+    for region in RegionsAndZonesBackend.regions:
+        if region.name not in ENABLED_REGIONS:
+            region.opt_in_status = "not-opted-in"
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory):
     os.environ["MOTO_AMIS_PATH"] = str(ami_file(tmp_path_factory.mktemp("moto") / "amis.json"))
@@ -161,6 +175,7 @@ def moto_server(tmp_path_factory):
 
     _route_without_disk_scans()
     _serve_without_waste()
+    _few_regions_enabled()
 
     # On every address, so that the sshd test hosts reach S3 through their gateway as an instance
     # reaches AWS's endpoint (s3_endpoint below); this side keeps to loopback.

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from gpuctl.provision.aws import access
-from tests.aws import BASE_AMIS, NEWEST_X86, gpuctl_groups, gpuctl_keys, live_instances, nothing_created, user_data
+from tests.aws import BASE_AMIS, NEWEST_X86, boto3_session, gpuctl_groups, gpuctl_keys, live_instances, nothing_created, user_data
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 
@@ -351,20 +351,35 @@ def test_no_spot_offering(gpuctl, aws, monkeypatch):
     assert "InstanceLifecycle" not in live_instances(aws)[0]
 
 
+def _tagged_key(region: str, cluster: str, owner: str) -> dict:
+    """A key pair gpuctl would have made in `region` (tagged as its own), made there directly."""
+    tags = [{"Key": "gpuctl:created-by", "Value": "gpuctl"}, {"Key": "gpuctl:cluster", "Value": cluster},
+            {"Key": "gpuctl:owner", "Value": owner}]
+    ec2 = boto3_session().client("ec2", region_name=region)
+    ec2.create_key_pair(KeyName=f"gpuctl-{cluster}", TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}])
+    return ec2
+
+
 def test_status_all_finds_what_the_ledger_lost_and_down_all_removes_it(gpuctl, aws, isolated):
     gpuctl(*UP)
     gpuctl("up", "--name", "second", *UP[1:])
+    # A colleague's, in another enabled region: searched; and in a region the account has not opted into: not.
+    elsewhere = _tagged_key("eu-west-1", "elsewhere", "colleague")
+    closed = _tagged_key("ap-south-1", "closed", "colleague")
     (isolated / "ledger.sqlite3").unlink()  # the laptop's state is gone; the tags are not
     for suffix in ("-wal", "-shm"):
         (isolated / f"ledger.sqlite3{suffix}").unlink(missing_ok=True)
     inv = json.loads(gpuctl("status", "--all", "--json").stdout)
-    kinds = sorted((r["cluster"], r["kind"]) for r in inv["resources"] if r["provider"] == "aws")
-    assert kinds == sorted([(c, k) for c in ("default", "second") for k in ("instance", "instance-profile", "key-pair",
-                                                                                    "security-group")])
+    kinds = sorted((r["cluster"] or "-", r["kind"], r["region"]) for r in inv["resources"] if r["provider"] == "aws")
+    assert kinds == sorted([(c, k, "us-east-1") for c in ("default", "second")
+                            for k in ("instance", "instance-profile", "key-pair", "security-group")]
+                           + [("-", "key-pair", "eu-west-1")])  # another owner's: no cluster of ours
     assert inv["ledger_clusters"] == []
     assert "NO" in gpuctl("status", "--all").stdout
-    gpuctl("down", "--all", "-y")
+    gpuctl("down", "--all", "--any-owner", "-y")
     nothing_created(aws)
+    assert elsewhere.describe_key_pairs()["KeyPairs"] == []
+    assert len(closed.describe_key_pairs()["KeyPairs"]) == 1  # never searched (nothing runs there on AWS)
     assert json.loads(gpuctl("status", "--all", "--json").stdout)["resources"] == []
 
 
