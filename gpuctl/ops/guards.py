@@ -58,10 +58,15 @@ def _payload_files() -> tuple[tuple[str, ...], str]:
     """What a push of the payload sends (its file names, sorted) and the sha1 of their contents in
     that order, as `cat names | sha1sum` gives it."""
     names = tuple(sorted(sync.scan(PAYLOAD_DIR, sync.IgnoreRules.for_project(PAYLOAD_DIR))))
+    return names, _sha1_of(names)
+
+
+def _sha1_of(names: tuple[str, ...]) -> str:
+    """sha1 of these payload files' contents, one after the other in this order."""
     digest = hashlib.sha1()
     for name in names:
         digest.update((PAYLOAD_DIR / name).read_bytes())
-    return names, digest.hexdigest()
+    return digest.hexdigest()
 
 
 def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, inst: InstanceRecord, host: Host,
@@ -202,12 +207,10 @@ def _alive(host: Host, pid: Any) -> bool:
                                              check=False).returncode == 0
 
 
+@functools.cache  # asked on every look while a watchdog starts; its files do not change under gpuctl
 def code_version() -> str:
     """What the watchdog reports as its code (`code` in state.json): the hash of its files."""
-    digest = hashlib.sha1()
-    for name in WATCHDOG_FILES:
-        digest.update((PAYLOAD_DIR / name).read_bytes())
-    return digest.hexdigest()[:12]
+    return _sha1_of(WATCHDOG_FILES)[:12]
 
 
 def _first_tick(host: Host, previous_at: Any) -> None:
