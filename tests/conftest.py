@@ -22,6 +22,7 @@ from tests.aws import aws, moto_server  # noqa: F401  (fixtures)
 from tests.imds import imds, imds_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
+HOST_PYTHON = REPO / ".venv" / "bin" / "python"  # what the sshd test hosts run payloads and jobs with
 
 # The two tiers (CONTRIBUTING.md). Each test is marked from the fixtures it uses, so a new test lands
 # in its tier without anyone remembering to mark it; a file or a test may declare more
@@ -255,13 +256,12 @@ def kept_preflight() -> dict[str, str]:
     here by the payload itself, with its own cache and flock in the venv: the first worker of a run
     imports TensorFlow, the others (and later runs, while the environment is the same) read it.
     Empty where TensorFlow does not import: the hosts then look for themselves and say why."""
-    python = REPO / ".venv" / "bin" / "python"
     root = REPO / ".venv" / "gpuctl-tests"
     # An sshd session's environment, not the calling test's (a fake nvidia-smi on its PATH would
     # make an answer no host accepts).
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    res = subprocess.run([str(python), str(PAYLOAD_DIR / "gpuctl_preflight.py"), "--cache", str(root)],
+    res = subprocess.run([str(HOST_PYTHON), str(PAYLOAD_DIR / "gpuctl_preflight.py"), "--cache", str(root)],
                          env=env, capture_output=True, text=True, timeout=600)
     lines = res.stdout.strip().splitlines()
     try:
@@ -280,7 +280,7 @@ def use_hosts(hosts, monkeypatch) -> None:
     TensorFlow there (6 CPU-seconds) only to learn what every test before it had learnt."""
     sshd.fresh(hosts, kept_preflight() if KEEPS_PREFLIGHT else None)
     monkeypatch.setenv("GPUCTL_REMOTE__WORKDIR", sshd.WORKDIR)
-    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(REPO / ".venv" / "bin" / "python"))
+    monkeypatch.setenv("GPUCTL_REMOTE__PYTHON", str(HOST_PYTHON))
     monkeypatch.setenv("GPUCTL_REMOTE__CONNECT_TIMEOUT_S", "15")
 
 
