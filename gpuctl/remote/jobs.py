@@ -187,13 +187,33 @@ class Pane:
     time: str  # when it died, epoch seconds by the instance's clock (tmux 3.3+), else ""
 
 
+# What tmux says when there is no such session: no socket, a socket nobody serves, no session of
+# that name. Nothing else proves the session gone (tmux 3.3a's wording; older ones', too).
+_NO_SESSION = ("can't find session", "session not found", "no server running", "error connecting to")
+
+
 def pane(host: Host, session: str) -> Pane | None:
-    """The job's pane; None when its session is gone."""
+    """The job's pane; None when its session is gone, or when tmux could not be asked (see
+    look_pane: the callers here stop or replace the job, which is safe either way)."""
+    p = look_pane(host, session)
+    return None if p is UNANSWERED else p
+
+
+# look_pane's answer when tmux gave none (the command failed otherwise, or printed nothing).
+UNANSWERED = Pane("", False, "", "", "")
+
+
+def look_pane(host: Host, session: str) -> Pane | None:
+    """The job's pane; None only when tmux says its session is gone; UNANSWERED when tmux did not
+    answer (it failed another way, or its client was killed): that is no proof the job ended, and a
+    run called lost on it had its other nodes stopped while every node still trained."""
     res = host.run(_tmux(host, "list-panes", "-t", f"={session}:", "-F",
                          "#{pane_pid}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_dead_time}"),
                    check=False)
-    if res.returncode != 0 or not res.stdout.strip():
+    if res.returncode == 1 and any(words in res.stderr for words in _NO_SESSION):
         return None
+    if res.returncode != 0 or not res.stdout.strip():
+        return UNANSWERED
     pid, dead, status, signal, at = (res.stdout.strip().splitlines()[0].split("|") + [""] * 4)[:5]
     return Pane(pid, dead == "1", status, signal, at)
 
@@ -259,9 +279,13 @@ REAP_WAIT_S = 3.0  # how long tmux may take to learn a dead pane's exit status
 
 def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:
     """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
-    nobody knows is 'failed' with None: over, not running."""
-    p = pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
+    nobody knows is 'failed' with None: over, not running. A job without an exit code whose pane
+    tmux did not answer for is 'running': the one state that ends nothing (the next look decides;
+    `down` stops it all the same)."""
+    p = look_pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
     code = read_exit_code(host, paths)
+    if p is UNANSWERED:
+        return ("running", None) if code is None else (("succeeded" if code == 0 else "failed"), code)
     if code is None and p is not None and p.dead:
         # tmux marks a pane dead when its terminal closes, and learns the status a moment later when
         # it reaps the process: give it that moment before calling the code unknown (on a loaded

@@ -1,5 +1,6 @@
 """Jobs under a real tmux server: started, followed, exit codes read, stopped, quoted."""
 
+import os
 import shlex
 import sys
 import time
@@ -53,7 +54,22 @@ def test_success_and_lost(host, tmp_path):
     jobs.start_job(host, "ok", host.root, ["true"], {}, paths)
     assert wait_final(host, "ok", paths) == ("succeeded", 0)
     ghost = jobs.JobPaths(str(tmp_path / "root" / "runs" / "ghost"))
-    assert jobs.job_state(host, "ghost", ghost) == ("lost", None)
+    assert jobs.job_state(host, "ghost", ghost) == ("lost", None)  # tmux: "can't find session"
+    # No tmux server at all (the machine rebooted): "error connecting to"; a socket nobody
+    # serves (the server was killed): "no server running". Real tmux's words, each a lost job.
+    (tmp_path / "other").mkdir()
+    other = LocalHost(tmp_path / "other")
+    assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
+    import socket
+
+    path = f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/{other.tmux_socket}"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    try:
+        assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
+    finally:
+        stale.close()
+        os.unlink(path)
 
 
 def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_path):

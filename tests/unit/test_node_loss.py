@@ -13,7 +13,7 @@ from gpuctl import provision
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs
 from gpuctl.ops.session import Session
-from tests.fakes import FakeProvider
+from tests.fakes import FakeHost, FakeProvider
 
 
 @pytest.fixture
@@ -123,3 +123,51 @@ def test_machines_taken_by_node_state_and_for_segments_recorded_before_node_ids(
     assert recovery.machines_taken(leaving) == {chief.id, worker.id}
     old = run.model_copy(update={"segments": (run.segments[0].model_copy(update={"node_ids": ()}),)})
     assert recovery.machines_taken(old) is None  # unknown: every young spot machine waits, as before
+
+
+@pytest.fixture
+def short_stops(monkeypatch):
+    """A stopped node's grace in a blink: the fake chief's pane never dies, so each stop would wait
+    its whole 10 s for an exit code."""
+    monkeypatch.setattr(nodes.stop, "__defaults__", (0.2,))
+
+
+def tmux_says(fake, inst, rc: int, stdout: str, stderr: str = "") -> FakeHost:
+    """What every tmux command on the instance's host answers."""
+    from gpuctl.model.records import CommandResult
+
+    host = fake["hosts"].setdefault(inst.id, FakeHost())
+    host.answers["tmux"] = CommandResult(argv=("tmux",), returncode=rc, stdout=stdout, stderr=stderr)
+    return host
+
+
+@pytest.mark.parametrize("rc, stderr", [(-1, ""),  # a client killed, or a channel closed without an exit status
+                                        (1, "server exited unexpectedly"), (1, "lost server"),
+                                        (0, "")])  # no pane line: no tmux would say so of a session it has
+def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fake, short_stops, tmp_path, rc,
+                                                                               stderr):
+    """One look at a worker whose tmux did not answer called its run lost and stopped the chief
+    (SIGTERM mid-epoch) while both still trained: the CI run of 2026-12-03 lost a two-node run so.
+    Only tmux's "no such session" is a lost job; anything else is the next look's to decide."""
+    s, c, chief, worker = two_nodes(tmp_path)
+    tmux_says(fake, chief, 0, "4242|0|||\n")  # a live pane: the chief trains
+    tmux_says(fake, worker, rc, "", stderr)
+    run = run_state.refresh(s, s.ledger.run("r"))
+    assert (run.state, run.failed_node) == ("running", None)
+    assert not [cmd for cmd in fake["hosts"][chief.id].commands if cmd[0] == "kill"]  # the chief trains on
+    # The worker's exit code, once there, decides whatever tmux says.
+    fake["hosts"][worker.id].files[f"{run.run_dir}/exitcode"] = b"1\n"
+    run = run_state.refresh(s, s.ledger.run("r"))
+    assert (run.state, run.failed_node, run.exit_code) == ("failed", 1, 1)
+
+
+@pytest.mark.parametrize("stderr", ["can't find session: r", "no server running on /tmp/tmux-0/fake",
+                                    "error connecting to /tmp/tmux-0/fake (No such file or directory)"])
+def test_a_node_whose_tmux_says_the_session_is_gone_is_lost_and_its_peers_are_stopped(fake, short_stops, tmp_path,
+                                                                                       stderr):
+    s, c, chief, worker = two_nodes(tmp_path)
+    tmux_says(fake, chief, 0, "4242|0|||\n")
+    tmux_says(fake, worker, 1, "", stderr)
+    run = run_state.refresh(s, s.ledger.run("r"))
+    assert (run.state, run.failed_node, run.exit_code) == ("lost", 1, None)
+    assert ("kill", "-TERM", "--", "-4242") in fake["hosts"][chief.id].commands  # it would wait for its peer, billed
