@@ -156,6 +156,25 @@ def test_commands_files_and_pushes_through_the_jump(lab, isolated, make_project,
     assert not (Path(os.environ["HOME"]) / ".ssh" / "known_hosts").exists()
 
 
+def test_a_connection_that_drops_mid_command_is_an_error_not_an_exit_code(lab, isolated):
+    """paramiko answers -1 for a channel that closed without an exit status. A command killed by a
+    signal does that (sshd sends exit-signal, which paramiko ignores): its own end. A connection
+    gone does too, and its -1 read as the command's answer ("no such tmux session") once called a
+    run lost and stopped its other nodes: that is an error."""
+    import threading
+
+    user_config(lab)
+    host = connect(resolved(), isolated)
+    try:
+        assert host.run(["sh", "-c", "kill -KILL $$"], check=False).returncode == -1
+        # The box's sshd ends this login while a command runs (the machine went, a NAT forgot it).
+        threading.Timer(1.0, lambda: lab.box.run("pkill -KILL -f 'sshd: root'")).start()
+        with pytest.raises(RemoteError, match="lost the connection"):
+            host.run(["sleep", "20"], check=False)
+    finally:
+        host.close()
+
+
 def test_openssh_argv_goes_through_the_jump_with_strict_keys(lab, tmp_path, monkeypatch):
     # A gpuctl home with a space and a '%' in it: the generated config must quote and escape both.
     home = tmp_path / "gpuctl home %h"

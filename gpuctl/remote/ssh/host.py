@@ -160,6 +160,10 @@ class SshHost(Deadlines):
             raise
         return self._finish(chan, argv, False, limit)
 
+    def _connected(self) -> bool:
+        transport = self._client.get_transport()
+        return transport is not None and transport.is_active()
+
     def _lost(self, exc: Exception) -> Exception:
         """The connection dropped (the machine went away): a RemoteError that says so, not paramiko's
         exception; anything else as it was."""
@@ -185,6 +189,11 @@ class SshHost(Deadlines):
                     raise self.timed_out(shown(argv), timeout or 0)
         code = chan.recv_exit_status()
         chan.close()
+        if code == -1 and not self._connected():
+            # paramiko's -1: the channel closed without an exit status. With the connection gone
+            # that is no answer from the command: a caller reading "no such session" or "no such
+            # file" from it would decide on what the host never said.
+            raise self._lost(EOFError(f"the connection closed before {shown(argv)} finished"))
         res = CommandResult(argv=tuple(argv), returncode=code, stdout=out.decode("utf-8", "replace"),
                             stderr=err.decode("utf-8", "replace"))
         if code == 127 and check:
