@@ -365,8 +365,14 @@ def test_a_run_ended_in_its_pane_is_over_and_idle_fires_after(gpuctl, fast_guard
     t_end = time.time()
     if how == "sigkill":  # the watchdog alone notices, records tmux's code and fires
         f = wait_fired(host)
-        assert host.run(f"cat {ROOT}/runs/{run_id}/exitcode").stdout.strip() == str(code)
-        assert f"run {run_id}: its pane died without recording an exit code; tmux says {code}" in decisions(host)
+        said = host.run(f"{sshd.gpuctl_tmux(host)} list-panes -t ={run_id}: "
+                        "-F '#{pane_dead_status}|#{pane_dead_signal}'").stdout.strip()
+        if said == "|":  # tmux 3.3a lost this kill's status (1 kill in 30, for good): there is none to record
+            code = None
+            assert host.run(f"cat {ROOT}/runs/{run_id}/exitcode 2>/dev/null").stdout == ""
+        else:
+            assert host.run(f"cat {ROOT}/runs/{run_id}/exitcode").stdout.strip() == str(code), said
+            assert f"run {run_id}: its pane died without recording an exit code; tmux says {code}" in decisions(host)
     run = wait_for(lambda: next((r for r in json.loads(gpuctl("status", "--json").stdout)["runs"]
                                  if r["state"] != "running"), None), timeout=20, every=1)
     assert run["state"] in ("failed", "stopped") and run["exit_code"] == code
