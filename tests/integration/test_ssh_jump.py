@@ -167,10 +167,15 @@ def test_a_connection_that_drops_mid_command_is_an_error_not_an_exit_code(lab, i
     host = connect(resolved(), isolated)
     try:
         assert host.run(["sh", "-c", "kill -KILL $$"], check=False).returncode == -1
-        # The box's sshd ends this login while a command runs (the machine went, a NAT forgot it).
-        threading.Timer(1.0, lambda: lab.box.run("pkill -KILL -f 'sshd: root'")).start()
-        with pytest.raises(RemoteError, match="lost the connection"):
-            host.run(["sleep", "20"], check=False)
+        # The box's sshd ends this login while a command runs (the machine went, a NAT forgot it):
+        # the listener's children, this login's sshd, and no other process on this machine.
+        cut = threading.Timer(1.0, lambda: subprocess.run(["pkill", "-KILL", "-P", str(lab.box.proc.pid)]))
+        cut.start()
+        try:
+            with pytest.raises(RemoteError, match="lost the connection"):
+                host.run(["sleep", "20"], check=False)
+        finally:
+            cut.join()
     finally:
         host.close()
 
