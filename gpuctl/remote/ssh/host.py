@@ -189,10 +189,13 @@ class SshHost(Deadlines):
                     raise self.timed_out(shown(argv), timeout or 0)
         code = chan.recv_exit_status()
         chan.close()
-        if code == -1 and not self._connected():
-            # paramiko's -1: the channel closed without an exit status. With the connection gone
-            # that is no answer from the command: a caller reading "no such session" or "no such
-            # file" from it would decide on what the host never said.
+        if code == -1 and not (chan.eof_received and self._connected()):
+            # paramiko's -1: the channel closed without an exit status. A command killed by a
+            # signal ends so too (paramiko ignores exit-signal), but its sshd still sent EOF first;
+            # a connection that went sent nothing (and paramiko closes its channels a moment before
+            # it marks the transport inactive, so that alone may not show yet). That is no answer
+            # from the command: a caller reading "no such session" from it decided on what the
+            # host never said.
             raise self._lost(EOFError(f"the connection closed before {shown(argv)} finished"))
         res = CommandResult(argv=tuple(argv), returncode=code, stdout=out.decode("utf-8", "replace"),
                             stderr=err.decode("utf-8", "replace"))
