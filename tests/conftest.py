@@ -149,8 +149,9 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCTL_PROVIDER", "local")
     monkeypatch.chdir(work)
     yield home
-    from gpuctl.remote.jobs import end_processes, kill_server
+    from gpuctl.remote.jobs import end_processes
     from gpuctl.remote.local import LocalHost
+    from gpuctl.remote.tmux import kill_server
 
     clusters = home / "clusters"
     if clusters.is_dir():

@@ -18,7 +18,7 @@ from gpuctl.model.records import ClusterRecord
 from gpuctl.model.results import SshConfigResult
 from gpuctl.ops import setup
 from gpuctl.ops.session import Session
-from gpuctl.remote import jobs
+from gpuctl.remote import jobs, tmux
 from gpuctl.remote.host import Host
 from gpuctl.remote.ssh import openssh
 from gpuctl.retry import TimedOut, poll
@@ -92,7 +92,7 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
     remote_port = port if host.local else TENSORBOARD_PORT
     paths = jobs.JobPaths(posixpath.join(host.root, "tensorboard"))
     port_file = posixpath.join(paths.run_dir, "port")
-    pane = jobs.pane(host, "tensorboard")
+    pane = tmux.pane(host, "tensorboard")
     serving = (host.read_bytes(port_file, 0, 16) or b"").decode("ascii", "replace").strip()
     ours = host.local and pane is not None and not pane.dead and serving == str(port)
     if not ours and not _port_free(port):
@@ -140,7 +140,7 @@ def _wait_serving(host: Host, paths: jobs.JobPaths) -> None:
         log = (host.read_bytes(paths.log) or b"").decode("utf-8", "replace")
         if "TensorBoard " in log and " at http" in log:
             return True
-        p = jobs.pane(host, "tensorboard")
+        p = tmux.pane(host, "tensorboard")
         if p is None or p.dead:
             last = jobs.tail_text(host, paths.log, 1) or "no output"
             raise RemoteError(f"TensorBoard did not start on {host.label}: {last}",

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuctl.model import untrusted
 from gpuctl.payloads import gpuctl_protocol as protocol
-from gpuctl.remote import jobs
+from gpuctl.remote.tmux import server_env
 from gpuctl.remote.guard_files import GuardConfig, WatchdogState
 from gpuctl.remote.host import Host
 
@@ -58,7 +58,7 @@ def _ensure_script(host: Host, python: str, payload_dir: str) -> str:
         "# Written by gpuctl: start the watchdog's session unless it runs. Cron calls this every minute.\n"
         f"{tmux} has-session -t ={SESSION} 2>/dev/null && exit 0\n"
         # Marked like every process of this cluster's tmux server, so `down` finds them all.
-        f"cd {q(host.root)} && exec {shlex.join(jobs.server_env(host))} {tmux} new-session -d -s {SESSION} {q(loop)}\n"
+        f"cd {q(host.root)} && exec {shlex.join(server_env(host))} {tmux} new-session -d -s {SESSION} {q(loop)}\n"
     )
 
 

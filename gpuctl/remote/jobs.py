@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpuctl.errors import RemoteError, RemoteTimeout
+from gpuctl.errors import RemoteError, RemoteTimeout, Unconfirmed
 from gpuctl.model.untrusted import EARLIEST, LATEST, number
 from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
+from gpuctl.remote import tmux
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
+from gpuctl.remote.tmux import Pane
 
 LOG = "output.log"
 EPOCHS = "epochs.jsonl"
@@ -107,24 +109,10 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
     return "\n".join(lines) + "\n"
 
 
-def _tmux(host: Host, *args: str) -> list[str]:
-    return ["tmux", "-L", host.tmux_socket, *args]
-
-
-MARK_VAR = "GPUCTL_TMUX"
-
-
-def server_env(host: Host) -> list[str]:
-    """argv prefix for a tmux command that may start gpuctl's server: the server, and so every
-    pane and every process a job starts (daemons included), carries GPUCTL_TMUX=<socket>, which is
-    how `down` finds them all (end_processes)."""
-    return ["env", f"{MARK_VAR}={host.tmux_socket}"]
-
-
 def start_detached(host: Host, argv: Sequence[str], what: str) -> int:
     """Start `argv` on the host in the background, apart from this SSH session (a closed laptop
     does not stop it); its pid. It carries the cluster's process mark, so `down` ends it."""
-    script = (f"cd / && {MARK_VAR}={shlex.quote(host.tmux_socket)} setsid nohup {shlex.join(argv)} "
+    script = (f"cd / && {tmux.MARK_VAR}={shlex.quote(host.tmux_socket)} setsid nohup {shlex.join(argv)} "
               "</dev/null >/dev/null 2>&1 & echo $!")
     res = host.run(["sh", "-c", script], timeout=60)
     try:
@@ -156,7 +144,7 @@ def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[s
 
 def clear_ends(host: Host, session: str, paths: JobPaths) -> None:
     """Forget how a job ended (its dead pane, its exit code and end time) before it runs again."""
-    host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
+    tmux.kill_session(host, session)
     host.run(["rm", "-f", paths.exitcode, paths.ended, paths.node_started, paths.stop_requested])
 
 
@@ -168,70 +156,17 @@ def _write_secrets(host: Host, paths: JobPaths, secret_env: Mapping[str, str]) -
 
 def _new_session(host: Host, session: str, paths: JobPaths) -> None:
     host.run(
-        server_env(host) + _tmux(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))
+        tmux.server_env(host) + tmux.argv(host, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", paths.script]))
         # remain-on-exit keeps the pane for `capture-pane`/attach after the job ends.
         + [";", "set-option", "-t", session, "remain-on-exit", "on"]
     )
-
-
-def session_alive(host: Host, session: str) -> bool:
-    return host.run(_tmux(host, "has-session", "-t", "=" + session), check=False).returncode == 0
-
-
-@dataclass(frozen=True)
-class Pane:
-    pid: str
-    dead: bool
-    status: str  # exit status of a dead pane's process, "" if unknown or killed by a signal
-    signal: str  # the signal that killed it (tmux 3.3+), else ""
-    time: str  # when it died, epoch seconds by the instance's clock (tmux 3.3+), else ""
-
-
-# What tmux says when there is no such session: no socket, a socket nobody serves, no session of
-# that name. Nothing else proves the session gone (tmux 3.3a's wording; older ones', too).
-_NO_SESSION = ("can't find session", "session not found", "no server running", "error connecting to")
-
-
-def pane(host: Host, session: str) -> Pane | None:
-    """The job's pane; None when its session is gone, or when tmux could not be asked (see
-    look_pane: the callers here stop or replace the job, which is safe either way)."""
-    p = look_pane(host, session)
-    return None if p is UNANSWERED else p
-
-
-# look_pane's answer when tmux gave none (the command failed otherwise, or printed nothing).
-UNANSWERED = Pane("", False, "", "", "")
-
-
-def look_pane(host: Host, session: str) -> Pane | None:
-    """The job's pane; None only when tmux says its session is gone; UNANSWERED when tmux did not
-    answer (it failed another way, or its client was killed): that is no proof the job ended, and a
-    run called lost on it had its other nodes stopped while every node still trained."""
-    res = host.run(_tmux(host, "list-panes", "-t", f"={session}:", "-F",
-                         "#{pane_pid}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_dead_time}"),
-                   check=False)
-    if res.returncode == 1 and any(words in res.stderr for words in _NO_SESSION):
-        return None
-    if res.returncode != 0 or not res.stdout.strip():
-        return UNANSWERED
-    pid, dead, status, signal, at = (res.stdout.strip().splitlines()[0].split("|") + [""] * 4)[:5]
-    return Pane(pid, dead == "1", status, signal, at)
-
-
-def tmux_exit_code(p: Pane) -> int | None:
-    """A dead pane's exit code as tmux saw it (128 + N for signal N, as bash reports it)."""
-    if p.status.isdigit():
-        return int(p.status)
-    if p.signal.isdigit():
-        return 128 + int(p.signal)
-    return None  # tmux before 3.3 keeps no signal
 
 
 def record_exit_from_pane(host: Host, paths: JobPaths, p: Pane) -> int | None:
     """For a dead pane whose script wrote no exit code: write tmux's code (and the end time) on
     the instance, once, so every reader (this client, the watchdog, a later `status`) agrees.
     None when tmux does not know it either; the run is over all the same."""
-    code = tmux_exit_code(p)
+    code = tmux.exit_code(p)
     if code is None:
         return None
     q = shlex.quote
@@ -279,44 +214,55 @@ REAP_WAIT_S = 3.0  # how long tmux may take to learn a dead pane's exit status
 
 def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:
     """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
-    nobody knows is 'failed' with None: over, not running. A job without an exit code whose pane
-    tmux did not answer for is 'running': the one state that ends nothing (the next look decides;
-    `down` stops it all the same)."""
-    p = look_pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
+    nobody knows is 'failed' with None: over, not running. Lost only on tmux's word that the
+    session is gone: a look tmux did not answer says 'running', the one state that ends nothing
+    (the next look, or the exit code once written, decides)."""
+    p = tmux.look_pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
     code = read_exit_code(host, paths)
-    if p is UNANSWERED:
-        return ("running", None) if code is None else (("succeeded" if code == 0 else "failed"), code)
+    if isinstance(p, tmux.Unanswered):
+        return _by_code(code) if code is not None else ("running", None)
     if code is None and p is not None and p.dead:
         # tmux marks a pane dead when its terminal closes, and learns the status a moment later when
         # it reaps the process: give it that moment before calling the code unknown (on a loaded
         # machine 1 s was once too short). Some never come: tmux 3.3a loses about one killed
         # pane's status in 30, and a tmux before 3.3 keeps no signal; those cost the whole wait.
         deadline = time.monotonic() + REAP_WAIT_S
-        while tmux_exit_code(p) is None and time.monotonic() < deadline:
+        while tmux.exit_code(p) is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            p = pane(host, session) or p
+            p = tmux.pane(host, session) or p
         code = record_exit_from_pane(host, paths, p)
         if code is None:
             return "failed", None
     if code is not None:
-        return ("succeeded" if code == 0 else "failed"), code
+        return _by_code(code)
     return ("running" if p is not None else "lost"), None
 
 
-def capture_pane(host: Host, session: str) -> str:
-    # `=NAME:` is an exact session match (a bare name is a prefix match); -S - includes history,
-    # where tmux moves the screen when the pane dies.
-    res = host.run(_tmux(host, "capture-pane", "-p", "-S", "-", "-t", f"={session}:"), check=False)
-    return res.stdout if res.returncode == 0 else ""
+def _by_code(code: int) -> tuple[str, int]:
+    return ("succeeded" if code == 0 else "failed"), code
 
 
 # How long a stopped job has to save and exit after SIGTERM before SIGKILL (down, gpuctl stop).
 STOP_GRACE_S = 10.0
+STOP_LOOKS = 3  # looks at a pane that tmux does not answer before a stop gives up on it
+
+
+def _pane_to_stop(host: Host, session: str) -> Pane | None:
+    """The job's pane, asked again while tmux does not answer (a blip); Unconfirmed when it never
+    does: without the pane's process group nothing can be signalled, and the job may run on."""
+    for look in range(STOP_LOOKS):
+        p = tmux.look_pane(host, session)
+        if not isinstance(p, tmux.Unanswered):
+            return p
+        if look + 1 < STOP_LOOKS:
+            time.sleep(0.5)
+    raise Unconfirmed(f"could not stop run {session} on {host.label}: {p.why}",
+                      "`gpuctl down` ends it anyway, with every process of the cluster there (without tmux).")
 
 
 def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GRACE_S) -> int | None:
     """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
-    p = pane(host, session)
+    p = _pane_to_stop(host, session)
     if p is not None:
         if p.pid and not p.dead:
             try:
@@ -329,22 +275,18 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
             host.run(["kill", "-TERM", "--", "-" + p.pid], check=False)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and read_exit_code(host, paths) is None:
-                now = pane(host, session)
-                if now is None or now.dead:
+                now = tmux.look_pane(host, session)  # no answer is no end: the job may still be saving
+                if now is None or (isinstance(now, Pane) and now.dead):
                     break  # gone without an exit code (killed before its wrapper could write one)
                 time.sleep(0.2)
             if read_exit_code(host, paths) is None:
                 host.run(["kill", "-KILL", "--", "-" + p.pid], check=False)
                 time.sleep(0.2)  # for tmux to see the pane die
-                p = pane(host, session)
+                p = tmux.pane(host, session)
         if p is not None and p.dead and read_exit_code(host, paths) is None:
             record_exit_from_pane(host, paths, p)  # before the session, and tmux's word, are gone
-        host.run(_tmux(host, "kill-session", "-t", "=" + session), check=False)
+        tmux.kill_session(host, session)
     return read_exit_code(host, paths)
-
-
-def kill_server(host: Host) -> None:
-    host.run(_tmux(host, "kill-server"), check=False)
 
 
 # Every process of this host's user that carries the cluster's mark: set at the server's start

@@ -9,7 +9,7 @@ without /proc. A tmux that hangs there costs one deadline, after the jobs are go
 from __future__ import annotations
 
 from gpuctl.errors import RemoteTimeout
-from gpuctl.remote import guard, jobs
+from gpuctl.remote import guard, jobs, tmux
 from gpuctl.remote.host import Host
 
 
@@ -19,7 +19,7 @@ def end_cluster(host: Host) -> list[str]:
     guard.uninstall(host)  # the host stays up: its cron entry or unit must not revive the watchdog
     survivors = jobs.end_processes(host)  # jobs, their children and daemons, the watchdog, the server
     try:
-        jobs.kill_server(host)  # what /proc could not show (a host without it)
+        tmux.kill_server(host)  # what /proc could not show (a host without it)
     except RemoteTimeout:
         pass  # a tmux that hangs: every process with the cluster's mark is gone already
     return survivors

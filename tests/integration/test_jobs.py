@@ -1,13 +1,12 @@
 """Jobs under a real tmux server: started, followed, exit codes read, stopped, quoted."""
 
-import os
 import shlex
 import sys
 import time
 
 import pytest
 
-from gpuctl.remote import jobs
+from gpuctl.remote import jobs, tmux
 from gpuctl.remote.local import LocalHost
 
 
@@ -16,7 +15,7 @@ def host(tmp_path):
     h = LocalHost(tmp_path / "root")
     (tmp_path / "root").mkdir()
     yield h
-    jobs.kill_server(h)
+    tmux.kill_server(h)
 
 
 def wait_final(host, session, paths, timeout=30):
@@ -34,7 +33,7 @@ def test_job_runs_logs_and_records_exit_code(host, tmp_path):
     script = "import sys, time; print('hello', flush=True); time.sleep(1); print('bye'); sys.exit(3)"
     jobs.start_job(host, "r1", host.root, [sys.executable, "-c", script], {"GPUCTL_RUN_ID": "r1"}, paths)
     assert jobs.job_state(host, "r1", paths) == ("running", None)
-    assert jobs.session_alive(host, "r1")
+    assert tmux.session_alive(host, "r1")
     # Follow the log while it grows.
     seen, offset = "", 0
     deadline = time.monotonic() + 20
@@ -46,7 +45,7 @@ def test_job_runs_logs_and_records_exit_code(host, tmp_path):
     assert seen.splitlines() == ["hello", "bye"]
     assert wait_final(host, "r1", paths) == ("failed", 3)
     # remain-on-exit keeps the pane for capture-pane after the job ended.
-    assert "bye" in jobs.capture_pane(host, "r1")
+    assert "bye" in tmux.capture(host, "r1")
 
 
 def test_success_and_lost(host, tmp_path):
@@ -55,21 +54,21 @@ def test_success_and_lost(host, tmp_path):
     assert wait_final(host, "ok", paths) == ("succeeded", 0)
     ghost = jobs.JobPaths(str(tmp_path / "root" / "runs" / "ghost"))
     assert jobs.job_state(host, "ghost", ghost) == ("lost", None)  # tmux: "can't find session"
-    # No tmux server at all (the machine rebooted): "error connecting to"; a socket nobody
-    # serves (the server was killed): "no server running". Real tmux's words, each a lost job.
+    # No tmux server at all (the machine rebooted), and a socket whose server was SIGKILLed: real
+    # tmux's words for each, each a lost job.
     (tmp_path / "other").mkdir()
     other = LocalHost(tmp_path / "other")
+    assert "(No such file or directory)" in said_by_tmux(other)
     assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
-    import socket
+    other.run(tmux.argv(other, "new-session", "-d", "-s", "x", "sleep 300"))
+    server, sleeper = other.run(tmux.argv(other, "list-panes", "-t", "=x:", "-F", "#{pid} #{pane_pid}")).stdout.split()
+    other.run(["kill", "-KILL", server, sleeper])
+    assert "no server running" in said_by_tmux(other)
+    assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
 
-    path = f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/{other.tmux_socket}"
-    stale = socket.socket(socket.AF_UNIX)
-    stale.bind(path)
-    try:
-        assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
-    finally:
-        stale.close()
-        os.unlink(path)
+
+def said_by_tmux(host) -> str:
+    return host.run(tmux.argv(host, "list-panes", "-t", "=ghost:"), check=False).stderr
 
 
 def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_path):
@@ -78,7 +77,7 @@ def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_pa
     time.sleep(0.5)
     code = jobs.stop_job(host, "s", paths, grace_s=5)
     assert code is not None and code != 0
-    assert not jobs.session_alive(host, "s")
+    assert not tmux.session_alive(host, "s")
     assert jobs.job_state(host, "s", paths)[0] == "failed"
 
 
@@ -117,7 +116,7 @@ def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path
         paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / session))
         jobs.start_job(host, session, host.root, ["bash", "-c", "echo up; sleep 300"], {}, paths)
         wait_log(host, paths, "up")
-        p = jobs.pane(host, session)
+        p = tmux.pane(host, session)
         assert p is not None and not p.dead
         host.run(["kill", f"-{signal}", "--", f"-{p.pid}"])
         final = wait_final(host, session, paths, timeout=10)
@@ -126,8 +125,8 @@ def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path
             # ... and it really never does: had it come later, job_state gave up too early.
             late = time.monotonic() + 5
             while time.monotonic() < late:
-                p = jobs.pane(host, session)
-                assert p is not None and jobs.tmux_exit_code(p) is None, "job_state gave up before tmux reaped"
+                p = tmux.pane(host, session)
+                assert p is not None and tmux.exit_code(p) is None, "job_state gave up before tmux reaped"
                 time.sleep(0.5)
             continue
         break
@@ -135,7 +134,7 @@ def test_a_dead_pane_without_an_exit_code_is_over_with_tmuxs_code(host, tmp_path
     assert host.read_bytes(paths.exitcode) == f"{code}\n".encode()  # recorded for every reader
     assert jobs.duration(host, paths) is not None  # and its end, by the instance's clock
     assert jobs.stop_job(host, session, paths) == code  # stopping an ended job changes nothing
-    assert not jobs.session_alive(host, session)
+    assert not tmux.session_alive(host, session)
 
 
 NASTY = ["sp ace", "quo'te", 'dq"x', "$(touch pwned1)", "`touch pwned2`", "; touch pwned3", "ünï©ødé", "*"]
