@@ -74,6 +74,11 @@ class RemoteTimeout(RemoteError):
     the cluster anyway and names the jobs it could not confirm gone."""
 
 
+class Unconfirmed(RemoteError):
+    """The host answers, but its tmux does not answer for a job being stopped: nothing could be
+    signalled, and the job may run on. As with a RemoteTimeout, `down` releases anyway."""
+
+
 class RunFailedError(GpuctlError):
     exit_code = ExitCode.RUN_FAILED
 

@@ -27,10 +27,13 @@ class FakeHost:
         self.files: dict[str, bytes] = {}
         self.commands: list[tuple[str, ...]] = []
         self.answers: dict[str, CommandResult] = {}  # first argv word -> result
+        self.on_run: Callable[[tuple[str, ...]], None] | None = None  # what a command does there
         self.closed = False
 
     def run(self, argv, check=True, timeout=None, **_: Any) -> CommandResult:
         self.commands.append(tuple(argv))
+        if self.on_run is not None:
+            self.on_run(tuple(argv))
         return self.answers.get(argv[0], CommandResult(argv=tuple(argv), returncode=0, stdout="", stderr=""))
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = 8 << 20) -> bytes | None:

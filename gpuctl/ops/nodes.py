@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpuctl.errors import ConfigError, RemoteError, RunFailedError
+from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import push, setup
@@ -80,8 +80,8 @@ def rate(group: list[Node]) -> float:
 
 def each(nodes: list[Node], fn: Callable[[Node], T]) -> list[T]:
     """fn on every node at once (one connection each), results in node order."""
-    if len(nodes) == 1:
-        return [fn(nodes[0])]
+    if len(nodes) <= 1:
+        return [fn(n) for n in nodes]
     with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
         return list(pool.map(fn, nodes))
 
@@ -289,9 +289,18 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
     return first.state, first.code, first.rank
 
 
-def stop(group: list[Node], run: RunRecord, grace_s: float = jobs.STOP_GRACE_S) -> list[int | None]:
-    """Stop the run's job on these nodes (nothing where it does not run); their exit codes."""
-    return each(group, lambda n: jobs.stop_job(n.host, run.run_id, n.paths(run), grace_s))
+def stop(group: list[Node], run: RunRecord, grace_s: float = jobs.STOP_GRACE_S, must: bool = True) -> list[int | None]:
+    """Stop the run's job on these nodes (nothing where it does not run); their exit codes. A
+    node whose tmux does not answer raises Unconfirmed, or with `must` False counts as None."""
+    def one(n: Node) -> int | None:
+        try:
+            return jobs.stop_job(n.host, run.run_id, n.paths(run), grace_s)
+        except Unconfirmed:
+            if must:
+                raise
+            return None
+
+    return each(group, one)
 
 
 def run_instances(s: Session, cluster_id: int, run: RunRecord) -> list[InstanceRecord]:
@@ -313,7 +322,9 @@ def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
     """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
     it is saving the run's checkpoint)."""
     running = {n.rank for n in seen if n.state in RUNNING}
-    stop([n for n in group if n.rank in running], run)
+    # One whose tmux does not answer is passed over: the run has ended all the same, and `down`
+    # ends what runs on there.
+    stop([n for n in group if n.rank in running], run, must=False)
 
 
 def refuse_budget(group: list[Node], budget_usd: float) -> None:

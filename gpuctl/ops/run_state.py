@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout
+from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout, Unconfirmed
 from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue
@@ -287,8 +287,9 @@ TAIL_BYTES = 64 << 10  # of a log's end, for its last lines
 def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str], str | None]:
     """Stop the cluster's live runs (on every node) and keep their last epochs and logs in the
     ledger: (runs stopped, runs not confirmed stopped, why). A host whose command ran past its
-    deadline (RemoteTimeout) ends the stopping there: the runs still live then are named, so that
-    `down` releases the cluster anyway; a host that does not answer at all raises."""
+    deadline (RemoteTimeout), or a job its tmux does not answer for (Unconfirmed), ends the stopping
+    there: the runs still live then are named, so that `down` releases the cluster anyway; a host
+    that does not answer at all raises."""
     stopped: list[str] = []
     try:
         if any(r.gpus and r.state not in FINAL_RUN_STATES for r in s.ledger.runs(cluster.id)):
@@ -304,7 +305,7 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str],
             for n in nodes.of_run(s, cluster, run):
                 if n.host.fetch(n.paths(run).log, archived_log(s, run.run_id, n.rank)):
                     os.chmod(archived_log(s, run.run_id, n.rank), 0o600)
-    except RemoteTimeout as exc:
+    except (RemoteTimeout, Unconfirmed) as exc:
         left = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
         return stopped, left, exc.message
     return stopped, [], None

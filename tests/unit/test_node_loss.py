@@ -125,27 +125,25 @@ def test_machines_taken_by_node_state_and_for_segments_recorded_before_node_ids(
     assert recovery.machines_taken(old) is None  # unknown: every young spot machine waits, as before
 
 
-@pytest.fixture
-def short_stops(monkeypatch):
-    """A stopped node's grace in a blink: the fake chief's pane never dies, so each stop would wait
-    its whole 10 s for an exit code."""
-    monkeypatch.setattr(nodes.stop, "__defaults__", (0.2,))
-
-
 def tmux_says(fake, inst, rc: int, stdout: str, stderr: str = "") -> FakeHost:
     """What every tmux command on the instance's host answers."""
     from gpuctl.model.records import CommandResult
 
     host = fake["hosts"].setdefault(inst.id, FakeHost())
     host.answers["tmux"] = CommandResult(argv=("tmux",), returncode=rc, stdout=stdout, stderr=stderr)
+
+    def signalled(argv: tuple[str, ...]) -> None:  # its job exits as a stopped one does: no grace waited out
+        if argv[0] == "kill":
+            host.files["/fake/runs/r/exitcode"] = b"143\n"
+
+    host.on_run = signalled
     return host
 
 
 @pytest.mark.parametrize("rc, stderr", [(-1, ""),  # a client killed, or a channel closed without an exit status
                                         (1, "server exited unexpectedly"), (1, "lost server"),
-                                        (0, "")])  # no pane line: no tmux would say so of a session it has
-def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fake, short_stops, tmp_path, rc,
-                                                                               stderr):
+                                        (127, "sh: 1: tmux: not found")])
+def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fake, tmp_path, rc, stderr):
     """One look at a worker whose tmux did not answer called its run lost and stopped the chief
     (SIGTERM mid-epoch) while both still trained: the CI run of 2026-12-03 lost a two-node run so.
     Only tmux's "no such session" is a lost job; anything else is the next look's to decide."""
@@ -163,11 +161,58 @@ def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fa
 
 @pytest.mark.parametrize("stderr", ["can't find session: r", "no server running on /tmp/tmux-0/fake",
                                     "error connecting to /tmp/tmux-0/fake (No such file or directory)"])
-def test_a_node_whose_tmux_says_the_session_is_gone_is_lost_and_its_peers_are_stopped(fake, short_stops, tmp_path,
-                                                                                       stderr):
+def test_a_node_whose_tmux_says_the_session_is_gone_is_lost_and_its_peers_are_stopped(fake, tmp_path, stderr):
     s, c, chief, worker = two_nodes(tmp_path)
     tmux_says(fake, chief, 0, "4242|0|||\n")
     tmux_says(fake, worker, 1, "", stderr)
     run = run_state.refresh(s, s.ledger.run("r"))
     assert (run.state, run.failed_node, run.exit_code) == ("lost", 1, None)
     assert ("kill", "-TERM", "--", "-4242") in fake["hosts"][chief.id].commands  # it would wait for its peer, billed
+
+
+def test_a_job_whose_tmux_never_answers_is_not_called_stopped_and_down_names_it(fake, tmp_path, monkeypatch):
+    """Without the pane nothing can be signalled: `gpuctl stop` says so (the run stays live, not
+    "stopped" while it trains on), and `down` releases anyway, naming it unconfirmed."""
+    from gpuctl.errors import Unconfirmed
+    from gpuctl.remote import jobs
+
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)  # the looks' pauses
+    s, c, chief, worker = two_nodes(tmp_path)
+    for inst in (chief, worker):
+        tmux_says(fake, inst, 1, "", "server exited unexpectedly")
+    with pytest.raises(Unconfirmed, match=r"could not stop run r on fake-host: tmux list-panes exited 1: server exited"):
+        run_state.stop_run(s, c, s.ledger.run("r"))
+    assert s.ledger.run("r").state == "running"
+    assert len([cmd for cmd in fake["hosts"][chief.id].commands if "list-panes" in cmd]) == jobs.STOP_LOOKS
+    stopped, left, why = run_state.stop_runs(s, c)
+    assert (stopped, left) == ([], ["r"]) and "server exited unexpectedly" in why
+
+
+def test_a_run_lost_on_one_node_is_recorded_where_a_peers_tmux_cannot_be_asked_to_stop(fake, tmp_path, monkeypatch):
+    from gpuctl.remote import jobs
+
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    s, c, chief, worker = two_nodes(tmp_path)
+    tmux_says(fake, chief, 1, "", "server exited unexpectedly")
+    tmux_says(fake, worker, 1, "", "can't find session: r")
+    run = run_state.refresh(s, s.ledger.run("r"))  # the chief's stop was tried: it could not be confirmed
+    assert (run.state, run.failed_node) == ("lost", 1)
+
+
+def test_exec_keeps_every_hosts_output_when_one_hosts_connection_goes(fake, tmp_path):
+    """`gpuctl exec -- sudo reboot`: one host's connection ends under the command; the others'
+    output is kept, and that host says why with ssh's own 255."""
+    from gpuctl.errors import RemoteError
+    from gpuctl.model.records import CommandResult
+
+    s, c, chief, worker = two_nodes(tmp_path)
+    fake["hosts"].setdefault(chief.id, FakeHost()).answers["uptime"] = CommandResult(
+        argv=("uptime",), returncode=0, stdout="up 3 days\n", stderr="")
+
+    def gone(argv):
+        raise RemoteError("lost the connection to fake-host (EOFError: the connection closed)")
+
+    fake["hosts"].setdefault(worker.id, FakeHost()).on_run = gone
+    first, second = runs.exec_command(s, ("uptime", "-p"))
+    assert (first.returncode, first.stdout) == (0, "up 3 days\n")
+    assert (second.returncode, second.stdout) == (255, "") and "lost the connection" in second.stderr

@@ -91,7 +91,7 @@ def test_a_node_leaving_on_a_notice_is_waited_for_and_never_stopped(tmp_path, mo
     assert nodes.verdict(ended) == ("preempted", 1, 1)
     # A node leaving on its notice is never stopped by gpuctl (it may be saving the checkpoint).
     stopped = []
-    monkeypatch.setattr(nodes, "stop", lambda g, run: stopped.extend(n.rank for n in g))
+    monkeypatch.setattr(nodes, "stop", lambda g, run, **kw: stopped.extend(n.rank for n in g))
     nodes.stop_rest(group, None, [S(0, "leaving"), S(1, "preempted", 75, 3.0)])
     nodes.stop_rest(group, None, [S(0, "running"), S(1, "preempted", 75, 3.0)])
     assert stopped == [0]
