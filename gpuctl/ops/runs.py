@@ -258,11 +258,16 @@ def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = Non
     argv = ["sh", "-c", command[0]] if len(command) == 1 else list(command)
     record = s.resolve_cluster(cluster)
     pairs = s.hosts(record)
+    def one(host: Host) -> ExecResult:
+        try:
+            # The user's own command runs as long as it runs (Ctrl-C ends it): no deadline.
+            r = host.run(argv, check=False, timeout=NO_DEADLINE)
+        except RemoteError as exc:  # this host's connection went (a reboot, say): the others' output stands
+            return ExecResult(host=host.label, returncode=255, stdout="", stderr=exc.message + "\n")
+        return ExecResult(host=host.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
+
     with s.working(record, "exec"), ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
-        # The user's own command runs as long as it runs (Ctrl-C ends it): no deadline.
-        results = list(pool.map(lambda p: p[1].run(argv, check=False, timeout=NO_DEADLINE), pairs))
-    return [ExecResult(host=h.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)
-            for (_, h), r in zip(pairs, results)]
+        return list(pool.map(lambda p: one(p[1]), pairs))
 
 
 __all__ = ["exec_command", "log_tail", "logs", "pull", "refresh", "sync", "train", "wait"]
