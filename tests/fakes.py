@@ -15,7 +15,7 @@ from gpuctl.model.specs import ClusterSpec, RemoteSpec
 
 
 class FakeHost:
-    """Files in a dict; every command answers 0 unless `answers` says otherwise."""
+    """Files in a dict; every command but tmux answers 0 unless `answers` says otherwise."""
 
     local = False
     tmux_socket = "fake"
@@ -26,7 +26,9 @@ class FakeHost:
         self.label = "fake-host"
         self.files: dict[str, bytes] = {}
         self.commands: list[tuple[str, ...]] = []
-        self.answers: dict[str, CommandResult] = {}  # first argv word -> result
+        # first argv word -> result; tmux's as on a host where it never ran (no session of any name)
+        self.answers: dict[str, CommandResult] = {"tmux": CommandResult(
+            argv=("tmux",), returncode=1, stdout="", stderr="no server running on /tmp/tmux-0/fake\n")}
         self.on_run: Callable[[tuple[str, ...]], None] | None = None  # what a command does there
         self.closed = False
 

@@ -318,13 +318,20 @@ def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | 
     return next((i for i in run_instances(s, record.id, run) if i.state in ENDED_STATES), None)
 
 
-def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> None:
+def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> set[int]:
     """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
-    it is saving the run's checkpoint)."""
+    it is saving the run's checkpoint); the ranks whose tmux did not answer, passed over (the run
+    has ended all the same, and `down` ends what runs on there)."""
     running = {n.rank for n in seen if n.state in RUNNING}
-    # One whose tmux does not answer is passed over: the run has ended all the same, and `down`
-    # ends what runs on there.
-    stop([n for n in group if n.rank in running], run, must=False)
+
+    def one(node: Node) -> int | None:
+        try:
+            jobs.stop_job(node.host, run.run_id, node.paths(run))
+        except Unconfirmed:
+            return node.rank
+        return None
+
+    return {r for r in each([n for n in group if n.rank in running], one) if r is not None}
 
 
 def refuse_budget(group: list[Node], budget_usd: float) -> None:

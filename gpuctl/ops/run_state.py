@@ -111,6 +111,7 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     # A node whose machine ended under the run is known by the ledger only (it cannot be asked).
     gone = nodes.gone(s, cluster, run)
     seen = nodes.with_gone(nodes.states(each, run), gone)
+    unconfirmed: set[int] = set()  # nodes a stop below could not reach through tmux
     state, code, failed = nodes.verdict(seen)
     if state not in ("running", "succeeded") and run.nodes > 1:
         # Before the run is called failed, or its nodes stopped: one whose machine heard a spot
@@ -119,8 +120,9 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         state, code, failed = nodes.verdict(seen)
     if state != "running" and any(n.state in nodes.RUNNING for n in seen):
         # One node ended the run: the others would wait for it (billed) until TensorFlow gives up.
-        nodes.stop_rest(each, run, seen)
-        seen = [replace(n, state="stopped") if n.state in nodes.RUNNING else n for n in seen]
+        unconfirmed = nodes.stop_rest(each, run, seen)
+        seen = [replace(n, state="stopped") if n.state in nodes.RUNNING and n.rank not in unconfirmed else n
+                for n in seen]
     host, paths = each[0].host, jobs.JobPaths(run.run_dir)
     # The chief's reports are the run's (a worker's own, where the chief is gone, are not).
     chief_here = each[0].rank == 0
@@ -134,8 +136,9 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
             state = "queued"
     late = nodes.late(run, seen, time.time()) if state == "running" else []
     if late:  # past the queue, and still not started on some nodes: the others would wait for them, billed
-        nodes.stop_rest(each, run, seen)
-        seen = [replace(n, state=nodes.NOT_STARTED if n.rank in late else "stopped") for n in seen]
+        unconfirmed = nodes.stop_rest(each, run, seen)
+        seen = [n if n.rank in unconfirmed else replace(n, state=nodes.NOT_STARTED if n.rank in late else "stopped")
+                for n in seen]
         state, code, failed = "failed", None, late[0]
     epochs, run = ingest_epochs(s, each[0], run) if chief_here else ([], run)
     update: dict[str, Any] = {}
@@ -162,6 +165,9 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
         if "state" in update and state in FINAL_RUN_STATES:
             where = f" on node {run.failed_node}" if run.failed_node is not None else ""
             s.ledger.event("run-" + state, f"exit code {code}{where}", cluster=cluster, run_id=run.run_id)
+    if unconfirmed:
+        s.ledger.event("run-unconfirmed", f"node(s) {', '.join(map(str, sorted(unconfirmed)))} not confirmed stopped "
+                       "(tmux does not answer there): `gpuctl down` ends what runs on", cluster=cluster, run_id=run.run_id)
     return run
 
 

@@ -245,24 +245,28 @@ def _by_code(code: int) -> tuple[str, int]:
 # How long a stopped job has to save and exit after SIGTERM before SIGKILL (down, gpuctl stop).
 STOP_GRACE_S = 10.0
 STOP_LOOKS = 3  # looks at a pane that tmux does not answer before a stop gives up on it
+LOOK_PAUSE_S = 0.5  # between them
 
 
-def _pane_to_stop(host: Host, session: str) -> Pane | None:
-    """The job's pane, asked again while tmux does not answer (a blip); Unconfirmed when it never
-    does: without the pane's process group nothing can be signalled, and the job may run on."""
+def _pane_to_stop(host: Host, session: str, paths: JobPaths) -> Pane | None:
+    """The job's pane, asked again while tmux does not answer (a blip); None once its exit code is
+    there (it is over); Unconfirmed when tmux never answers: without the pane's process group
+    nothing can be signalled, and the job may run on."""
     for look in range(STOP_LOOKS):
         p = tmux.look_pane(host, session)
         if not isinstance(p, tmux.Unanswered):
             return p
+        if read_exit_code(host, paths) is not None:
+            return None
         if look + 1 < STOP_LOOKS:
-            time.sleep(0.5)
-    raise Unconfirmed(f"could not stop run {session} on {host.label}: {p.why}",
+            time.sleep(LOOK_PAUSE_S)
+    raise Unconfirmed(f"could not stop {session} on {host.label}: {p.why}",
                       "`gpuctl down` ends it anyway, with every process of the cluster there (without tmux).")
 
 
 def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GRACE_S) -> int | None:
     """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
-    p = _pane_to_stop(host, session)
+    p = _pane_to_stop(host, session, paths)
     if p is not None:
         if p.pid and not p.dead:
             try:

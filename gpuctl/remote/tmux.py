@@ -58,10 +58,9 @@ def look_pane(host: Host, session: str) -> Pane | Unanswered | None:
     res = host.run(argv(host, "list-panes", "-t", f"={session}:", "-F",
                         "#{pane_pid}|#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_dead_time}"),
                    check=False)
-    if (res.returncode == 1 and any(words in res.stderr for words in NO_SESSION)) or (
-            res.returncode == 0 and not res.stdout.strip()):  # no pane listed: none there
+    if res.returncode == 1 and any(words in res.stderr for words in NO_SESSION):
         return None
-    if res.returncode != 0:
+    if res.returncode != 0 or not res.stdout.strip():  # a session tmux has lists its pane
         said = one_line(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "no output", 200)
         return Unanswered(f"tmux list-panes exited {res.returncode}: {said}")
     pid, dead, status, signal, at = (res.stdout.strip().splitlines()[0].split("|") + [""] * 4)[:5]

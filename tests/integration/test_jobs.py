@@ -3,6 +3,7 @@
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,9 @@ def test_success_and_lost(host, tmp_path):
     other.run(tmux.argv(other, "new-session", "-d", "-s", "x", "sleep 300"))
     server, sleeper = other.run(tmux.argv(other, "list-panes", "-t", "=x:", "-F", "#{pid} #{pane_pid}")).stdout.split()
     other.run(["kill", "-KILL", server, sleeper])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until it is gone: a client that reached it dying says "server exited unexpectedly"
     assert "no server running" in said_by_tmux(other)
     assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
 

@@ -142,7 +142,8 @@ def tmux_says(fake, inst, rc: int, stdout: str, stderr: str = "") -> FakeHost:
 
 @pytest.mark.parametrize("rc, stderr", [(-1, ""),  # a client killed, or a channel closed without an exit status
                                         (1, "server exited unexpectedly"), (1, "lost server"),
-                                        (127, "sh: 1: tmux: not found")])
+                                        (127, "sh: 1: tmux: not found"),
+                                        (0, "")])  # a session tmux has lists its pane: no line is no answer
 def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fake, tmp_path, rc, stderr):
     """One look at a worker whose tmux did not answer called its run lost and stopped the chief
     (SIGTERM mid-epoch) while both still trained: the CI run of 2026-12-03 lost a two-node run so.
@@ -176,11 +177,11 @@ def test_a_job_whose_tmux_never_answers_is_not_called_stopped_and_down_names_it(
     from gpuctl.errors import Unconfirmed
     from gpuctl.remote import jobs
 
-    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)  # the looks' pauses
+    monkeypatch.setattr(jobs, "LOOK_PAUSE_S", 0.0)
     s, c, chief, worker = two_nodes(tmp_path)
     for inst in (chief, worker):
         tmux_says(fake, inst, 1, "", "server exited unexpectedly")
-    with pytest.raises(Unconfirmed, match=r"could not stop run r on fake-host: tmux list-panes exited 1: server exited"):
+    with pytest.raises(Unconfirmed, match=r"could not stop r on fake-host: tmux list-panes exited 1: server exited"):
         run_state.stop_run(s, c, s.ledger.run("r"))
     assert s.ledger.run("r").state == "running"
     assert len([cmd for cmd in fake["hosts"][chief.id].commands if "list-panes" in cmd]) == jobs.STOP_LOOKS
@@ -191,12 +192,14 @@ def test_a_job_whose_tmux_never_answers_is_not_called_stopped_and_down_names_it(
 def test_a_run_lost_on_one_node_is_recorded_where_a_peers_tmux_cannot_be_asked_to_stop(fake, tmp_path, monkeypatch):
     from gpuctl.remote import jobs
 
-    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    monkeypatch.setattr(jobs, "LOOK_PAUSE_S", 0.0)
     s, c, chief, worker = two_nodes(tmp_path)
     tmux_says(fake, chief, 1, "", "server exited unexpectedly")
     tmux_says(fake, worker, 1, "", "can't find session: r")
     run = run_state.refresh(s, s.ledger.run("r"))  # the chief's stop was tried: it could not be confirmed
     assert (run.state, run.failed_node) == ("lost", 1)
+    assert run.node_states == ("running", "lost")  # not "stopped": nothing reached it
+    assert any(e[3] == "run-unconfirmed" and "node(s) 0 not confirmed stopped" in e[4] for e in s.ledger.events(c.id))
 
 
 def test_exec_keeps_every_hosts_output_when_one_hosts_connection_goes(fake, tmp_path):

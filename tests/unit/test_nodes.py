@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,10 +92,11 @@ def test_a_node_leaving_on_a_notice_is_waited_for_and_never_stopped(tmp_path, mo
     assert nodes.verdict(ended) == ("preempted", 1, 1)
     # A node leaving on its notice is never stopped by gpuctl (it may be saving the checkpoint).
     stopped = []
-    monkeypatch.setattr(nodes, "stop", lambda g, run, **kw: stopped.extend(n.rank for n in g))
-    nodes.stop_rest(group, None, [S(0, "leaving"), S(1, "preempted", 75, 3.0)])
-    nodes.stop_rest(group, None, [S(0, "running"), S(1, "preempted", 75, 3.0)])
-    assert stopped == [0]
+    monkeypatch.setattr(nodes.jobs, "stop_job", lambda host, *a, **kw: stopped.append(host.root))
+    run = SimpleNamespace(run_id="r", run_dir=str(tmp_path / "runs" / "r"))
+    nodes.stop_rest(group, run, [S(0, "leaving"), S(1, "preempted", 75, 3.0)])
+    nodes.stop_rest(group, run, [S(0, "running"), S(1, "preempted", 75, 3.0)])
+    assert stopped == [group[0].host.root]
 
 
 def test_a_node_whose_machine_ended_counts_as_lost_unless_the_rest_succeeded():
