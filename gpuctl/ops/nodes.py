@@ -292,15 +292,16 @@ def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
 def stop(group: list[Node], run: RunRecord, grace_s: float = jobs.STOP_GRACE_S, must: bool = True) -> list[int | None]:
     """Stop the run's job on these nodes (nothing where it does not run); their exit codes. A
     node whose tmux does not answer raises Unconfirmed, or with `must` False counts as None."""
-    def one(n: Node) -> int | None:
-        try:
-            return jobs.stop_job(n.host, run.run_id, n.paths(run), grace_s)
-        except Unconfirmed:
-            if must:
-                raise
-            return None
+    return [None if isinstance(c, Unconfirmed) else c for c in each(group, lambda n: _stop_one(n, run, grace_s, must))]
 
-    return each(group, one)
+
+def _stop_one(node: Node, run: RunRecord, grace_s: float, must: bool) -> int | None | Unconfirmed:
+    try:
+        return jobs.stop_job(node.host, run.run_id, node.paths(run), grace_s)
+    except Unconfirmed as exc:
+        if must:
+            raise
+        return exc
 
 
 def run_instances(s: Session, cluster_id: int, run: RunRecord) -> list[InstanceRecord]:
@@ -322,16 +323,9 @@ def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> set[i
     """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
     it is saving the run's checkpoint); the ranks whose tmux did not answer, passed over (the run
     has ended all the same, and `down` ends what runs on there)."""
-    running = {n.rank for n in seen if n.state in RUNNING}
-
-    def one(node: Node) -> int | None:
-        try:
-            jobs.stop_job(node.host, run.run_id, node.paths(run))
-        except Unconfirmed:
-            return node.rank
-        return None
-
-    return {r for r in each([n for n in group if n.rank in running], one) if r is not None}
+    running = [n for n in group if n.rank in {m.rank for m in seen if m.state in RUNNING}]
+    ends = each(running, lambda n: _stop_one(n, run, jobs.STOP_GRACE_S, must=False))
+    return {n.rank for n, end in zip(running, ends) if isinstance(end, Unconfirmed)}
 
 
 def refuse_budget(group: list[Node], budget_usd: float) -> None:
