@@ -323,7 +323,8 @@ def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> set[i
     """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
     it is saving the run's checkpoint); the ranks whose tmux did not answer, passed over (the run
     has ended all the same, and `down` ends what runs on there)."""
-    running = [n for n in group if n.rank in {m.rank for m in seen if m.state in RUNNING}]
+    ranks = {m.rank for m in seen if m.state in RUNNING}
+    running = [n for n in group if n.rank in ranks]
     ends = each(running, lambda n: _stop_one(n, run, jobs.STOP_GRACE_S, must=False))
     return {n.rank for n, end in zip(running, ends) if isinstance(end, Unconfirmed)}
 

@@ -21,7 +21,6 @@ from gpuctl.model.untrusted import EARLIEST, LATEST, number
 from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
 from gpuctl.remote import tmux
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
-from gpuctl.remote.tmux import Pane
 
 LOG = "output.log"
 EPOCHS = "epochs.jsonl"
@@ -162,7 +161,7 @@ def _new_session(host: Host, session: str, paths: JobPaths) -> None:
     )
 
 
-def record_exit_from_pane(host: Host, paths: JobPaths, p: Pane) -> int | None:
+def record_exit_from_pane(host: Host, paths: JobPaths, p: tmux.Pane) -> int | None:
     """For a dead pane whose script wrote no exit code: write tmux's code (and the end time) on
     the instance, once, so every reader (this client, the watchdog, a later `status`) agrees.
     None when tmux does not know it either; the run is over all the same."""
@@ -248,7 +247,7 @@ STOP_LOOKS = 3  # looks at a pane that tmux does not answer before a stop gives 
 LOOK_PAUSE_S = 0.5  # between them
 
 
-def _pane_to_stop(host: Host, session: str, paths: JobPaths) -> Pane | None:
+def _pane_to_stop(host: Host, session: str, paths: JobPaths) -> tmux.Pane | None:
     """The job's pane, asked again while tmux does not answer (a blip); None once its exit code is
     there (it is over); Unconfirmed when tmux never answers: without the pane's process group
     nothing can be signalled, and the job may run on."""
@@ -280,7 +279,7 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and read_exit_code(host, paths) is None:
                 now = tmux.look_pane(host, session)  # no answer is no end: the job may still be saving
-                if now is None or (isinstance(now, Pane) and now.dead):
+                if now is None or (isinstance(now, tmux.Pane) and now.dead):
                     break  # gone without an exit code (killed before its wrapper could write one)
                 time.sleep(0.2)
             if read_exit_code(host, paths) is None:
