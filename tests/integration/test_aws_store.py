@@ -18,6 +18,7 @@ import pytest
 from gpuctl.provision.aws import store_iam
 from gpuctl.provision.aws.store import bucket_name
 from tests.aws import ACCOUNT, REGION, live_instances, moto_client, nothing_created, s3_endpoint
+from tests.conftest import HOST_PYTHON
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 PAYLOAD = Path(__file__).resolve().parents[2] / "gpuctl" / "payloads" / "gpuctl_store.py"
@@ -274,7 +275,7 @@ def test_the_payload_pushes_and_pulls_on_a_host_with_the_instance_profile(gpuctl
     # Only what boto3 finds by itself: no key in the environment, no config file, the metadata service.
     env = (f"env -i PATH=/usr/bin:/bin HOME=/srv AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null "
            f"AWS_EC2_METADATA_SERVICE_ENDPOINT={imds.url(host)}")
-    python = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
+    python = HOST_PYTHON
     target_json = shlex.quote(target.model_dump_json())
 
     def store(*steps: tuple[str, str], stdin: bytes | None = None) -> list[dict]:

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import QUICK_TRAIN, REPO
+from tests.conftest import HOST_PYTHON, QUICK_TRAIN
 from tests.integration.test_guards import wait_for
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # anything but tab and newline
@@ -242,7 +242,7 @@ def test_a_preflight_answering_a_list_is_one_line_error(gpuctl, ssh, quick_proje
     from tests.integration.test_ssh import up_ssh
 
     host = ssh.hosts[0]
-    python = REPO / ".venv" / "bin" / "python"
+    python = HOST_PYTHON
     # The host's Python, as a compromised image might ship it: fine for everything but the preflight.
     host.run("cat > /srv/python <<'EOF'\n#!/bin/sh\ncase \"$1\" in *gpuctl_preflight.py) echo '[1,2]'; exit 0;; esac\n"
              f"exec {python} \"$@\"\nEOF\nchmod 755 /srv/python")

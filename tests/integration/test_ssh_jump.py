@@ -28,7 +28,7 @@ from gpuctl.remote.ssh import resolve as ssh_resolve
 from gpuctl.remote.ssh.host import SshHost
 from gpuctl.remote.ssh.known_hosts import known_hosts_path
 from tests import sshd
-from tests.conftest import REPO, use_hosts
+from tests.conftest import HOST_PYTHON, use_hosts
 
 
 class JumpLab:
@@ -82,7 +82,7 @@ def user_config(lab: JumpLab) -> Path:
 
 
 def connect(ep: Endpoint, home: Path, timeout: float = 15.0) -> SshHost:
-    return SshHost(ep, home, None, sshd.WORKDIR, python=str(REPO / ".venv" / "bin" / "python"), connect_timeout_s=timeout)
+    return SshHost(ep, home, None, sshd.WORKDIR, python=str(HOST_PYTHON), connect_timeout_s=timeout)
 
 
 def resolved(alias: str = "gpubox", setting: str = "") -> Endpoint:
@@ -217,7 +217,7 @@ def test_ssh_provider_records_the_resolved_endpoint(lab, isolated):
     from gpuctl.provision.ssh import SshProvider
 
     user_config(lab)
-    remote = RemoteSpec(workdir=sshd.WORKDIR, python=str(REPO / ".venv/bin/python"), connect_timeout_s=15)
+    remote = RemoteSpec(workdir=sshd.WORKDIR, python=str(HOST_PYTHON), connect_timeout_s=15)
     spec = SshSpec(name="jbox", instance_type="ssh", hosts=("gpubox",), remote=remote)
     provider = SshProvider(isolated, spec)
     [rec] = provider.launch()
