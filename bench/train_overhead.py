@@ -10,15 +10,23 @@ after the `up` (a user is slower), so it may still wait for part of that TensorF
 round's line says how long its `up` took). Targets: a second
 `train` within 2 s of plain python on both, a first within 4 s.
 
+The ssh host's Python (and plain python's there) is a venv with only tensorflow-cpu of this
+checkout's version, as gpuctl's setup step makes on an instance: this checkout's .venv has
+scikit-learn, scipy and matplotlib beside it (for the tests), which Keras imports when they are
+there, and its TensorFlow import takes ~7 s on two cores instead of ~4. The venv is made once with
+pip (from the configured index) and kept in /var/tmp; --python PATH runs another.
+
 --timeline prints, for the last round, when each of gpuctl's progress lines came (seconds from the
 command's start): where the seconds go.
 
 Usage: sudo .venv/bin/python bench/train_overhead.py [--repeat 5] [--only local|ssh] [--timeline]
+       [--python PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shlex
 import shutil
@@ -67,6 +75,21 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -
     return took, lines
 
 
+def lean_python() -> str:
+    """A venv with tensorflow-cpu of this checkout's version and nothing else, made once."""
+    version = importlib.metadata.version("tensorflow-cpu")
+    where = Path(f"/var/tmp/gpuctl-bench-tf{version}")
+    python = where / "bin" / "python"
+    if not (where / ".complete").exists():
+        print(f"making {where} (tensorflow-cpu=={version}), once", flush=True)
+        shutil.rmtree(where, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        f"tensorflow-cpu=={version}"], check=True)
+        (where / ".complete").touch()
+    return str(python)
+
+
 class Local:
     name = "local"
 
@@ -90,13 +113,14 @@ class Local:
 class Ssh:
     name = "ssh"
 
-    def __init__(self, base: Path, env: dict[str, str]):
+    def __init__(self, base: Path, env: dict[str, str], python: str):
+        self.python = python
         self.key = sshd.client_key(base / "keys")
         self.host = sshd.TestHost(8, base / "host", tag=f"t{os.getpid()}", srv_size="1g")
         self.host.create(self.key.with_suffix(".pub").read_text())
         self.host.start()
         self.env = {**env, "GPUCTL_PROVIDER": "ssh", "GPUCTL_REMOTE__WORKDIR": sshd.WORKDIR,
-                    "GPUCTL_REMOTE__PYTHON": sys.executable}
+                    "GPUCTL_REMOTE__PYTHON": python}
         self.known = base / "known_hosts"
         subprocess.run(["sh", "-c", f"ssh-keyscan -t ed25519 {self.host.ip} > {self.known} 2>/dev/null"], check=True)
         self.ssh = ["ssh", "-F", "/dev/null", "-i", str(self.key), "-o", "IdentitiesOnly=yes",
@@ -106,7 +130,7 @@ class Ssh:
 
     def plain(self) -> float:
         # The same SSH a user would type: one connection, the login shell, python, the output back.
-        cmd = f"cd /srv/plain && TF_CPP_MIN_LOG_LEVEL=2 {shlex.quote(sys.executable)} train.py"
+        cmd = f"cd /srv/plain && TF_CPP_MIN_LOG_LEVEL=2 {shlex.quote(self.python)} train.py"
         return timed([*self.ssh, cmd], self.env)[0]
 
     def up(self, name: str) -> float:
@@ -148,6 +172,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=("local", "ssh"))
     ap.add_argument("--timeline", action="store_true", help="when each progress line came, last round")
+    ap.add_argument("--python", help="the ssh host's Python (default: a venv with tensorflow-cpu only)")
     args = ap.parse_args()
     kinds = [args.only] if args.only else ["local", "ssh"]
     if "ssh" in kinds:
@@ -166,7 +191,7 @@ def main() -> None:
     verdicts = []
     print(f"median of {args.repeat} rounds; each round: plain python, a new cluster's first train --wait, its second")
     for kind in kinds:
-        where = Local(base, env) if kind == "local" else Ssh(base, env)
+        where = Local(base, env) if kind == "local" else Ssh(base, env, args.python or lean_python())
         try:
             times, lines = rounds(where, base / "project", args.repeat)
         finally:

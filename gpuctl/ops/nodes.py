@@ -105,9 +105,21 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
                                                         lambda line: progress(label(node, nodes) + line))
         return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
 
-    nodes = each(nodes, pushed)
-    envs = {e.host: e for e in setup.ensure(s, record, progress, asked, check=check, recheck=recheck)}
-    return [replace(node, env=envs[node.host.label]) for node in nodes]
+    # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the
+    # preflight looks: on a new environment that is seconds of TensorFlow import (or the wait for
+    # the one `up` started), which the push no longer adds to.
+    found = setup.ensure(s, record, progress, asked, check=False)
+    if not check:
+        return [replace(node, env=env_of(found, node)) for node in each(nodes, pushed)]
+    with setup.looking(s, record, found, progress, recheck) as looked:
+        nodes = each(nodes, pushed)
+        envs = looked()
+    return [replace(node, env=env_of(envs, node)) for node in nodes]
+
+
+def env_of(envs: tuple[TfEnv, ...], node: Node) -> TfEnv:
+    """The node's own (envs are by host label)."""
+    return next(e for e in envs if e.host == node.host.label)
 
 
 def keras_for(setting: str, nodes: int) -> str:

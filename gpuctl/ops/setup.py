@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import posixpath
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
@@ -24,6 +27,7 @@ from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
 from gpuctl.remote.host import Host
 
+T = TypeVar("T")
 NO_NETWORK = "no network to the package index"  # how the setup payload starts that error
 
 
@@ -43,17 +47,51 @@ def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, versi
     Without `install`, a host that has none is an error instead of a setup step."""
     version = version_of(cluster, version)
     pairs = s.hosts(cluster)
-    try:
-        with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
-            envs = tuple(pool.map(lambda p: _one(cluster, p[1], version, check, install, progress,
-                                                       recheck), pairs))
-    except GpuctlError as exc:
-        if install:  # `status` says so until a setup works (`gpuctl up` again tries with today's settings)
-            s.ledger.event(FAILED, exc.message, cluster=cluster)
-        raise
+    envs = _recorded(s, cluster, install, lambda: _on_each(
+        pairs, lambda host: _one(cluster, host, version, install, progress)))
+    if check:
+        envs = _recorded(s, cluster, install, lambda: _preflights(cluster, pairs, envs, progress, recheck))
     if install and failed(s, cluster) is not None:
         s.ledger.event(DONE, ", ".join(f"{e.host}: {e.how}" for e in envs), cluster=cluster)
     return envs
+
+
+@contextmanager
+def looking(s: Session, cluster: ClusterRecord, envs: tuple[TfEnv, ...], progress: Progress = quiet,
+            recheck: bool = False) -> Iterator[Callable[[], tuple[TfEnv, ...]]]:
+    """Each remote host's preflight (ensure's `check`, after an ensure without it) in the
+    background while the block runs (`train` pushes the code meanwhile); what the block is given
+    waits for it and returns `envs` with their reports. The block's end waits for it too, so that
+    nothing uses the connections after them. The ledger (SQLite) stays in the calling thread."""
+    pairs = s.hosts(cluster)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        job = pool.submit(_preflights, cluster, pairs, envs, progress, recheck)
+        try:
+            yield lambda: _recorded(s, cluster, True, job.result)
+        finally:
+            futures.wait([job])
+
+
+def _preflights(cluster: ClusterRecord, pairs: list, envs: tuple[TfEnv, ...], progress: Progress,
+                recheck: bool) -> tuple[TfEnv, ...]:
+    by_label = {e.host: e for e in envs}
+    return _on_each(pairs, lambda host: _preflight(cluster, host, by_label[host.label], progress, recheck))
+
+
+def _on_each(pairs: list, fn: Callable[[Host], TfEnv]) -> tuple[TfEnv, ...]:
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as pool:
+        return tuple(pool.map(lambda p: fn(p[1]), pairs))
+
+
+def _recorded(s: Session, cluster: ClusterRecord, install: bool, step: Callable[[], T]) -> T:
+    """step(); a failure is the cluster's setup failing, when this command sets up (`install`):
+    `status` says so until a setup works (`gpuctl up` again tries with today's settings)."""
+    try:
+        return step()
+    except GpuctlError as exc:
+        if install:
+            s.ledger.event(FAILED, exc.message, cluster=cluster)
+        raise
 
 
 FAILED, DONE = "setup-failed", "setup"  # the ledger's events: the latest says how the cluster's setup stands
@@ -71,8 +109,7 @@ def done_by_remote_python(s: Session, cluster: ClusterRecord) -> None:
         s.ledger.event(DONE, f"remote.python = {cluster.spec.remote.python}", cluster=cluster)
 
 
-def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install: bool, progress: Progress,
-         recheck: bool = False) -> TfEnv:
+def _one(cluster: ClusterRecord, host: Host, version: str, install: bool, progress: Progress) -> TfEnv:
     if host.local:  # this machine is what it is: the Python running gpuctl
         have = _local_tensorflow()
         if not matches(have, version):
@@ -81,14 +118,17 @@ def _one(cluster: ClusterRecord, host: Host, version: str, check: bool, install:
                      "nothing here (install it, or use an ssh or aws cluster)")
         return TfEnv(host=host.label, python=host.python, how="local", tensorflow=have)
     remote = cluster.spec.remote
-    payload_dir = guards.push_payload(host)
-    env = _choose(host, payload_dir, remote.workdir, remote.wheelhouse if install else None, remote.python, version,
-                  progress)
+    env = _choose(host, guards.push_payload(host), remote.workdir, remote.wheelhouse if install else None,
+                  remote.python, version, progress)
     host.python = env.python
-    if not check:
+    return env
+
+
+def _preflight(cluster: ClusterRecord, host: Host, env: TfEnv, progress: Progress, recheck: bool) -> TfEnv:
+    if host.local:  # no preflight: the local provider is this very Python
         return env
     progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
-    report = preflight.preflight(host, payload_dir, remote.workdir, recheck)
+    report = preflight.preflight(host, guards.push_payload(host), cluster.spec.remote.workdir, recheck)
     progress(f"preflight on {host.label}: {preflight.summary(report)}")
     return env.model_copy(update={"report": report, "tensorflow": report.get("tensorflow") or env.tensorflow})
 
