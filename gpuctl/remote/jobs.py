@@ -296,14 +296,15 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
 # (server_env), or tmux's own TMUX=<socket path>,<pid>,<n> in a pane that a server without the mark
 # started. Reads /proc (Linux: the instances, the test hosts); other users' processes are unreadable
 # and so never matched. Prints what is left after SIGTERM, a wait and SIGKILL; exits 1 if anything is.
+# One grep reads every environ (-l: to its first match; -s: a process that is gone or not this
+# user's says nothing): a grep per process cost a fork and exec for each of the machine's hundreds,
+# ten looks a second through the grace. The script runs without the mark (end_processes), so that
+# neither it nor its subshells and grep are among what it finds.
 _END_PROCESSES = r'''
 sock=$1; grace=$2
 pids() {
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    [ "$p" = "$$" ] && continue
-    grep -qzxE "(GPUCTL_TMUX=$sock|TMUX=.*/$sock,[0-9]+,[0-9]+)" "$d/environ" 2>/dev/null && echo "$p"
-  done
+  grep -lszxE "(GPUCTL_TMUX=$sock|TMUX=.*/$sock,[0-9]+,[0-9]+)" /proc/[0-9]*/environ |
+    while IFS=/ read -r _ _ p _; do echo "$p"; done
 }
 p=$(pids); [ -z "$p" ] && exit 0
 kill -TERM $p 2>/dev/null
@@ -323,7 +324,8 @@ def end_processes(host: Host, grace_s: int = 3) -> list[str]:
     if not all(c.isalnum() or c in "-_" for c in host.tmux_socket):
         raise ValueError(f"unexpected tmux socket name {host.tmux_socket!r}")  # it goes into a regex
     # Its own deadline: the grace it waits, and a look through /proc that a busy machine makes slow.
-    res = host.run(["sh", "-c", _END_PROCESSES, "end-processes", host.tmux_socket, str(int(grace_s))], check=False,
+    res = host.run(["env", "-u", tmux.MARK_VAR, "-u", "TMUX", "sh", "-c", _END_PROCESSES, "end-processes",
+                    host.tmux_socket, str(int(grace_s))], check=False,
                    timeout=grace_s + COMMAND_TIMEOUT_S)
     return [line for line in res.stdout.splitlines() if line.strip()] if res.returncode else []
 
