@@ -153,6 +153,29 @@ def _serve_without_waste() -> None:
     kms_models.generate_private_key = functools.lru_cache(maxsize=None)(kms_models.generate_private_key)
 
 
+def _regions_listed_once() -> None:
+    """moto lists EC2's regions with a new boto3 Session at import (three times) and for each
+    backend, and each new session parses EC2's service model and AWS's endpoints anew (~0.2
+    CPU-seconds a time, in every worker). Any session gives the same list: one does, through
+    gpuctl's shared loader, and each answer is kept."""
+    import functools
+
+    import boto3.session
+
+    from gpuctl.provision.aws.session import _botocore_session
+
+    shared = _botocore_session()
+
+    @functools.lru_cache(maxsize=None)
+    def listed(service: str, partition: str, allow_non_regional: bool) -> tuple[str, ...]:
+        return tuple(shared.get_available_regions(service, partition, allow_non_regional))
+
+    def get_available_regions(self, service_name, partition_name="aws", allow_non_regional=False):
+        return list(listed(service_name, partition_name, allow_non_regional))
+
+    boto3.session.Session.get_available_regions = get_available_regions
+
+
 # The fake account's enabled regions, as an account may have few: `status --all` and `down --all`
 # search each enabled one (four calls, and a fresh moto backend after every test's reset), and
 # moto enables twenty. The others stay listed as not opted in, so that the search skips them.
@@ -173,6 +196,7 @@ def moto_server(tmp_path_factory):
     os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "true"
     from moto.server import ThreadedMotoServer
 
+    _regions_listed_once()  # before moto's EC2 models are imported
     _route_without_disk_scans()
     _serve_without_waste()
     _few_regions_enabled()

@@ -16,8 +16,6 @@ import os
 import sys
 import threading
 import time
-from urllib.error import HTTPError
-from urllib.request import Request, urlopen
 
 import gpuctl_protocol  # beside this file on the instance
 
@@ -28,7 +26,10 @@ REBALANCE_FILE = "rebalance.json"  # in the guard dir
 
 
 class Imds(object):
-    """An IMDSv2 client: a session token first (PUT), sent with every GET; a new one on 401."""
+    """An IMDSv2 client: a session token first (PUT), sent with every GET; a new one on 401.
+    urllib is imported here, not with the module: the watchdog imports this module on every
+    machine, and urllib.request (http.client, email) is a third of its start-up; only a spot
+    instance makes an Imds."""
 
     def __init__(self, endpoint, timeout=2.0):
         self.endpoint = endpoint.rstrip("/")
@@ -36,6 +37,8 @@ class Imds(object):
         self.token = None
 
     def _token(self):
+        from urllib.request import Request, urlopen
+
         req = Request(self.endpoint + "/latest/api/token", method="PUT",
                       headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
         with urlopen(req, timeout=self.timeout) as res:
@@ -43,6 +46,9 @@ class Imds(object):
 
     def get(self, path):
         """The body at `path`, or None when IMDS says there is none (404)."""
+        from urllib.error import HTTPError
+        from urllib.request import Request, urlopen
+
         for attempt in (0, 1):
             if self.token is None:
                 self.token = self._token()

@@ -375,11 +375,13 @@ def test_an_error_into_a_closed_pipe_is_still_141(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["--help", "config show", "cost --csv", "cost", "status", "guard show"])
-def test_piping_into_head_prints_no_error(command, tmp_path):
-    env = gpuctl_env(tmp_path)
-    subprocess.run([str(GPUCTL), "up", "-y"], env=env, cwd=tmp_path, check=True, capture_output=True, timeout=60)
+def test_piping_into_head_prints_no_error(command, gpuctl, tmp_path):
+    # The cluster made in this process, in the test's own home (whose clean-up then ends its
+    # watchdog and tmux server); only the command piped into head is the real executable.
+    gpuctl("up", "-y")
     script = f"set -o pipefail; {GPUCTL} {command} | head -1"
-    proc = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", "-c", script], env=dict(os.environ), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
     assert proc.stderr == "" and proc.returncode in (0, 141), proc.stderr
     assert len(proc.stdout.splitlines()) == 1
 
