@@ -77,15 +77,20 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -
 
 def lean_python() -> str:
     """A venv with tensorflow-cpu of this checkout's version and nothing else, made once."""
-    version = importlib.metadata.version("tensorflow-cpu")
+    try:
+        dist = "tensorflow-cpu"
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # not x86_64: pyproject installs tensorflow
+        dist = "tensorflow"
+        version = importlib.metadata.version(dist)
     where = Path(f"/var/tmp/gpuctl-bench-tf{version}")
     python = where / "bin" / "python"
     if not (where / ".complete").exists():
-        print(f"making {where} (tensorflow-cpu=={version}), once", flush=True)
+        print(f"making {where} ({dist}=={version}), once", flush=True)
         shutil.rmtree(where, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        f"tensorflow-cpu=={version}"], check=True)
+                        f"{dist}=={version}"], check=True)
         (where / ".complete").touch()
     return str(python)
 

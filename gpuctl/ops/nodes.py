@@ -22,7 +22,7 @@ from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import push, setup
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import Progress, Session, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import NOTICE_FILE, PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
@@ -111,6 +111,7 @@ def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None,
     found = setup.ensure(s, record, progress, asked, check=False)
     if not check:
         return [replace(node, env=env_of(found, node)) for node in each(nodes, pushed)]
+    progress = serialized(progress)  # the pushes' lines and the preflight's come from two threads
     with setup.looking(s, record, found, progress, recheck) as looked:
         nodes = each(nodes, pushed)
         envs = looked()

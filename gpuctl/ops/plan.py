@@ -29,7 +29,7 @@ from gpuctl.model.results import PlanReport, PlanRow
 from gpuctl.ops import clusters, costs, push
 from gpuctl.ops.probes import ProbeJob, Target, figures, probe
 from gpuctl.ops.projection import STARVED_PERCENT, Measured, bounded, rank, starved
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import Progress, Session, quiet, serialized
 from gpuctl.provision import provider_class
 
 PROBE_HARD_CAP_H = 1.0  # a probe cluster powers off after this at the latest
@@ -163,13 +163,10 @@ def run(s: Session, checked: CheckedPlan, progress: Progress = quiet,
     """Every probe at once, each released when measured; the ranked report. Ctrl-C (a
     KeyboardInterrupt here) stops the probes, releases their clusters, then goes on up."""
     cancel = cancel or threading.Event()
-    lock = threading.Lock()
+    one_at_a_time = serialized(progress)
 
     def said_by(label: str) -> Progress:
-        def say(line: str) -> None:
-            with lock:
-                progress(f"{label}: {line}")
-        return say
+        return lambda line: one_at_a_time(f"{label}: {line}")
 
     pool = ThreadPoolExecutor(max_workers=len(checked.targets), thread_name_prefix="gpuctl-probe")
     futures = [pool.submit(probe, s, checked.job, t, said_by(t.label), cancel) for t in checked.targets]
@@ -178,8 +175,7 @@ def run(s: Session, checked: CheckedPlan, progress: Progress = quiet,
             wait_all(futures, timeout=0.5)
     except KeyboardInterrupt:
         cancel.set()
-        with lock:
-            progress("interrupted: stopping the probes and releasing their clusters before exiting")
+        one_at_a_time("interrupted: stopping the probes and releasing their clusters before exiting")
         wait_all(futures)
         raise
     finally:

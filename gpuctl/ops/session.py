@@ -9,6 +9,7 @@ so a broken settings file never stops `status`, `logs`, `cost` or `down`.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -37,6 +38,17 @@ REPORT_CONNECT_TIMEOUT_S = QUICK_CONNECT_S
 
 def quiet(_: str) -> None:
     pass
+
+
+def serialized(progress: Progress) -> Progress:
+    """`progress` for several threads at once: one line at a time (the terminal's sink keeps the
+    line it may erase; two threads' lines would interleave in it)."""
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            progress(line)
+    return say
 
 
 class Session:

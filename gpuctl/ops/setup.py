@@ -61,15 +61,27 @@ def looking(s: Session, cluster: ClusterRecord, envs: tuple[TfEnv, ...], progres
             recheck: bool = False) -> Iterator[Callable[[], tuple[TfEnv, ...]]]:
     """Each remote host's preflight (ensure's `check`, after an ensure without it) in the
     background while the block runs (`train` pushes the code meanwhile); what the block is given
-    waits for it and returns `envs` with their reports. The block's end waits for it too, so that
-    nothing uses the connections after them. The ledger (SQLite) stays in the calling thread."""
+    waits for it and returns `envs` with their reports. The ledger (SQLite) stays in the calling
+    thread. A block that fails waits for the preflight (nothing uses the connections after it) and
+    still records the preflight's failure; Ctrl-C closes the connections instead, which ends the
+    preflight's wait at once (its host process only keeps an answer)."""
     pairs = s.hosts(cluster)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        job = pool.submit(_preflights, cluster, pairs, envs, progress, recheck)
-        try:
-            yield lambda: _recorded(s, cluster, True, job.result)
-        finally:
-            futures.wait([job])
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuctl-preflight")
+    job = pool.submit(_preflights, cluster, pairs, envs, progress, recheck)
+    try:
+        yield lambda: _recorded(s, cluster, True, job.result)
+    except Exception:
+        futures.wait([job])
+        failed_too = job.exception()
+        if isinstance(failed_too, GpuctlError):
+            s.ledger.event(FAILED, failed_too.message, cluster=cluster)
+        raise
+    except BaseException:
+        for _, host in pairs:
+            host.close()
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _preflights(cluster: ClusterRecord, pairs: list, envs: tuple[TfEnv, ...], progress: Progress,

@@ -298,12 +298,14 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
 # and so never matched. Prints what is left after SIGTERM, a wait and SIGKILL; exits 1 if anything is.
 # One grep reads every environ (-l: to its first match; -s: a process that is gone or not this
 # user's says nothing): a grep per process cost a fork and exec for each of the machine's hundreds,
-# ten looks a second through the grace. The script runs without the mark (end_processes), so that
-# neither it nor its subshells and grep are among what it finds.
+# ten looks a second through the grace. The names go through xargs (printf is the shell's own), so
+# no number of processes is too long a command line. The script runs without the mark
+# (end_processes), so that neither it nor its subshells, xargs or grep are among what it finds.
 _END_PROCESSES = r'''
 sock=$1; grace=$2
 pids() {
-  grep -lszxE "(GPUCTL_TMUX=$sock|TMUX=.*/$sock,[0-9]+,[0-9]+)" /proc/[0-9]*/environ |
+  printf '%s\n' /proc/[0-9]*/environ |
+    xargs grep -lszxE "(GPUCTL_TMUX=$sock|TMUX=.*/$sock,[0-9]+,[0-9]+)" |
     while IFS=/ read -r _ _ p _; do echo "$p"; done
 }
 p=$(pids); [ -z "$p" ] && exit 0

@@ -157,3 +157,36 @@ def test_arguments_env_and_paths_are_never_shell(host, tmp_path):
     assert out[2] == str(workdir)
     assert not list(tmp_path.rglob("pwned*"))
     assert "shlex" and shlex.quote("$(x)") in jobs.job_script(str(workdir), ["echo", "$(x)"], {}, paths)
+
+
+def test_end_processes_ends_what_carries_the_mark_and_nothing_else(host, tmp_path):
+    """`down`'s end of a cluster's processes (one grep over /proc/*/environ): a process with the
+    cluster's mark, one in a pane of a server without it (tmux's TMUX=<socket path>,pid,n), one
+    that ignores SIGTERM (it gets SIGKILL after the grace); not a neighbour cluster's. Nothing is
+    reported left over: the script itself, its subshells and its grep are not among what it finds."""
+    import os
+    import subprocess
+
+    mine, other = host.tmux_socket, host.tmux_socket + "x"
+    sleeper = [sys.executable, "-c", "import signal, sys, time\n"
+               "if sys.argv[1:] == ['deaf']: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+               "print('ready', flush=True); time.sleep(120)"]
+
+    def started(env: dict[str, str], *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([*sleeper, *extra], env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"  # its handler is set before the end comes
+        return proc
+
+    marked = started({tmux.MARK_VAR: mine})
+    in_pane = started({"TMUX": f"/tmp/tmux-0/{mine},123,0"})
+    deaf = started({tmux.MARK_VAR: mine}, "deaf")
+    neighbour = started({tmux.MARK_VAR: other})
+    try:
+        assert jobs.end_processes(host, grace_s=1) == []
+        assert marked.wait(timeout=10) == -15 and in_pane.wait(timeout=10) == -15
+        assert deaf.wait(timeout=10) == -9
+        assert neighbour.poll() is None
+    finally:
+        for proc in (marked, in_pane, deaf, neighbour):
+            proc.kill()
+            proc.wait()

@@ -3,7 +3,9 @@
 one `up` started, which the push no longer adds to. Driven with the fake provider, whose host here
 answers the preflight's command itself. Bad cases tried: a preflight that fails (the cluster's
 setup is marked failed, as before), a push that fails while the preflight still looks (its error is
-raised only once the preflight is done with the connection)."""
+raised only once the preflight is done with the connection), both failing (the preflight's failure
+is still recorded), and Ctrl-C during the push (the connection is closed at once, which ends the
+preflight's wait, instead of waiting for it)."""
 
 from __future__ import annotations
 
@@ -35,17 +37,25 @@ class LookingHost(FakeHost):
         self.looked_during_push = self.pushed_during_look = None
         self.preflight_done = threading.Event()
         self.patience = patience
-        self.push_error: Exception | None = None
+        self.push_error: BaseException | None = None
         self.preflight_says = json.dumps(REPORT) + "\n"
+        self.hung_up = threading.Event()
 
     def run(self, argv, check=True, timeout=None, **kw):
         if any(str(a).endswith("/gpuctl_preflight.py") for a in argv):
             self.commands.append(tuple(argv))
             self.looking.set()
             self.looked_during_push = self.pushing.wait(self.patience)
+            if self.hung_up.is_set():  # as SshHost says of a command whose connection was closed
+                self.preflight_done.set()
+                raise RemoteError("lost the connection to fake-host", "Check it.")
             self.preflight_done.set()
             return CommandResult(argv=tuple(argv), returncode=0, stdout=self.preflight_says, stderr="")
         return super().run(argv, check, timeout, **kw)
+
+    def close(self):
+        self.hung_up.set()
+        self.pushing.set()  # a wait on the connection ends with it
 
     def push(self, src, dest, progress=None):
         if dest.startswith(self.root + "/code/"):
@@ -103,3 +113,32 @@ def test_a_failed_push_waits_for_the_preflight_before_its_error(cluster):
     with pytest.raises(RemoteError, match="disk full"):
         nodes.prepare(s, record, project, None, lambda line: None, check=True)
     assert host.preflight_done.is_set()  # nothing uses the connection after prepare is left
+
+
+def test_a_failed_push_and_a_failed_preflight_raise_the_push_and_record_the_preflight(cluster):
+    s, record, host, project = cluster
+    host.push_error = RemoteError("disk full on fake-host", "Free some space.")
+    host.preflight_says = "Traceback: python3 is broken\n"
+    with pytest.raises(RemoteError, match="disk full"):
+        nodes.prepare(s, record, project, None, lambda line: None, check=True)
+    assert setup.failed(s, record).startswith("preflight failed on fake-host")
+
+
+def test_ctrl_c_during_the_push_closes_the_connection_instead_of_waiting_for_the_preflight(cluster):
+    s, record, host, project = cluster
+    host.push_error = KeyboardInterrupt()
+    host.patience = 60.0  # a preflight that would take a minute
+    pushed = host.push
+
+    def push(src, dest, progress=None):  # the push waits for the preflight to start, then is interrupted
+        if dest.startswith(host.root + "/code/"):
+            host.looking.wait(5)
+            raise KeyboardInterrupt
+        return pushed(src, dest, progress)
+
+    host.push = push
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        nodes.prepare(s, record, project, None, lambda line: None, check=True)
+    assert time.monotonic() - started < 5 and host.hung_up.is_set()
+    assert host.preflight_done.wait(5)  # its wait ended with the connection
