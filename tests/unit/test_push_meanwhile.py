@@ -89,10 +89,13 @@ def test_the_code_is_pushed_while_the_preflight_looks(cluster):
     assert node.env.report["tensorflow"] == "2.21.0" and node.code is not None
 
 
-def test_a_failed_preflight_fails_the_train_and_marks_the_setup_failed(cluster):
+@pytest.mark.parametrize("push_fails", [False, True], ids=["push-ok", "push-fails-too"])
+def test_a_failed_preflight_marks_the_setup_failed_even_beside_a_failed_push(cluster, push_fails):
     s, record, host, project = cluster
     host.preflight_says = "Traceback: python3 is broken\n"
-    with pytest.raises(RemoteError, match="preflight failed on fake-host"):
+    if push_fails:  # the push's error is the one raised; the preflight's is still recorded
+        host.push_error = RemoteError("disk full on fake-host", "Free some space.")
+    with pytest.raises(RemoteError, match="disk full" if push_fails else "preflight failed on fake-host"):
         nodes.prepare(s, record, project, None, lambda line: None, check=True)
     assert setup.failed(s, record).startswith("preflight failed on fake-host")
 
@@ -113,15 +116,6 @@ def test_a_failed_push_waits_for_the_preflight_before_its_error(cluster):
     with pytest.raises(RemoteError, match="disk full"):
         nodes.prepare(s, record, project, None, lambda line: None, check=True)
     assert host.preflight_done.is_set()  # nothing uses the connection after prepare is left
-
-
-def test_a_failed_push_and_a_failed_preflight_raise_the_push_and_record_the_preflight(cluster):
-    s, record, host, project = cluster
-    host.push_error = RemoteError("disk full on fake-host", "Free some space.")
-    host.preflight_says = "Traceback: python3 is broken\n"
-    with pytest.raises(RemoteError, match="disk full"):
-        nodes.prepare(s, record, project, None, lambda line: None, check=True)
-    assert setup.failed(s, record).startswith("preflight failed on fake-host")
 
 
 def test_ctrl_c_during_the_push_closes_the_connection_instead_of_waiting_for_the_preflight(cluster):
