@@ -13,21 +13,17 @@ from __future__ import annotations
 import json
 import posixpath
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, TypeVar
 
 from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import push, setup
-from gpuctl.ops.session import Progress, Session, quiet, serialized
+from gpuctl.ops.session import Progress, Session, each, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import NOTICE_FILE, PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,14 +72,6 @@ def of_run(s: Session, record: ClusterRecord, run: RunRecord) -> list[Node]:
 def rate(group: list[Node]) -> float:
     """$/h of these nodes together: what a run on them costs."""
     return sum(n.inst.usd_per_hour for n in group)
-
-
-def each(nodes: list[Node], fn: Callable[[Node], T]) -> list[T]:
-    """fn on every node at once (one connection each), results in node order."""
-    if len(nodes) <= 1:
-        return [fn(n) for n in nodes]
-    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-        return list(pool.map(fn, nodes))
 
 
 def label(node: Node, nodes: list[Node]) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from gpuctl.config.load import LoadedSettings, load_settings
 from gpuctl.errors import (
@@ -38,6 +39,19 @@ REPORT_CONNECT_TIMEOUT_S = QUICK_CONNECT_S
 
 def quiet(_: str) -> None:
     pass
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def each(items: Sequence[T], fn: Callable[[T], R]) -> list[R]:
+    """fn on every item at once (a node, a host: one connection each), results in their order;
+    a single one in the calling thread."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 def serialized(progress: Progress) -> Progress:

@@ -21,7 +21,7 @@ from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model.records import ClusterRecord
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import guards
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.payloads.gpuctl_setup import matches
 from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
@@ -47,8 +47,8 @@ def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, versi
     Without `install`, a host that has none is an error instead of a setup step."""
     version = version_of(cluster, version)
     pairs = s.hosts(cluster)
-    envs = _recorded(s, cluster, install, lambda: _on_each(
-        pairs, lambda host: _one(cluster, host, version, install, progress)))
+    envs = _recorded(s, cluster, install, lambda: tuple(each(
+        pairs, lambda p: _one(cluster, p[1], version, install, progress))))
     if check:
         envs = _recorded(s, cluster, install, lambda: _preflights(cluster, pairs, envs, progress, recheck))
     if install and failed(s, cluster) is not None:
@@ -87,12 +87,7 @@ def looking(s: Session, cluster: ClusterRecord, envs: tuple[TfEnv, ...], progres
 def _preflights(cluster: ClusterRecord, pairs: list, envs: tuple[TfEnv, ...], progress: Progress,
                 recheck: bool) -> tuple[TfEnv, ...]:
     by_label = {e.host: e for e in envs}
-    return _on_each(pairs, lambda host: _preflight(cluster, host, by_label[host.label], progress, recheck))
-
-
-def _on_each(pairs: list, fn: Callable[[Host], TfEnv]) -> tuple[TfEnv, ...]:
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as pool:
-        return tuple(pool.map(lambda p: fn(p[1]), pairs))
+    return tuple(each(pairs, lambda p: _preflight(cluster, p[1], by_label[p[1].label], progress, recheck)))
 
 
 def _recorded(s: Session, cluster: ClusterRecord, install: bool, step: Callable[[], T]) -> T:
