@@ -180,42 +180,49 @@ def main() -> None:
     ap.add_argument("--python", help="the ssh host's Python (default: a venv with tensorflow-cpu only)")
     args = ap.parse_args()
     kinds = [args.only] if args.only else ["local", "ssh"]
+    if args.repeat < 1:
+        sys.exit(f"bench/train_overhead: --repeat {args.repeat}: give 1 or more rounds")
+    if args.python and not (os.path.isabs(args.python) and os.access(args.python, os.X_OK)):
+        sys.exit(f"bench/train_overhead: --python {args.python!r} is not an absolute path to an executable "
+                 "(the ssh test host runs it as given)")
     if "ssh" in kinds:
         why = sshd.available()
         if why:
             sys.exit(f"bench/train_overhead: {why}")
         sshd.cleanup_stale()
     base = Path(tempfile.mkdtemp(prefix="gpuctl-bench-", dir="/var/tmp"))
-    (base / "project").mkdir()
-    (base / "project" / "train.py").write_text(TRAIN)
-    # gpuctl's bytecode is cached as an installed package's is (even where PYTHONDONTWRITEBYTECODE is
-    # set here): compiling its sources would add ~0.1 s to every command.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_") and k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(GPUCTL_HOME=str(base / "home"), HOME=str(base / "user"), TF_CPP_MIN_LOG_LEVEL="2")
-    (base / "user").mkdir()
-    verdicts = []
-    print(f"median of {args.repeat} rounds; each round: plain python, a new cluster's first train --wait, its second")
-    for kind in kinds:
-        where = Local(base, env) if kind == "local" else Ssh(base, env, args.python or lean_python())
-        try:
-            times, lines = rounds(where, base / "project", args.repeat)
-        finally:
-            if kind == "ssh":
-                where.close()
-        plain = statistics.median(times["plain"])
-        for which, target in (("first", FIRST_TARGET_S), ("second", SECOND_TARGET_S)):
-            median = statistics.median(times[which])
-            over = median - plain
-            verdicts.append(f"{kind:<6}{which:<8}{median:>9.2f}{plain:>9.2f}{over:>10.2f}   "
-                            f"{'ok' if over <= target else 'OVER'} (target {target:g} s)")
-            if args.timeline:
-                print(f"\n{kind}, {which} train, last round (seconds from the start: progress line):")
-                for at, text in lines[which]:
-                    print(f"  {at:6.2f}  {text[:110]}")
-    print(f"\n{'where':<6}{'train':<8}{'gpuctl':>9}{'plain':>9}{'overhead':>10}")
-    for line in verdicts:
-        print(line)
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        (base / "project").mkdir()
+        (base / "project" / "train.py").write_text(TRAIN)
+        # gpuctl's bytecode is cached as an installed package's is (even where PYTHONDONTWRITEBYTECODE is
+        # set here): compiling its sources would add ~0.1 s to every command.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_") and k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(GPUCTL_HOME=str(base / "home"), HOME=str(base / "user"), TF_CPP_MIN_LOG_LEVEL="2")
+        (base / "user").mkdir()
+        verdicts = []
+        print(f"median of {args.repeat} rounds; each round: plain python, a new cluster's first train --wait, its second")
+        for kind in kinds:
+            where = Local(base, env) if kind == "local" else Ssh(base, env, args.python or lean_python())
+            try:
+                times, lines = rounds(where, base / "project", args.repeat)
+            finally:
+                if kind == "ssh":
+                    where.close()
+            plain = statistics.median(times["plain"])
+            for which, target in (("first", FIRST_TARGET_S), ("second", SECOND_TARGET_S)):
+                median = statistics.median(times[which])
+                over = median - plain
+                verdicts.append(f"{kind:<6}{which:<8}{median:>9.2f}{plain:>9.2f}{over:>10.2f}   "
+                                f"{'ok' if over <= target else 'OVER'} (target {target:g} s)")
+                if args.timeline:
+                    print(f"\n{kind}, {which} train, last round (seconds from the start: progress line):")
+                    for at, text in lines[which]:
+                        print(f"  {at:6.2f}  {text[:110]}")
+        print(f"\n{'where':<6}{'train':<8}{'gpuctl':>9}{'plain':>9}{'overhead':>10}")
+        for line in verdicts:
+            print(line)
+    finally:  # a failed round leaves nothing here either
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
