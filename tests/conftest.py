@@ -4,6 +4,7 @@ tmux servers its clusters started are killed afterwards."""
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import shlex
@@ -70,6 +71,21 @@ def pytest_collection_modifyitems(config, items):
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+
+
+def pytest_collection_finish(session):
+    # What the imports made (botocore's models, moto, pydantic's validators: ~300,000 objects per
+    # worker) lives to the end: frozen, the collector stops walking it again on every full
+    # collection (a fast-tier worker spent ~2 s in them).
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    # Python's last collection at exit walked every worker's whole heap, four at once on two cores:
+    # 4-5 s between the last test and the summary, every run (the fast tier side by side:
+    # 95.6 and 94.7 s without, 90.2 and 89.5 s with).
+    gc.freeze()
 
 
 class _GroupsTook:
