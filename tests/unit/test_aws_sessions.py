@@ -81,3 +81,30 @@ def test_clients_of_every_session_and_region_share_their_class_and_model_and_oth
     plain = boto3.session.Session(region_name="us-east-1").client("ec2")  # not a session of ours
     assert type(plain) is not type(a.ec2()) and hasattr(plain, "describe_instances")
     assert plain.meta.service_model is not a.ec2().meta.service_model
+
+
+# Events botocore's built-in handlers answer, across services and stages of a call.
+BUILT_IN_EVENTS = ("before-parameter-build.ec2.RunInstances", "needs-retry.ec2.DescribeInstances",
+                   "before-sign.s3.PutObject", "before-call.s3.PutObject", "choose-signer.s3",
+                   "provide-client-params.s3.GetObject", "after-call.ec2.DescribeInstances",
+                   "creating-client-class.s3", "docs.request-example.ec2")
+
+
+def test_every_session_starts_with_botocores_built_in_handlers_and_keeps_its_own_to_itself(creds):
+    import botocore.session
+
+    from gpuctl.provision.aws.session import _botocore_session
+
+    def handlers(session):  # botocore has no public listing: its emitter's own lookup
+        return [[getattr(h, "__qualname__", repr(h)) for h in session._original_handler._handlers.prefix_search(ev)]
+                for ev in BUILT_IN_EVENTS]
+
+    plain, first, second = botocore.session.get_session(), _botocore_session(), _botocore_session()
+    assert handlers(first) == handlers(second) == handlers(plain) and sum(map(len, handlers(plain))) > 5
+    called: list[str] = []
+    first.register("gpuctl-test.ec2", lambda **kw: called.append("first"))
+    for session in (second, _botocore_session()):
+        session.get_component("event_emitter").emit("gpuctl-test.ec2.RunInstances")
+    assert called == [] and handlers(second) == handlers(plain)
+    first.get_component("event_emitter").emit("gpuctl-test.ec2.RunInstances")
+    assert called == ["first"]

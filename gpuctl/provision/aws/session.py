@@ -115,6 +115,7 @@ def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, *
 
 
 _LOADER: list[Any] = []  # botocore's data loader, shared by every session of this process
+_HANDLERS: list[Any] = []  # an event emitter holding botocore's built-in handlers, copied per session
 # Built for that loader once per (service, API version): service models and client classes.
 _SHARED: dict[tuple[str, str, str], Any] = {}
 _SHARED_LOCK = threading.Lock()
@@ -122,10 +123,23 @@ _SHARED_LOCK = threading.Lock()
 
 def _botocore_session() -> Any:
     """A new botocore session that reads AWS's service models through the process's one loader:
-    each session would parse them again (EC2's alone is megabytes of JSON, ~70 ms a session)."""
+    each session would parse them again (EC2's alone is megabytes of JSON, ~70 ms a session).
+    Its event handlers start as a copy of botocore's built-in ones, registered once: registering
+    them (~150, each event name aliased and each handler's signature inspected) took ~12 ms a
+    session, and a command makes one or more; they are module-level functions, alike in every
+    session, and a copied emitter takes later registrations for itself alone."""
+    import copy
+
     import botocore.session
 
-    session = botocore.session.get_session()
+    with _SHARED_LOCK:
+        if not _HANDLERS:
+            from botocore.hooks import HierarchicalEmitter
+
+            _HANDLERS.append(HierarchicalEmitter())
+            botocore.session.Session(event_hooks=_HANDLERS[0])  # registers the built-in handlers there
+        handlers = copy.copy(_HANDLERS[0])
+    session = botocore.session.Session(event_hooks=handlers, include_builtin_handlers=False)
     if _LOADER:
         session.register_component("data_loader", _LOADER[0])
     else:
