@@ -34,7 +34,7 @@ PROJECT_FILE = "gpuctl.toml"
 class LoadedSettings(BaseModel):
     """Validated settings plus, for every dotted key, the source of its value."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     settings: Settings
     sources: dict[str, str]

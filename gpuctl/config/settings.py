@@ -24,7 +24,7 @@ from gpuctl.payloads.gpuctl_protocol import GuardConfig as _OnInstance  # the wa
 
 class _Section(BaseModel):
     # inf and nan are refused everywhere: a price or budget of inf would be stored and break every report.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, defer_build=True)
 
 
 class LocalSettings(_Section):

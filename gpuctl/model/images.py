@@ -12,7 +12,7 @@ class BakedImage(BaseModel):
     """A machine image gpuctl made (`gpuctl image bake`), as the provider describes it. (Here, not
     in model/records.py: the ImageStore contract below returns it.)"""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
     id: str
     region: str
@@ -32,7 +32,7 @@ class BakedImage(BaseModel):
 class BakeContents(BaseModel):
     """What a bake puts into its image: its tags, and what `up` matches them against."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     tensorflow: str  # as asked (--tf 2.21)
     installed: str  # as the preflight saw it (2.21.0), checked against TF_VERSION
@@ -44,7 +44,7 @@ class StoreTarget(BaseModel):
     """Where an instance keeps its runs' checkpoints and reports, as the payload sees it (written
     into each run's config; gpuctl_store.py). Nothing secret: the instance's own role grants access."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: str = "s3"
     bucket: str

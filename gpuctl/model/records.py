@@ -173,7 +173,7 @@ class EpochReport(Frozen):
     on the instance, so every field is bounded (model/untrusted.py): a line that fails is not ingested,
     and a row stored before the bounds existed is skipped when the ledger reads it."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False, defer_build=True)
 
     schema_version: int = Field(alias="schema", ge=0, le=1000)
     run_id: untrusted.Short

@@ -10,6 +10,7 @@ spec as JSON tagged by `provider` (`AnySpec` reads it back as the right class).
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 class Frozen(BaseModel):
     # No inf or nan crosses a layer: JSON has no spelling for them, and the ledger must read back what it wrote.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class RemoteSpec(Frozen):
@@ -204,12 +205,17 @@ AnySpec = Annotated[
           Annotated[ClusterSpec, Tag("other")]],
     Discriminator(_kind),
 ]
-_ADAPTER: TypeAdapter[ClusterSpec] = TypeAdapter(AnySpec)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[ClusterSpec]:
+    # Built on first use, as the models are (defer_build): a command that reads no spec skips it.
+    return TypeAdapter(AnySpec)
 
 
 def parse_spec(data: dict[str, Any] | str) -> ClusterSpec:
     """A spec from its JSON (or dict), as the class its `provider` names."""
-    return _ADAPTER.validate_json(data) if isinstance(data, str) else _ADAPTER.validate_python(data)
+    return _adapter().validate_json(data) if isinstance(data, str) else _adapter().validate_python(data)
 
 
 def spec_fields(provider: str) -> set[str]:

@@ -56,7 +56,7 @@ _SEQUENCES = re.compile(
 class InstanceFile(BaseModel):
     """Base of the models of an instance's files: unknown keys ignored, no inf or nan, frozen."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True, defer_build=True)
 
 
 class Untrusted(ValueError):

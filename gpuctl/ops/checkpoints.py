@@ -26,7 +26,7 @@ GIB = 1024 ** 3  # S3 bills GB-months of 2^30 bytes
 
 
 class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class RunStorage(_Result):

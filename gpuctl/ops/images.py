@@ -32,7 +32,7 @@ BAKE_MAX_HOURS = 2.0  # the hard cap of a bake's instance (at most; a lower guar
 
 
 class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class ImageInfo(BakedImage):
