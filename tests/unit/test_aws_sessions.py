@@ -108,3 +108,18 @@ def test_every_session_starts_with_botocores_built_in_handlers_and_keeps_its_own
     assert called == [] and handlers(second) == handlers(plain)
     first.get_component("event_emitter").emit("gpuctl-test.ec2.RunInstances")
     assert called == ["first"]
+
+
+def test_clients_share_the_renaming_of_events_and_still_rename_them_as_botocore_does(creds):
+    from botocore.hooks import EventAliaser, HierarchicalEmitter
+
+    a, b = Aws("us-east-1").ec2().meta.events, Aws("us-west-2").client("s3").meta.events
+    assert a._alias_name_cache is b._alias_name_cache  # one memo for botocore's own table
+    assert a._alias_event_name("before-call.autoscaling.DescribeTags") == "before-call.auto-scaling.DescribeTags"
+    assert b._alias_event_name("before-call.runtime.sagemaker.InvokeEndpoint") == \
+        "before-call.sagemaker-runtime.InvokeEndpoint"
+    assert b._alias_event_name("before-call.ec2.RunInstances") == "before-call.ec2.RunInstances"
+    own = EventAliaser(HierarchicalEmitter(), {"ec2": "elastic-compute"})  # another table: a memo of its own
+    assert own._alias_name_cache is not a._alias_name_cache
+    assert own._alias_event_name("before-call.ec2.RunInstances") == "before-call.elastic-compute.RunInstances"
+    assert a._alias_event_name("before-call.ec2.RunInstances") == "before-call.ec2.RunInstances"

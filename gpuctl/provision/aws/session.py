@@ -189,6 +189,26 @@ def _share_service_parts() -> None:
 
     ClientCreator._load_service_model = load_service_model  # type: ignore[method-assign]
     ClientCreator._create_client_class = create_client_class  # type: ignore[method-assign]
+    _share_event_aliases()
+
+
+def _share_event_aliases() -> None:
+    """Every event botocore emits is renamed through its table of aliases first (a loop over ~40
+    of them), and each copy of an emitter (one per client) starts that memo empty: a new client's
+    first calls renamed each of their events again. The answer depends on the name and the table
+    alone: emitters with botocore's own table share one memo."""
+    from botocore.hooks import EventAliaser
+    from botocore.utils import EVENT_ALIASES
+
+    init = EventAliaser.__init__
+    shared: dict[str, str] = {}
+
+    def __init__(self: Any, event_emitter: Any, event_aliases: Any = None) -> None:
+        init(self, event_emitter, event_aliases)
+        if self._event_aliases == EVENT_ALIASES:
+            self._alias_name_cache = shared
+
+    EventAliaser.__init__ = __init__  # type: ignore[method-assign]
 
 
 class Aws:
