@@ -29,10 +29,14 @@ def _rate(usd_per_hour: float | None) -> float | None:
 
 
 def _asked(s: Session, usd_per_hour: float | None) -> ClusterSpec:
-    spec = spec_from_settings(s.settings().settings, _rate(usd_per_hour))
-    if spec.tensorflow:  # a version that does not exist fails here, not after an instance boots
-        tf_releases.check(spec.tensorflow)
-    return spec
+    """The spec this command's `up` launches: made once, so that the question before the launch
+    is about the very spec launched (one launch token, one provider and what it read)."""
+    if usd_per_hour not in s.launch_specs:
+        spec = spec_from_settings(s.settings().settings, _rate(usd_per_hour))
+        if spec.tensorflow:  # a version that does not exist fails here, not after an instance boots
+            tf_releases.check(spec.tensorflow)
+        s.launch_specs[usd_per_hour] = spec
+    return s.launch_specs[usd_per_hour]
 
 
 def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None:

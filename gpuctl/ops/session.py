@@ -75,6 +75,9 @@ class Session:
         self._ledger: Ledger | None = None
         self._hosts: dict[tuple[int, str], Host] = {}
         self._settings: dict[str, LoadedSettings] = {}
+        self._providers: dict[str, Provider] = {}
+        self.launch_specs: dict[float | None, ClusterSpec] = {}  # `up`'s, by the rate asked (ops/clusters.py)
+        self._providers_lock = threading.Lock()
         # How long a first connection may take in this command (None: the cluster's
         # remote.connect_timeout_s, which allows for an instance still booting). Commands that only
         # report (status, cost, logs) set a short one: they answer from the ledger otherwise.
@@ -105,8 +108,16 @@ class Session:
         return self._settings[key]
 
     def provider(self, spec: ClusterSpec) -> Provider:
-        """The provider of a cluster, built from the spec recorded at its `up`."""
-        return get_provider(self.home, self._complete(spec) if spec.version < 2 else spec)
+        """The provider of a cluster, built from the spec recorded at its `up`: one per spec for
+        the command, so that what it opened serves all the command's steps (aws: a boto3 session
+        per region, its clients, and the catalog it read for the price `up` asks about, where the
+        quote, the checks and the launch each made their own)."""
+        full = self._complete(spec) if spec.version < 2 else spec
+        key = full.model_dump_json()
+        with self._providers_lock:
+            if key not in self._providers:
+                self._providers[key] = get_provider(self.home, full)
+            return self._providers[key]
 
     def _complete(self, spec: ClusterSpec) -> ClusterSpec:
         """A spec recorded by gpuctl 0.1 holds only what the user asked for; as 0.1 did, the rest

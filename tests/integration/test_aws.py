@@ -551,3 +551,38 @@ def test_the_user_data_starts_the_idle_watchdog_at_boot(gpuctl, aws, monkeypatch
     gpuctl(*UP)
     (inst,) = live_instances(aws)
     assert "idle guard" not in user_data(aws, inst["InstanceId"])
+
+
+def test_up_launches_at_the_spot_price_it_asked_about_and_reads_ec2s_catalog_once(gpuctl, aws, monkeypatch):
+    """The question before the launch and the launch read the type, its zones and their spot
+    prices once: the price recorded is the price the user agreed to, though it rose since (each
+    read was a round trip to AWS again, and could bill at a price nobody was shown)."""
+    from botocore.client import BaseClient
+    from moto.core.responses import ActionResult
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    looks: list[float] = []
+
+    def rising(self):  # each look at the history a cent dearer, in every zone
+        looks.append(0.3871 + 0.01 * len(looks))
+        offers = self.ec2_backend.describe_spot_price_history(self._get_param("InstanceTypes", []), {})
+        return ActionResult({"SpotPriceHistory": [
+            {"InstanceType": o["InstanceType"], "ProductDescription": "Linux/UNIX (Amazon VPC)",
+             "SpotPrice": f"{looks[-1]:.4f}", "AvailabilityZone": o["Location"],
+             "Timestamp": "2026-12-01T20:00:00.000Z"} for o in offers]})
+
+    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", rising)
+    asked: list[str] = []
+    send = BaseClient._make_api_call
+
+    def counted(self, operation, params):
+        asked.append(operation)
+        return send(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", counted)
+    out = gpuctl("up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y", "--json").stdout
+    up = json.loads(out[out.index("{"):])  # after what moto prints of the Price List it lacks
+    assert [asked.count(op) for op in ("DescribeInstanceTypes", "DescribeInstanceTypeOfferings")] == [1, 1]
+    assert looks[0] == 0.3871 and asked.count("DescribeSpotPriceHistory") == 1
+    (inst,) = up["instances"]
+    assert inst["usd_per_hour"] == pytest.approx(0.3871) and inst["price_source"] == "spot price history"

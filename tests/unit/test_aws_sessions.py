@@ -123,3 +123,27 @@ def test_clients_share_the_renaming_of_events_and_still_rename_them_as_botocore_
     assert own._alias_name_cache is not a._alias_name_cache
     assert own._alias_event_name("before-call.ec2.RunInstances") == "before-call.elastic-compute.RunInstances"
     assert a._alias_event_name("before-call.ec2.RunInstances") == "before-call.ec2.RunInstances"
+
+
+def test_a_recent_answer_serves_for_a_minute_and_an_error_is_never_kept(creds, monkeypatch):
+    from gpuctl.provision.aws import session
+
+    now = [1000.0]
+    monkeypatch.setattr(session.time, "monotonic", lambda: now[0])
+    aws, fetched = Aws("us-east-1"), []
+
+    def fetch():
+        fetched.append(now[0])
+        if len(fetched) == 1:
+            raise RuntimeError("throttled")
+        return len(fetched)
+
+    with pytest.raises(RuntimeError):
+        aws.recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch)
+    assert aws.recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 2  # the error was not kept
+    now[0] += session.RECENT_S - 1
+    assert aws.recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 2
+    assert aws.recent(("DescribeSpotPriceHistory", "g6.xlarge"), fetch) == 3  # another question
+    now[0] += 2  # a minute after the answer: a person took that long to say yes
+    assert aws.recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 4
+    assert Aws("us-east-1").recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 5  # another command

@@ -51,7 +51,8 @@ def instance_type_info(aws: Aws, instance_type: str, image_pinned: bool = False)
 
     ec2 = aws.ec2()
     try:
-        found = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+        found = aws.recent(("DescribeInstanceTypes", instance_type),
+                           lambda: ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"])
     except ClientError as exc:
         if error_code(exc) not in ("InvalidInstanceType", "InvalidParameterValue"):
             raise translate(exc, "DescribeInstanceTypes") from exc
@@ -79,22 +80,22 @@ def architecture(info: dict[str, Any]) -> str:
 
 
 def zones_offering(aws: Aws, instance_type: str) -> list[str]:
-    res = call(
+    res = aws.recent(("DescribeInstanceTypeOfferings", instance_type), lambda: call(
         aws.ec2().describe_instance_type_offerings,
         LocationType="availability-zone",
         Filters=[{"Name": "instance-type", "Values": [instance_type]}],
-    )
+    ))
     return sorted({o["Location"] for o in res["InstanceTypeOfferings"]})
 
 
 def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
     """Zone -> latest Linux spot $/h; empty when the type has no spot offering here."""
-    res = call(
+    res = aws.recent(("DescribeSpotPriceHistory", instance_type), lambda: call(
         aws.ec2().describe_spot_price_history,
         InstanceTypes=[instance_type],
         ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
         StartTime=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=6),
-    )
+    ))
     latest: dict[str, tuple[Any, float]] = {}
     for item in res.get("SpotPriceHistory", []):
         zone, ts, price = item.get("AvailabilityZone"), item.get("Timestamp"), float(item["SpotPrice"])

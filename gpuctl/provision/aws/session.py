@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError
@@ -90,6 +91,9 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 WAITER_DELAY_S = 2
+# How long a session's read of EC2's catalog serves again (Aws.recent): a question and the launch
+# it leads to, not the minutes a person may take to answer it.
+RECENT_S = 60.0
 
 
 def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, **params: Any) -> None:
@@ -237,6 +241,7 @@ class Aws:
             raise translate(bx.NoCredentialsError())
         self._clients: dict[tuple[str, str, int], Any] = {}
         self._lock = threading.Lock()  # creating clients is not thread-safe; using them is
+        self._recent: dict[tuple[Any, ...], tuple[float, Any]] = {}
 
     def client(self, service: str, region: str | None = None, retries: int = 5) -> Any:
         """A client for the service; fewer `retries` for a call with a fallback (the Price List)."""
@@ -255,6 +260,21 @@ class Aws:
 
     def ec2(self, region: str | None = None) -> Any:
         return self.client("ec2", region)
+
+    def recent(self, key: tuple[Any, ...], fetch: Callable[[], T], max_age_s: float = RECENT_S) -> T:
+        """`fetch()`'s answer, or the one this session got for `key` less than `max_age_s` ago:
+        `up` reads an instance type, its zones and their spot prices for the price it asks about,
+        then again to launch (three more round trips to AWS, and the price launched at could differ
+        from the one just agreed to). Answers only, not errors; not to be changed by the caller."""
+        now = time.monotonic()
+        with self._lock:
+            kept = self._recent.get(key)
+        if kept is not None and now - kept[0] < max_age_s:
+            return kept[1]
+        answer = fetch()
+        with self._lock:
+            self._recent[key] = (now, answer)
+        return answer
 
 
 __all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "error_code", "quota_hint", "translate",
