@@ -28,15 +28,18 @@ def _rate(usd_per_hour: float | None) -> float | None:
     return usd_per_hour
 
 
-def _asked(s: Session, usd_per_hour: float | None) -> ClusterSpec:
-    """The spec this command's `up` launches: made once, so that the question before the launch
-    is about the very spec launched (one launch token, one provider and what it read)."""
-    if usd_per_hour not in s.launch_specs:
+def _asked(s: Session, usd_per_hour: float | None, take: bool = False) -> ClusterSpec:
+    """The spec `up` launches: the question before the launch is about the very spec launched
+    (one launch token, one provider and what it read). The launch `take`s it: a later `up` of the
+    same session makes a new one (its own launch token and checkpoint place)."""
+    spec = s.launch_specs.pop(usd_per_hour, None)
+    if spec is None:
         spec = spec_from_settings(s.settings().settings, _rate(usd_per_hour))
         if spec.tensorflow:  # a version that does not exist fails here, not after an instance boots
             tf_releases.check(spec.tensorflow)
+    if not take:
         s.launch_specs[usd_per_hour] = spec
-    return s.launch_specs[usd_per_hour]
+    return spec
 
 
 def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None:
@@ -77,7 +80,7 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
     """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the
     default (unless `make_default` is False: an image bake's cluster is nobody's default).
     `launched_for`: the use case launching it for itself (ClusterSpec.launched_for)."""
-    spec = _asked(s, usd_per_hour)
+    spec = _asked(s, usd_per_hour, take=True)
     if launched_for:
         spec = spec.model_copy(update={"launched_for": launched_for})
     guards.check_settings(s.settings())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from gpuctl.remote.host import QUICK_CONNECT_S, Host
 Progress = Callable[[str], None]
 # status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host
 REPORT_CONNECT_TIMEOUT_S = QUICK_CONNECT_S
+PROVIDER_KEPT_S = 300.0  # how long a command's provider serves it (Session.provider)
 
 
 def quiet(_: str) -> None:
@@ -75,7 +77,7 @@ class Session:
         self._ledger: Ledger | None = None
         self._hosts: dict[tuple[int, str], Host] = {}
         self._settings: dict[str, LoadedSettings] = {}
-        self._providers: dict[str, Provider] = {}
+        self._providers: dict[str, tuple[float, Provider]] = {}
         self.launch_specs: dict[float | None, ClusterSpec] = {}  # `up`'s, by the rate asked (ops/clusters.py)
         self._providers_lock = threading.Lock()
         # How long a first connection may take in this command (None: the cluster's
@@ -109,15 +111,19 @@ class Session:
 
     def provider(self, spec: ClusterSpec) -> Provider:
         """The provider of a cluster, built from the spec recorded at its `up`: one per spec for
-        the command, so that what it opened serves all the command's steps (aws: a boto3 session
-        per region, its clients, and the catalog it read for the price `up` asks about, where the
-        quote, the checks and the launch each made their own)."""
-        full = self._complete(spec) if spec.version < 2 else spec
-        key = full.model_dump_json()
+        PROVIDER_KEPT_S of the command, so that what it opened serves the command's steps (aws: a
+        boto3 session per region, its clients, and the catalog it read for the price `up` asks
+        about, where the quote, the checks and the launch each made their own). A command that
+        runs for hours (a followed run's recoveries, a bake) builds a new one now and then, and
+        so reads credentials that a tool rewrote meanwhile."""
+        key = spec.model_dump_json()  # as recorded: completing a 0.1 spec draws a new launch token
+        now = time.monotonic()
         with self._providers_lock:
-            if key not in self._providers:
-                self._providers[key] = get_provider(self.home, full)
-            return self._providers[key]
+            kept = self._providers.get(key)
+            if kept is None or now - kept[0] >= PROVIDER_KEPT_S:
+                kept = self._providers[key] = (now, get_provider(self.home, self._complete(spec)
+                                                                 if spec.version < 2 else spec))
+            return kept[1]
 
     def _complete(self, spec: ClusterSpec) -> ClusterSpec:
         """A spec recorded by gpuctl 0.1 holds only what the user asked for; as 0.1 did, the rest

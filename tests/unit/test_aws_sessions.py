@@ -147,3 +147,18 @@ def test_a_recent_answer_serves_for_a_minute_and_an_error_is_never_kept(creds, m
     now[0] += 2  # a minute after the answer: a person took that long to say yes
     assert aws.recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 4
     assert Aws("us-east-1").recent(("DescribeSpotPriceHistory", "g5.xlarge"), fetch) == 5  # another command
+
+
+def test_a_built_in_handler_added_later_reaches_the_sessions_made_after_it(creds, monkeypatch):
+    """moto's in-process mock adds its stubber to botocore's built-in handlers when imported; a
+    session made after that must have it, whenever the copied set was registered."""
+    from botocore import handlers as botocore_handlers
+
+    from gpuctl.provision.aws.session import _botocore_session
+
+    _botocore_session()  # the set is registered before the list grows
+    called: list[str] = []
+    monkeypatch.setattr(botocore_handlers, "BUILTIN_HANDLERS",
+                        [*botocore_handlers.BUILTIN_HANDLERS, ("gpuctl-test.ec2", lambda **kw: called.append("late"))])
+    _botocore_session().get_component("event_emitter").emit("gpuctl-test.ec2.RunInstances")
+    assert called == ["late"]

@@ -43,6 +43,32 @@ def test_each_up_of_a_name_is_its_own_cluster_with_its_own_dollars(fake, tmp_pat
     assert report.total_usd == pytest.approx(11.0)
 
 
+def test_the_question_and_its_launch_share_one_spec_and_the_next_up_of_the_session_makes_its_own(fake, tmp_path):
+    s = session(tmp_path)
+    assert clusters.launch_question(s, 36.0) is not None
+    asked = s.launch_specs[36.0]
+    first = clusters.up(s, usd_per_hour=36.0).cluster
+    assert first.spec.launch_token == asked.launch_token and s.launch_specs == {}
+    release.down(s, "default")
+    second = clusters.up(s, usd_per_hour=36.0).cluster  # no question: a spec of its own
+    assert second.spec.launch_token not in (first.spec.launch_token, "")
+
+
+def test_a_provider_serves_its_spec_for_a_while_then_a_new_one_is_built(fake, tmp_path, monkeypatch):
+    from gpuctl.ops import session as session_module
+
+    now = [100.0]
+    monkeypatch.setattr(session_module.time, "monotonic", lambda: now[0])
+    s = session(tmp_path)
+    spec = clusters.up(s).cluster.spec
+    one = s.provider(spec)
+    assert s.provider(spec) is one and s.provider(spec.model_copy(update={"launch_token": "other"})) is not one
+    old = spec.model_copy(update={"version": 1})  # a 0.1 spec: completed from the settings, one provider still
+    assert s.provider(old) is s.provider(old)
+    now[0] += session_module.PROVIDER_KEPT_S  # a long command: credentials may have been rewritten
+    assert s.provider(spec) is not one and len(s._providers) == 3
+
+
 def test_a_failed_up_leaves_no_cluster_unless_something_exists(fake, tmp_path):
     s = session(tmp_path)
     fake["fail_launch"] = CloudError("no such instance type")

@@ -119,7 +119,8 @@ def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, *
 
 
 _LOADER: list[Any] = []  # botocore's data loader, shared by every session of this process
-_HANDLERS: list[Any] = []  # an event emitter holding botocore's built-in handlers, copied per session
+# (how many built-in handlers botocore lists, an emitter holding them): copied for each session
+_HANDLERS: list[tuple[int, Any]] = []
 # Built for that loader once per (service, API version): service models and client classes.
 _SHARED: dict[tuple[str, str, str], Any] = {}
 _SHARED_LOCK = threading.Lock()
@@ -135,14 +136,18 @@ def _botocore_session() -> Any:
     import copy
 
     import botocore.session
+    from botocore.handlers import BUILTIN_HANDLERS
 
     with _SHARED_LOCK:
-        if not _HANDLERS:
+        # Registered anew if the list grew since (a library may add to it, as moto's mock does).
+        if not _HANDLERS or _HANDLERS[0][0] != len(BUILTIN_HANDLERS):
             from botocore.hooks import HierarchicalEmitter
 
-            _HANDLERS.append(HierarchicalEmitter())
-            botocore.session.Session(event_hooks=_HANDLERS[0])  # registers the built-in handlers there
-        handlers = copy.copy(_HANDLERS[0])
+            template = HierarchicalEmitter()
+            botocore.session.Session(event_hooks=template)  # registers the built-in handlers there
+            _HANDLERS[:] = [(len(BUILTIN_HANDLERS), template)]
+        handlers = copy.copy(_HANDLERS[0][1])
+    handlers._lookup_cache = {}  # a copy shares its original's memo of lookups: this one starts its own
     session = botocore.session.Session(event_hooks=handlers, include_builtin_handlers=False)
     if _LOADER:
         session.register_component("data_loader", _LOADER[0])
