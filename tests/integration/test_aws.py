@@ -473,18 +473,20 @@ def test_a_stop_and_a_start_are_billed_as_two_running_periods(gpuctl, aws, isola
 
 
 def _spot_prices(monkeypatch, base=0.3871):
-    """Zone prices as AWS quotes them (one zone cheapest): moto answers DescribeSpotPriceHistory
-    with 0.00001 in every zone, and nothing in moto sets a price, so its answer is replaced (in the
-    in-process server, still over HTTP). The cheapest price and its zone."""
+    """Zone prices as AWS quotes them (one zone cheapest, at `base`; a callable `base` is asked at
+    every look, for a price that moves): moto answers DescribeSpotPriceHistory with 0.00001 in every
+    zone, and nothing in moto sets a price, so its answer is replaced (in the in-process server,
+    still over HTTP). The cheapest price and its zone."""
     from moto.core.responses import ActionResult
     from moto.ec2.responses.spot_instances import SpotInstances
 
     def history(self):
+        cheapest = base() if callable(base) else base
         offers = self.ec2_backend.describe_spot_price_history(self._get_param("InstanceTypes", []), {})
         zones = sorted({o["Location"] for o in offers})
         return ActionResult({"SpotPriceHistory": [
             {"InstanceType": o["InstanceType"], "ProductDescription": "Linux/UNIX (Amazon VPC)",
-             "SpotPrice": f"{base + 0.0125 * ((zones.index(o['Location']) + 1) % len(zones)):.4f}",
+             "SpotPrice": f"{cheapest + 0.0125 * ((zones.index(o['Location']) + 1) % len(zones)):.4f}",
              "AvailabilityZone": o["Location"], "Timestamp": "2026-12-01T20:00:00.000Z"} for o in offers]})
 
     monkeypatch.setattr(SpotInstances, "describe_spot_price_history", history)
@@ -558,20 +560,14 @@ def test_up_launches_at_the_spot_price_it_asked_about_and_reads_ec2s_catalog_onc
     prices once: the price recorded is the price the user agreed to, though it rose since (each
     read was a round trip to AWS again, and could bill at a price nobody was shown)."""
     from botocore.client import BaseClient
-    from moto.core.responses import ActionResult
-    from moto.ec2.responses.spot_instances import SpotInstances
 
     looks: list[float] = []
 
-    def rising(self):  # each look at the history a cent dearer, in every zone
+    def rising():  # each look at the history a cent dearer, in every zone
         looks.append(0.3871 + 0.01 * len(looks))
-        offers = self.ec2_backend.describe_spot_price_history(self._get_param("InstanceTypes", []), {})
-        return ActionResult({"SpotPriceHistory": [
-            {"InstanceType": o["InstanceType"], "ProductDescription": "Linux/UNIX (Amazon VPC)",
-             "SpotPrice": f"{looks[-1]:.4f}", "AvailabilityZone": o["Location"],
-             "Timestamp": "2026-12-01T20:00:00.000Z"} for o in offers]})
+        return looks[-1]
 
-    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", rising)
+    _spot_prices(monkeypatch, rising)
     asked: list[str] = []
     send = BaseClient._make_api_call
 
