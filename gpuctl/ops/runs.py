@@ -20,6 +20,7 @@ from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quie
 from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import NO_DEADLINE, Host
+from gpuctl.retry import TimedOut, poll
 
 LAUNCHER = "gpuctl_run.py"
 
@@ -130,16 +131,15 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
 
 def _placed(s: Session, host: Host, run: RunRecord, within_s: float = 10.0) -> RunRecord:
     """The run as the instance's queue placed it (queued with its position, or running), once the
-    queue has answered (the job writes its place first thing); as it was after `within_s`."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        place = queue.look(host, run.run_dir)
-        if place is not None:
-            if place["state"] == "queued":
-                run = run.model_copy(update={"state": "queued", "queue_position": place.get("position")})
-                s.ledger.put_run(run)
-            return run
-        time.sleep(0.1)
+    queue has answered (the job writes its place first thing, tens of ms after its start); as it
+    was after `within_s`."""
+    try:
+        place = poll(lambda: queue.look(host, run.run_dir), within_s, first_delay_s=0.02, max_delay_s=0.2)
+    except TimedOut:
+        return run
+    if place["state"] == "queued":
+        run = run.model_copy(update={"state": "queued", "queue_position": place.get("position")})
+        s.ledger.put_run(run)
     return run
 
 

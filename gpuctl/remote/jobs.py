@@ -277,11 +277,13 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
             # tmux starts each pane as a session leader: its pid is the job's process group.
             host.run(["kill", "-TERM", "--", "-" + p.pid], check=False)
             deadline = time.monotonic() + grace_s
+            pause = 0.02  # most jobs are gone within tens of ms: looked at soon, then every 0.2 s
             while time.monotonic() < deadline and read_exit_code(host, paths) is None:
                 now = tmux.look_pane(host, session)  # no answer is no end: the job may still be saving
                 if now is None or (isinstance(now, tmux.Pane) and now.dead):
                     break  # gone without an exit code (killed before its wrapper could write one)
-                time.sleep(0.2)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
             if read_exit_code(host, paths) is None:
                 host.run(["kill", "-KILL", "--", "-" + p.pid], check=False)
                 time.sleep(0.2)  # for tmux to see the pane die
