@@ -29,6 +29,7 @@ from gpuctl.ops.session import Progress, Session
 from gpuctl.remote import jobs
 
 POLL_S = 1.0
+FIRST_POLL_S = 0.1
 UNANSWERED_S = 60.0  # a probe's host silent this long ends the probe
 
 
@@ -168,6 +169,7 @@ def _follow(ps: Session, run: RunRecord, timeout_s: float, cancel: threading.Eve
     probe); one silent for UNANSWERED_S ends the probe, its run stopped where it can be."""
     deadline = time.monotonic() + timeout_s
     answered = time.monotonic()
+    pause = FIRST_POLL_S  # a probe may end in a second (a small script): looked at soon, then every POLL_S
     while True:
         try:
             run = run_state.refresh(ps, ps.ledger.run(run.run_id) or run)
@@ -182,7 +184,8 @@ def _follow(ps: Session, run: RunRecord, timeout_s: float, cancel: threading.Eve
         if cut:
             _stop_quietly(ps, run.run_id)
             return ps.ledger.run(run.run_id) or run, cut
-        cancel.wait(POLL_S)
+        cancel.wait(pause)
+        pause = min(pause * 2, POLL_S)
 
 
 def _stop_quietly(ps: Session, run_id: str) -> None:
