@@ -121,8 +121,10 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     down_after = down_after_run if down_after_run is not None else settings.guards.down_after_run
     armed_at = guards.instance_now(chief.host) if down_after else None
     run = launch_job(s, loaded, record, run, each, secret_env, stop_after=stop_after)
-    run = _placed(s, chief.host, run)
+    # The job starts while a new cluster's watchdog does (each takes ~0.1 s to answer), so its
+    # place in the queue is there to read once the watchdog's first look is.
     progress(f"watchdog: {guards.install(s, loaded, record, down_after_run, armed_at)}")
+    run = _placed(s, chief.host, run)
     s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(each)} nodes" if len(each) > 1 else ""),
                    cluster=record, run_id=run_id)
     return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label,
