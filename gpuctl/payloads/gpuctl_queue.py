@@ -17,12 +17,13 @@ dequeued/cancelled. `share` = slots held / slots of the node: the part of the no
 pays, so runs together never pay more than the node.
 """
 
+import builtins
 import fcntl
 import json
 import os
-import runpy
 import sys
 import time
+import types
 
 from gpuctl_protocol import NODE_STARTED_FILE, QUEUE_FILE, STOPPED_EXIT, RunConfig  # beside this file on the instance
 
@@ -212,13 +213,26 @@ def run(argv):
         # another rank shares this directory with that node).
         _write_text(os.path.join(run_dir, NODE_STARTED_FILE), os.environ.get("GPUCTL_NODE_RANK", "") + "\n")
     sys.stdout.flush()
-    # The launcher runs in this process, as `python LAUNCHER CONFIG ARGS...` would: the slots stay
-    # held by this pid, as they did when it was exec'd, without a second interpreter's start (~40 ms
-    # of every run). The queue holds no lock, file or signal handler by now.
-    sys.argv = [launcher, config] + list(args)
-    sys.path[0] = os.path.dirname(os.path.abspath(launcher))
-    runpy.run_path(launcher, run_name="__main__")
+    run_as_main(launcher, [config] + list(args))
     return 0
+
+
+def run_as_main(path, args):
+    """Run the script at `path` in this process as `python PATH ARGS...` would: a new __main__
+    module for good (nothing restored afterwards, as runpy would restore argv[0] and __main__
+    before atexit handlers run), its argv, its directory first on sys.path. The queue exec'd the
+    launcher before: a second interpreter's start, ~40 ms of every run. The run's slots stay held
+    by this pid; the queue holds no lock, file or signal handler by now. (`ps` shows this file's
+    command line for the whole run.)"""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    sys.argv = [path] + list(args)
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    sys.modules["__main__"] = main
+    with open(path, "rb") as fh:
+        code = compile(fh.read(), path, "exec")
+    exec(code, main.__dict__)
 
 
 def dequeue(qdir, run_id):

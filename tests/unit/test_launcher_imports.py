@@ -164,8 +164,9 @@ def test_the_queue_runs_the_launcher_in_its_own_process_as_python_would(tmp_path
     and directory first on sys.path, its exit status is the run's, and a crash shows only the
     script's frames."""
     (tmp_path / "train.py").write_text(textwrap.dedent("""
-        import json, os, sys
+        import atexit, json, os, sys
         print(json.dumps({"pid": os.getpid(), "name": __name__, "argv": sys.argv, "path0": sys.path[0]}))
+        atexit.register(lambda: print("at exit", sys.argv[0], flush=True))
         if sys.argv[1:] == ["crash"]:
             def inner():
                 raise RuntimeError("boom in user code")
@@ -184,10 +185,13 @@ def test_the_queue_runs_the_launcher_in_its_own_process_as_python_would(tmp_path
 
     proc = run("7")
     assert proc.returncode == 7, proc.stderr
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = json.loads(proc.stdout.strip().splitlines()[-2])
     held = json.loads((tmp_path / "queue.json").read_text())
     assert held["state"] == "running" and held["pid"] == seen["pid"]
     assert seen == {"pid": seen["pid"], "name": "__main__", "argv": ["train.py", "7"], "path0": str(tmp_path)}
+    # As under `python train.py`: nothing puts the launcher's argv back before the exit handlers
+    # run (runpy did, when the queue ran the launcher through it).
+    assert proc.stdout.strip().splitlines()[-1] == "at exit train.py"
     crash = run("crash")
     assert crash.returncode == 1
     frames = [line for line in crash.stderr.splitlines() if line.strip().startswith("File ")]
