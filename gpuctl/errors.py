@@ -44,6 +44,11 @@ class ConfigError(GpuctlError):
     default_hint = "Run `gpuctl config show` to see every setting and where it comes from."
 
 
+class LedgerUnwritable(ConfigError):
+    """The ledger cannot take a write (a full or read-only disk): what was written stays intact.
+    `down` still ends the spend and says what it could not record."""
+
+
 class NotFoundError(GpuctlError):
     exit_code = ExitCode.NOT_FOUND
     default_hint = "Run `gpuctl status` to list clusters and runs."

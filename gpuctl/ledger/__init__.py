@@ -7,19 +7,37 @@ write is one short `BEGIN IMMEDIATE` transaction and readers never block writers
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
-from gpuctl.errors import ConfigError, ConflictError, NotFoundError
+from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFoundError
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
 from gpuctl.model.images import BakedImage
 from gpuctl.model.records import ClusterRecord, EpochReport, InstanceRecord, RunRecord
 from gpuctl.model.specs import ClusterSpec, parse_spec
+
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _skippable(method: F) -> F:
+    """A write that returns nothing: within Ledger.unrecorded(), one the disk cannot take is skipped."""
+    @functools.wraps(method)
+    def write(self: "Ledger", *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except LedgerUnwritable as exc:
+            if self._missed is None:
+                raise
+            if exc.message not in self._missed:
+                self._missed.append(exc.message)
+    return write  # type: ignore[return-value]
 
 
 class Ledger:
@@ -28,27 +46,54 @@ class Ledger:
     def __init__(self, home: Path):
         self.home = home
         self.path = home / "ledger.sqlite3"
+        # True when the disk under the home had no room for SQLite's shared-memory index: the
+        # ledger is then read (and written, while a write fits) by this process alone.
+        self.cramped = False
+        self._missed: list[str] | None = None  # within `unrecorded()`: the writes it could not take
         try:
             make_private(home)
-            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write
-            # lock up front and waits (busy_timeout) instead of failing on upgrade.
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA busy_timeout = 30000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA foreign_keys = ON")
-            for part in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
-                if part.exists() and part.stat().st_mode & 0o077:
-                    os.chmod(part, 0o600)  # sqlite creates them by the umask
+            try:
+                self._db = self._open(exclusive=False)
+            except sqlite3.OperationalError as exc:
+                if not _no_room(exc):
+                    raise
+                # A full disk: WAL's index file cannot grow, so no connection could read the ledger
+                # ("disk I/O error") and every command failed, `down` too. In EXCLUSIVE locking mode
+                # SQLite keeps that index in memory, WAL included: reads work and writes fail cleanly.
+                self._db = self._open(exclusive=True)
+                self.cramped = True
             self._ensure_schema()
         except sqlite3.DatabaseError as exc:
             readonly = "readonly" in str(exc) or "unable to open" in str(exc)
-            raise ConfigError(f"the ledger {self.path} cannot be {'written' if readonly else 'read'}: {exc}",
-                              "Make the gpuctl home writable (GPUCTL_HOME points elsewhere if need be)." if readonly
-                              else f"Move it aside (`mv '{self.path}' '{self.path}.broken'`) to start a new one; "
-                              "`gpuctl status --all` finds what runs in the cloud by its tags.") from None
+            if readonly or _no_room(exc):
+                raise LedgerUnwritable(f"the ledger {self.path} cannot be {'written' if readonly else 'opened'}: "
+                                       f"{_why(exc, home)}", _WRITABLE_HINT) from None
+            raise ConfigError(f"the ledger {self.path} cannot be read: {exc}",
+                              "Keep it while anything may still run: `gpuctl status --all` finds what runs by its "
+                              "tags and `gpuctl down --all -y` releases it; then move the file aside (`mv "
+                              f"'{self.path}' '{self.path}.broken'`) to start a new ledger.") from None
         except PermissionError as exc:
             raise ConfigError(f"the gpuctl home {home} is not usable: {exc.strerror} ({exc.filename})",
                               "Make it yours and writable, or point GPUCTL_HOME at another directory.") from None
+
+    def _open(self, exclusive: bool) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write
+        # lock up front and waits (busy_timeout) instead of failing on upgrade.
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            if exclusive:
+                db.execute("PRAGMA locking_mode = EXCLUSIVE")
+            db.execute("PRAGMA busy_timeout = 30000")
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA user_version").fetchone()  # the first read: WAL's index is made here
+        except BaseException:
+            db.close()
+            raise
+        for part in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            if part.exists() and part.stat().st_mode & 0o077:
+                os.chmod(part, 0o600)  # sqlite creates them by the umask
+        return db
 
     def _ensure_schema(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -63,6 +108,19 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextmanager
+    def unrecorded(self) -> Iterator[list[str]]:
+        """Within it, a write the ledger cannot take (a full or read-only disk) is skipped and its
+        reason kept in the yielded list instead of raised: the brake (`down`) goes on without its
+        record and says what it could not record. Writes that return what they made still raise."""
+        outer, self._missed = self._missed, []
+        try:
+            yield self._missed
+        finally:
+            if outer is not None:
+                outer.extend(self._missed)
+            self._missed = outer
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -86,13 +144,12 @@ class Ledger:
 
     def _unwritable(self, exc: sqlite3.OperationalError) -> Exception:
         """A ledger that cannot take a write (read-only file or disk, full disk, held too long by
-        another gpuctl): one line that names it, with what to do."""
+        another gpuctl): one line that names it, with what to do. Nothing of it is lost: SQLite
+        rolled the write back, and what was written before reads as it was."""
         if "locked" in str(exc) or "busy" in str(exc):
             return ConflictError(f"the ledger {self.path} stayed locked by another gpuctl for 30 s ({exc})",
                                  "Let the other gpuctl command finish (or end it), then run this one again.")
-        return ConfigError(f"the ledger {self.path} cannot be written: {exc}",
-                           "Make it and the gpuctl home writable (a read-only or full disk, an immutable file), or "
-                           "point GPUCTL_HOME at another directory.")
+        return LedgerUnwritable(f"the ledger {self.path} cannot be written: {_why(exc, self.home)}", _WRITABLE_HINT)
 
     # --- clusters -------------------------------------------------------------------------------
 
@@ -139,11 +196,13 @@ class Ledger:
     def default_cluster(self) -> ClusterRecord | None:
         return self._one("state = 'up' AND is_default = 1", ())
 
+    @_skippable
     def mark_cluster_down(self, cluster_id: int, at: float | None = None) -> None:
         with self.write() as db:
             db.execute("UPDATE clusters SET state = 'down', terminated_at = ?, is_default = 0"
                        " WHERE id = ? AND state = 'up'", (at or time.time(), cluster_id))
 
+    @_skippable
     def reopen_cluster(self, cluster_id: int) -> None:
         """A cluster whose instances all ended (a spot interruption) that recovery gives a new one;
         sqlite3.IntegrityError if another cluster of its name is up by now."""
@@ -152,6 +211,7 @@ class Ledger:
             db.execute("UPDATE clusters SET state = 'up', terminated_at = NULL, is_default = ? WHERE id = ?",
                        (int(default), cluster_id))
 
+    @_skippable
     def forget_cluster(self, cluster_id: int) -> None:
         """Remove a cluster that never got anything (an `up` that failed before creating a thing)."""
         with self.write() as db:
@@ -163,6 +223,7 @@ class Ledger:
 
     # --- instances ------------------------------------------------------------------------------
 
+    @_skippable
     def put_instance(self, cluster_id: int, inst: InstanceRecord) -> None:
         with self.write() as db:
             db.execute("INSERT INTO instances (cluster_id, id, record_json) VALUES (?, ?, ?)"
@@ -175,6 +236,7 @@ class Ledger:
 
     # --- runs and epochs ------------------------------------------------------------------------
 
+    @_skippable
     def put_run(self, run: RunRecord) -> None:
         if not run.cluster_id:
             raise ValueError(f"run {run.run_id} has no cluster id")
@@ -220,6 +282,7 @@ class Ledger:
             args = (cluster_id,)
         return [self._run_from_row(r) for r in self._db.execute(q + " ORDER BY rowid", args)]
 
+    @_skippable
     def put_epochs(self, reports: list[EpochReport]) -> None:
         if not reports:
             return
@@ -245,6 +308,7 @@ class Ledger:
 
     # --- events ---------------------------------------------------------------------------------
 
+    @_skippable
     def event(self, kind: str, message: str, cluster: ClusterRecord | None = None, run_id: str | None = None) -> None:
         with self.write() as db:
             db.execute(
@@ -259,6 +323,7 @@ class Ledger:
                                " ORDER BY id DESC LIMIT 1", (cluster_id, *kinds)).fetchone()
         return (row[0], row[1]) if row else None
 
+    @_skippable
     def set_spec(self, cluster_id: int, spec: ClusterSpec) -> None:
         """The spec later commands build a live cluster's provider from, changed (`up` setting up
         again, with today's `remote.*`, a cluster whose setup failed)."""
@@ -276,12 +341,14 @@ class Ledger:
 
     # --- images ---------------------------------------------------------------------------------
 
+    @_skippable
     def put_image(self, image: BakedImage) -> None:
         with self.write() as db:
             db.execute("INSERT INTO images (region, id, created_at, record_json) VALUES (?, ?, ?, ?)"
                        " ON CONFLICT(region, id) DO UPDATE SET record_json = excluded.record_json",
                        (image.region, image.id, image.created_at, image.model_dump_json()))
 
+    @_skippable
     def image_removed(self, region: str, image_id: str, at: float | None = None) -> None:
         with self.write() as db:
             db.execute("UPDATE images SET removed_at = ? WHERE region = ? AND id = ? AND removed_at IS NULL",
@@ -292,3 +359,25 @@ class Ledger:
         where = "" if include_removed else "WHERE removed_at IS NULL"
         rows = self._db.execute(f"SELECT record_json, removed_at FROM images {where} ORDER BY created_at, id")
         return [(BakedImage.model_validate_json(record), removed) for record, removed in rows]
+
+
+_WRITABLE_HINT = ("Free space on that disk, or make the gpuctl home writable (a read-only disk, an immutable file); "
+                  "keep the ledger: it is intact, and what it holds reads as before.")
+
+
+def _no_room(exc: sqlite3.DatabaseError) -> bool:
+    """SQLite's ways of saying the disk is full: SQLITE_FULL, or an I/O error growing a file."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR") or str(exc) in ("database or disk is full", "disk I/O error")
+
+
+def _why(exc: sqlite3.DatabaseError, home: Path) -> str:
+    """SQLite's words, with the free space under the home when that is what it lacks."""
+    try:
+        st = os.statvfs(home)
+    except OSError:
+        return str(exc)
+    free = st.f_bavail * st.f_frsize
+    if _no_room(exc) and free < 1 << 20:
+        return f"the disk holding it is full ({free // 1024} KiB free)"
+    return str(exc)
