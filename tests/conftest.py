@@ -36,13 +36,15 @@ TIER_FIXTURES = {
     "tf": {"wheels"},
     # Long without either: `small_wheels` tests make venvs and run pip (~10 s each).
     "slow": {"small_wheels"},
+    # Mounts (a tmpfs of a few MB: a full disk under the gpuctl home), which need root.
+    "root": {"small_disk"},
 }
-FULL_TIER_ONLY = ("sshd", "tf", "slow")
+FULL_TIER_ONLY = ("sshd", "tf", "slow", "root")
 
 
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
-                     help="the fast tier: leave out tests marked sshd, tf or slow (no root, no TensorFlow, no sshd)")
+                     help="the fast tier: leave out tests marked sshd, tf, slow or root (no root, no TensorFlow, no sshd)")
 
 
 def pytest_configure(config):
@@ -233,6 +235,37 @@ for _ in range(epochs):
     writer.write(start, time.time(), 100, False, epochs, {"loss": 0.5})
 print("done", flush=True)
 '''
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(mb) -> a fresh tmpfs of that size (a disk that fills up), unmounted after the test."""
+    mounted: list[Path] = []
+
+    def make(mb: int) -> Path:
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m,mode=0700", "tmpfs", str(where)], check=True)
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in reversed(mounted):
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    """Fill the disk to its last byte (what a runaway log or download does to a home)."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (64 << 10, 4 << 10, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture

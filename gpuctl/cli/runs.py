@@ -254,7 +254,8 @@ def stop(ctx: click.Context, run: str | None, cluster: str | None, every: bool, 
 
     if run and every:
         raise click.UsageError("RUN names one run; --all stops every running run of --cluster: pass one")
-    result = stop_ops.stop(session(ctx), run, cluster=cluster, every=every)
+    with progress_sink() as progress:
+        result = stop_ops.stop(session(ctx), run, cluster=cluster, every=every, progress=progress)
     if as_json:
         return render.emit_json(result)
     render_commands.stopped(result)

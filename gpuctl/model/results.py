@@ -192,6 +192,8 @@ class DownResult(Frozen):
     # not answer), and why: the release ends what runs there (on ssh, where the host answers).
     unconfirmed_runs: tuple[str, ...] = ()
     unconfirmed_why: Optional[str] = None
+    # What the ledger could not take (a full or read-only disk): released all the same.
+    unrecorded: tuple[str, ...] = ()
 
 
 class Inventory(Frozen):

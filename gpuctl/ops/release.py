@@ -15,9 +15,9 @@ from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, Resource, RunRecord
 from gpuctl.model.results import DownResult
 from gpuctl.model.specs import parse_spec
-from gpuctl.ops import run_state, runs
+from gpuctl.ops import archive, run_state, runs
 from gpuctl.ops.clusters import reconcile
-from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
+from gpuctl.ops.session import BRAKE_LOCK_S, REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, provider_class
 
 
@@ -102,7 +102,7 @@ def _down_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_s
                   pull_to: Path | None = None) -> DownResult:
     # A train starting a job on this cluster finishes starting first (then its run is stopped
     # here), or waits and finds the cluster down: never a job that down did not see.
-    with s.cluster_lock(cluster, progress) as cluster:
+    with s.cluster_lock(cluster, progress, wait_s=BRAKE_LOCK_S) as cluster:
         if cluster.state != "up":
             return DownResult(cluster=cluster.name, already_down=True)
         return _release_up_cluster(s, cluster, progress, must_stop_jobs, pull_to)
@@ -129,31 +129,41 @@ def _pull_runs(s: Session, cluster: ClusterRecord, dest: Path, progress: Progres
 
 def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, must_stop_jobs: bool,
                         pull_to: Path | None = None) -> DownResult:
-    # What the provider knows first: an instance that ended by itself keeps its own end time.
-    cluster = reconcile(s, cluster)
-    stopped: list[str] = []
-    unconfirmed: list[str] = []
-    why: str | None = None
-    if cluster.state == "up":
-        try:
-            # A host that answered but then hung is not waited for: its runs are named, and the
-            # release below ends what runs there (the instance itself, or the cluster's processes).
-            stopped, unconfirmed, why = run_state.stop_runs(s, cluster)
-        except GpuctlError as exc:
-            if must_stop_jobs:
-                raise RemoteError(f"cannot stop the jobs of cluster {cluster.name!r}: {exc.message}",
-                                  f"Release it anyway: `gpuctl down {cluster.name} --force -y` (what runs on a host "
-                                  "that does not answer may stay there).") from None
-            unconfirmed = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
-            why = exc.message
-        if why is not None:
-            progress(f"{cluster.name}: jobs not confirmed stopped ({why}); releasing anyway")
-    pulled = _pull_runs(s, cluster, pull_to, progress, must_stop_jobs) if pull_to is not None else []
-    resources = _release(s, cluster, progress)
-    _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
+    # The brake: nothing that records may hold the release. A ledger that cannot take a write (a
+    # full disk) is skipped and said; logs are read (bounded) before and written after it.
+    with s.ledger.unrecorded() as missed:
+        # What the provider knows first: an instance that ended by itself keeps its own end time.
+        cluster = reconcile(s, cluster)
+        stopped: list[str] = []
+        unconfirmed: list[str] = []
+        why: str | None = None
+        if cluster.state == "up":
+            try:
+                # A host that answered but then hung is not waited for: its runs are named, and the
+                # release below ends what runs there (the instance itself, or the cluster's processes).
+                stopped, unconfirmed, why = run_state.stop_runs(s, cluster)
+            except GpuctlError as exc:
+                if must_stop_jobs:
+                    raise RemoteError(f"cannot stop the jobs of cluster {cluster.name!r}: {exc.message}",
+                                      f"Release it anyway: `gpuctl down {cluster.name} --force -y` (what runs on a "
+                                      "host that does not answer may stay there).") from None
+                unconfirmed = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
+                why = exc.message
+            if why is not None:
+                progress(f"{cluster.name}: jobs not confirmed stopped ({why}); releasing anyway")
+        pulled = _pull_runs(s, cluster, pull_to, progress, must_stop_jobs) if pull_to is not None else []
+        logs = archive.take(s, cluster, progress)
+        with s.releasing(cluster):
+            resources = _release(s, cluster, progress)
+        _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
+        archive.keep(s, logs, progress)
+    if missed:
+        progress(f"{cluster.name}: released, but not recorded in the ledger ({missed[0]}); `gpuctl status` may show "
+                 f"it up until `gpuctl down {cluster.name} -y` runs again with room on that disk")
     return DownResult(cluster=cluster.name, stopped_runs=tuple(stopped), pulled=tuple(pulled),
                       released_instances=tuple(r.id for r in resources if r.kind in ("instance", "workdir")),
-                      released=tuple(resources), unconfirmed_runs=tuple(unconfirmed), unconfirmed_why=why)
+                      released=tuple(resources), unconfirmed_runs=tuple(unconfirmed), unconfirmed_why=why,
+                      unrecorded=tuple(missed))
 
 
 def _release(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:

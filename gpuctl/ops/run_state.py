@@ -291,11 +291,11 @@ TAIL_BYTES = 64 << 10  # of a log's end, for its last lines
 
 
 def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str], str | None]:
-    """Stop the cluster's live runs (on every node) and keep their last epochs and logs in the
-    ledger: (runs stopped, runs not confirmed stopped, why). A host whose command ran past its
-    deadline (RemoteTimeout), or a job its tmux does not answer for (Unconfirmed), ends the stopping
-    there: the runs still live then are named, so that `down` releases the cluster anyway; a host
-    that does not answer at all raises."""
+    """Stop the cluster's live runs (on every node) and keep their last epochs in the ledger:
+    (runs stopped, runs not confirmed stopped, why). A host whose command ran past its deadline
+    (RemoteTimeout), or a job its tmux does not answer for (Unconfirmed), ends the stopping there:
+    the runs still live then are named, so that `down` releases the cluster anyway; a host that
+    does not answer at all raises. Their logs are ops/archive.py's."""
     stopped: list[str] = []
     try:
         if any(r.gpus and r.state not in FINAL_RUN_STATES for r in s.ledger.runs(cluster.id)):
@@ -303,14 +303,9 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str],
             nodes.each(nodes.of(s, cluster), lambda n: queue.close(n.host))
         for run in s.ledger.runs(cluster.id):
             run = refresh(s, run)
-            if run.state in FINAL_RUN_STATES and archived_log(s, run.run_id).exists():
-                continue
             if run.state not in FINAL_RUN_STATES:
                 run = stop_run(s, cluster, run)
                 stopped.append(run.run_id)
-            for n in nodes.of_run(s, cluster, run):
-                if n.host.fetch(n.paths(run).log, archived_log(s, run.run_id, n.rank)):
-                    os.chmod(archived_log(s, run.run_id, n.rank), 0o600)
     except (RemoteTimeout, Unconfirmed) as exc:
         left = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
         return stopped, left, exc.message

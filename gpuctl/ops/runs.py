@@ -197,9 +197,11 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
         return [node.python, posixpath.join(payload_dir, queue.PAYLOAD), config_path,
                 posixpath.join(payload_dir, LAUNCHER), *run.args]
 
+    _refuse_released(s, record)
     commands = nodes.each(each, configure)
     s.ledger.put_run(run)
     try:
+        _refuse_released(s, record)
         for node, command, more in zip(each, commands, extra):
             paths = node.paths(run)
             env = {"GPUCTL_RUN_ID": run.run_id, "GPUCTL_RUN_DIR": paths.run_dir, "GPUCTL_OUTPUT_DIR": paths.outputs,
@@ -208,6 +210,7 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
             if node.data_dir:
                 env["GPUCTL_DATA_DIR"] = node.data_dir
             jobs.start_job(node.host, run.run_id, node.code_dir, command, env, paths, secret_env)
+        _refuse_released(s, record)  # a `down` went ahead while this command was held up (Ctrl-Z)
     except BaseException:
         # A run on some nodes only would wait for the others forever. Every node is stopped, not
         # only those whose start returned: one may have started before its connection dropped.
@@ -219,6 +222,14 @@ def launch_job(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: R
     run = run.model_copy(update={"state": "running"})
     s.ledger.put_run(run)
     return run
+
+
+def _refuse_released(s: Session, record: ClusterRecord) -> None:
+    """A `down` does not wait long for this command's lock (a `train` stopped with Ctrl-Z would
+    hold the brake): a command that resumes after it began must start nothing there."""
+    if s.released(record):
+        raise NotFoundError(f"cluster {record.name!r} was released by `gpuctl down` while this command was under "
+                            "way; nothing of this run runs there", "Start one with `gpuctl up`, then train again.")
 
 
 def _image(inst: InstanceRecord) -> str | None:

@@ -32,6 +32,7 @@ from gpuctl.model.specs import ClusterSpec
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
+from gpuctl.retry import TimedOut, poll
 
 Progress = Callable[[str], None]
 # status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host
@@ -45,6 +46,10 @@ def quiet(_: str) -> None:
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# How long the brake (`down`, `stop`) waits for another command that holds the cluster (a `train`
+# starting a job finishes in well under this) before it goes ahead: one stopped with Ctrl-Z never lets go.
+BRAKE_LOCK_S = 5.0
 
 
 def each(items: Sequence[T], fn: Callable[[T], R]) -> list[R]:
@@ -235,27 +240,62 @@ class Session:
 
 
     @contextmanager
-    def cluster_lock(self, cluster: ClusterRecord, progress: Progress = quiet) -> Iterator[ClusterRecord]:
+    def cluster_lock(self, cluster: ClusterRecord, progress: Progress = quiet,
+                     wait_s: float | None = None) -> Iterator[ClusterRecord]:
         """Serialize the commands that conflict on one cluster (`train` starting a job, `down`
         releasing it), across processes. Yields the cluster as the ledger has it once the lock is
-        held: a `train` that waited for a `down` finds the cluster down and must not start."""
+        held: a `train` that waited for a `down` finds the cluster down and must not start.
+        With `wait_s` (the brake: `down`, `stop`), a holder that keeps it longer (a `train`
+        stopped with Ctrl-Z) is named and gone ahead without: it finds the cluster released."""
         import fcntl
 
         locks = self.home / "locks"
         locks.mkdir(mode=0o700, parents=True, exist_ok=True)
         # 0600 whatever the umask: every file under the home is the owner's alone.
-        fd = os.open(locks / f"cluster-{cluster.id}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(locks / f"cluster-{cluster.id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         os.fchmod(fd, 0o600)  # one an older gpuctl made 0644
-        with os.fdopen(fd, "a") as fh:
+        held = False
+        try:
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
             except BlockingIOError:
-                progress(f"waiting for another gpuctl command on cluster {cluster.name!r} to finish")
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield self.ledger.cluster(cluster.id)
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                holder = _holder(fd)
+                progress(f"waiting for another gpuctl command{holder} on cluster {cluster.name!r} to finish")
+                held = _wait_lock(fd, wait_s)
+                if not held:
+                    progress(f"another gpuctl command{holder} still holds cluster {cluster.name!r} after "
+                             f"{wait_s:.0f} s; going ahead without it (it will find the cluster released)")
+            if held:
+                _note_holder(fd)
+            yield self.ledger.cluster(cluster.id)
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _down_mark(self, cluster: ClusterRecord) -> Path:
+        return self.home / "locks" / f"cluster-{cluster.id}.down"
+
+    @contextmanager
+    def releasing(self, cluster: ClusterRecord) -> Iterator[None]:
+        """`down` releases the cluster: a command that held it meanwhile (stopped, then resumed)
+        must not start anything there. Marked in a file (the ledger says so too once the release
+        is recorded; a full disk may keep it from that); a release that fails takes it back."""
+        mark = self._down_mark(cluster)
+        try:
+            mark.touch(mode=0o600)
+        except OSError:
+            pass
+        try:
+            yield
+        except BaseException:
+            mark.unlink(missing_ok=True)
+            raise
+
+    def released(self, cluster: ClusterRecord) -> bool:
+        """Whether a `down` began on the cluster since this command found it up."""
+        return self._down_mark(cluster).exists() or self.ledger.cluster(cluster.id).state != "up"
 
     def kept_run(self, run: RunRecord) -> tuple[Host, str] | None:
         """(a Host, the run's directory there) where its released cluster's provider keeps it."""
@@ -273,6 +313,51 @@ class Session:
             raise NotFoundError(f"run {run.run_id} was on cluster {run.cluster!r}, which is down",
                                 f"Its log and reports are kept: gpuctl logs {run.run_id}; gpuctl cost {run.run_id}")
         return run, cluster
+
+
+def _wait_lock(fd: int, wait_s: float | None) -> bool:
+    """Wait for the lock on fd: for ever (None), else up to wait_s seconds; whether it is held."""
+    import fcntl
+
+    if wait_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    try:
+        poll(lambda: _try_lock(fd), wait_s, first_delay_s=0.05, max_delay_s=0.5)
+    except TimedOut:
+        return False
+    return True
+
+
+def _try_lock(fd: int) -> bool | None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    return True
+
+
+def _note_holder(fd: int) -> None:
+    """This process's pid in the lock file, for a command that waits to name (best effort: a
+    full disk keeps the lock working, without the name)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError:
+        pass
+
+
+def _holder(fd: int) -> str:
+    """" (pid N[, stopped])" of the process the lock file names, if it still runs."""
+    try:
+        pid = int(os.pread(fd, 16, 0).decode().strip() or "0")
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read(512).rsplit(b")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return ""
+    return f" (pid {pid}, stopped: `fg` or `kill -CONT {pid}` resumes it)" if state in (b"T", b"t") else f" (pid {pid})"
 
 
 def open_session(flags: Mapping[str, Any] | None = None) -> Session:

@@ -11,7 +11,7 @@ from gpuctl.errors import ConflictError, NotFoundError
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, RunRecord
 from gpuctl.model.results import StopResult
 from gpuctl.ops import run_state
-from gpuctl.ops.session import Session
+from gpuctl.ops.session import BRAKE_LOCK_S, Progress, Session, quiet
 from gpuctl.remote import jobs
 
 
@@ -21,13 +21,13 @@ def _released(run: RunRecord) -> NotFoundError:
 
 
 def stop(s: Session, run_id: str | None = None, cluster: str | None = None, every: bool = False,
-         grace_s: float = jobs.STOP_GRACE_S) -> StopResult:
+         grace_s: float = jobs.STOP_GRACE_S, progress: Progress = quiet) -> StopResult:
     """Stop the run `run_id`, else the latest live run of `cluster` (default: the default
     cluster), else with `every` all its live runs. A named run that has ended is left as it is."""
     if run_id:
-        return _stop_named(s, run_id, cluster, grace_s)
+        return _stop_named(s, run_id, cluster, grace_s, progress)
     record = s.resolve_cluster(cluster)
-    with s.cluster_lock(record) as record:
+    with s.cluster_lock(record, progress, wait_s=BRAKE_LOCK_S) as record:
         if record.state != "up":
             raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it")
         live = [r for r in (run_state.refresh(s, r) for r in s.ledger.runs(record.id)) if r.state not in FINAL_RUN_STATES]
@@ -36,7 +36,7 @@ def stop(s: Session, run_id: str | None = None, cluster: str | None = None, ever
     return _result(s, record, targets, stopped, grace_s)
 
 
-def _stop_named(s: Session, run_id: str, cluster: str | None, grace_s: float) -> StopResult:
+def _stop_named(s: Session, run_id: str, cluster: str | None, grace_s: float, progress: Progress) -> StopResult:
     run = s.find_run(run_id)
     if cluster and run.cluster != cluster:
         raise ConflictError(f"run {run.run_id} is on cluster {run.cluster!r}, not {cluster!r}",
@@ -44,7 +44,7 @@ def _stop_named(s: Session, run_id: str, cluster: str | None, grace_s: float) ->
     record = s.live_cluster_of(run)
     if record is None:
         raise _released(run)
-    with s.cluster_lock(record) as record:
+    with s.cluster_lock(record, progress, wait_s=BRAKE_LOCK_S) as record:
         if record.state != "up":
             raise _released(run)
         run = run_state.refresh(s, s.ledger.run(run.run_id) or run)

@@ -3,6 +3,8 @@ identity per `up`, failed launches, reconcile, settings that break after `up`, r
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpuctl import provision
@@ -235,7 +237,7 @@ def test_a_command_waiting_for_the_cluster_lock_says_so(fake, tmp_path):
     with s.cluster_lock(c, said.append):
         pass
     t.join()
-    assert said == [f"waiting for another gpuctl command on cluster {c.name!r} to finish"]
+    assert said == [f"waiting for another gpuctl command (pid {os.getpid()}) on cluster {c.name!r} to finish"]
     assert time.monotonic() - t0 >= 0.2
     with s.cluster_lock(c, said.append):  # free: nothing said
         pass
