@@ -59,13 +59,6 @@ class FakeHost:
                 n += 1
         return SyncStats(files_total=n, files_copied=n, bytes_copied=0, files_deleted=0, seconds=0.0)
 
-    def fetch(self, path: str, local: Path) -> bool:
-        if path not in self.files:
-            return False
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(self.files[path])
-        return True
-
     def remove_tree(self, path: str) -> None:
         for key in [k for k in self.files if k.startswith(path.rstrip("/") + "/")]:
             del self.files[key]

@@ -98,9 +98,6 @@ class Host(Protocol):
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         """Incrementally mirror a local directory to `dest` on the host, telling `progress` how it goes."""
 
-    def fetch(self, path: str, local: Path) -> bool:
-        """Copy a file from the host; False if it does not exist there."""
-
     def remove_tree(self, path: str) -> None:
         """Delete a directory on the host, if present."""
 

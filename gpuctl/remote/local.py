@@ -93,13 +93,6 @@ class LocalHost(Deadlines):
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         return push_local(src, Path(dest), progress=progress)
 
-    def fetch(self, path: str, local: Path) -> bool:
-        if not os.path.isfile(path):
-            return False
-        local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, local)
-        return True
-
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -167,3 +167,23 @@ def test_a_log_that_does_not_fit_is_skipped_and_said(make_project, small_disk, m
     assert "is down" in res.stdout
     assert f"logs not kept: {run}:" in res.stderr and "do not fit" in res.stderr
     assert not (home / "logs" / f"{run}.log").exists()
+
+
+def test_a_log_linked_to_dev_zero_on_the_host_costs_down_nothing(gpuctl, ssh, make_project, isolated):
+    """The instance is untrusted: a job that makes its log a link to /dev/zero (which an unbounded
+    copy reads for ever, filling this disk) leaves `down` a log of nothing to keep."""
+    from tests.integration.test_ssh import up_ssh
+
+    up_ssh(gpuctl, ssh)
+    link = "import os, time\nlog = os.path.join(os.environ['GPUCTL_RUN_DIR'], 'output.log')\n" \
+           "os.unlink(log)\nos.symlink('/dev/zero', log)\ntime.sleep(600)\n"
+    run = json.loads(gpuctl("train", make_project("zero", {"train.py": link}), "--allow-cpu", "--json").stdout)
+    run_id, run_dir = run["run"]["run_id"], run["run"]["run_dir"]
+    host = ssh.hosts[0]
+    wait_for(lambda: host.run(f"test -L {run_dir}/output.log").returncode == 0)
+    res = gpuctl_proc("down", "-y", bound=BOUND_S)
+    assert res.returncode == 0, res.stderr
+    assert "is down" in res.stdout
+    assert host.run(f"pgrep -f '[{run_id[0]}]{run_id[1:]}'").stdout.strip() == "", "the job outlived down"
+    kept = isolated / "logs" / f"{run_id}.log"
+    assert not kept.exists() or kept.stat().st_size <= 8 << 20

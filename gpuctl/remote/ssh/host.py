@@ -314,20 +314,6 @@ class SshHost(Deadlines):
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         return push_remote(self, src, dest, progress=progress)
 
-    def fetch(self, path: str, local: Path) -> bool:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.sftp.get(path, str(local))
-            return True
-        except FileNotFoundError:
-            return False
-        except socket.timeout:
-            raise self.timed_out(f"copying {path}", self.command_timeout_s) from None
-        except OSError as exc:
-            if getattr(exc, "errno", None) == 2:
-                return False
-            raise
-
     def remove_tree(self, path: str) -> None:
         self.run(["rm", "-rf", "--", path], timeout=REMOVE_TIMEOUT_S)
 
