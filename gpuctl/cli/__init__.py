@@ -65,6 +65,16 @@ def _print_error(exc: GpuctlError) -> None:
     click.echo(click.style("Hint:", bold=True) + " " + one_line(exc.hint, 2000), err=True)
 
 
+def _cloud_error(exc: Exception) -> GpuctlError | None:
+    """botocore's exception, as the gpuctl error its translation gives (CloudError for any shape:
+    an HTML 500, throttling, a timeout); None for anything else."""
+    if not type(exc).__module__.startswith("botocore."):
+        return None
+    from gpuctl.provision.aws.session import translate  # botocore is loaded already
+
+    return translate(exc)
+
+
 class GpuctlGroup(click.Group):
     """The one place that maps exceptions to messages and exit codes (and `main` for Click's own)."""
 
@@ -104,6 +114,10 @@ class GpuctlGroup(click.Group):
         except Exception as exc:  # a bug: say so in one line, traceback only on request
             if debug:
                 _traceback()
+            cloud = _cloud_error(exc)
+            if cloud is not None:  # an AWS failure some call site did not translate: still the cloud's
+                _print_error(cloud)
+                ctx.exit(int(cloud.exit_code))
             from gpuctl.model.untrusted import one_line
 
             click.echo(f"Error: internal error: {type(exc).__name__}: {one_line(exc, 2000)}", err=True)

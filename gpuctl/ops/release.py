@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, Resource, RunRecord
+from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, Resource, RunRecord
 from gpuctl.model.results import DownResult
 from gpuctl.model.specs import parse_spec
 from gpuctl.ops import archive, run_state, runs
@@ -167,10 +167,21 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
 
 
 def _release(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
-    """Everything the provider still finds of the cluster, released; what was found."""
+    """Everything the provider still finds of the cluster, released; what was found. The brake:
+    when the search fails (the cloud answers an error), the instances the ledger knows are
+    released all the same, then the search's error is raised (the cluster stays up in the ledger)."""
     provider = s.provider(cluster.spec)
-    region = next((i.region for i in s.ledger.instances(cluster.id) if i.region), None) or cluster.spec.scope
-    resources = provider.discover(cluster.name, region)
+    known = s.ledger.instances(cluster.id)
+    region = next((i.region for i in known if i.region), None) or cluster.spec.scope
+    try:
+        resources = provider.discover(cluster.name, region)
+    except GpuctlError as exc:
+        live = [Resource(provider=cluster.provider, kind="instance", id=i.id, region=i.region, cluster=cluster.name)
+                for i in known if i.state not in ENDED_STATES]
+        progress(f"{cluster.name}: could not look up all it holds ({exc.message}); ending its "
+                 f"{len(live)} instance(s) the ledger knows")
+        provider.release(live, progress, frozenset(s.unreachable_ids))
+        raise
     provider.release(resources, progress, frozenset(s.unreachable_ids))
     return resources
 
@@ -240,7 +251,12 @@ def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) ->
             found = [r for r in found if r.cluster is not None]
             progress(f"{name}: left {len(others)} resource(s) of other owners; "
                      "`gpuctl down --all --any-owner` releases them too")
-        provider.release(found, progress)
+        try:
+            provider.release(found, progress)
+        except GpuctlError as exc:
+            progress(f"{name}: not released: {exc.message}")
+            failed.append((name, exc))
+            continue
         released += found
     if failed:
         first = failed[0][1]

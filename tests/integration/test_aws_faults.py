@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 
-from tests.aws import gpuctl_groups, gpuctl_keys, live_instances, nothing_created
+import pytest
+
+from gpuctl.cli import cli as gpuctl_cli
+from tests.aws import boto3_session, gpuctl_groups, gpuctl_keys, live_instances, nothing_created
+from tests.faulty_aws import FaultyAws
 
 UP = ["up", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 
@@ -46,4 +50,65 @@ def test_a_broken_ledger_still_finds_and_releases_by_tags(gpuctl, aws, isolated)
     res = gpuctl("status", "--all")
     assert "cannot be read" in res.stdout + res.stderr and live_instances(aws)[0]["InstanceId"] in res.stdout
     gpuctl("down", "--all", "-y")
+    nothing_created(aws)
+
+
+@pytest.fixture
+def faulty(aws, moto_server, monkeypatch):
+    """gpuctl's AWS calls through a proxy that fails the operations a test names; one try each
+    (AWS_MAX_ATTEMPTS, boto3's own setting: gpuctl's retries back off for tens of seconds)."""
+    proxy = FaultyAws(moto_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    yield proxy
+    proxy.close()
+
+
+def _ec2(region: str):
+    return boto3_session().client("ec2", region_name=region)
+
+
+@pytest.mark.parametrize("kind", ["html-500", "throttled", "dropped"])
+def test_a_cloud_fault_is_a_cloud_error_and_down_all_goes_on_past_it(gpuctl, aws, faulty, kind):
+    gpuctl(*UP, "--type", "g5.xlarge", "--name", "east")
+    gpuctl(*UP, "--type", "g5.xlarge", "--name", "west", "--region", "eu-west-1")
+    west = _ec2("eu-west-1")
+    assert live_instances(aws) and live_instances(west)
+    fault = faulty.fail("TerminateInstances", region="us-east-1", kind=kind)
+    res = gpuctl("down", "--all", "-y", code=9)
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr
+    assert "east" in res.stderr and "TerminateInstances" in res.stderr
+    assert fault.seen  # the fault was met, not dodged
+    assert live_instances(aws) and not live_instances(west), "the other region was not released"
+    # A plain down says the same of its one cluster, with the cloud's exit code.
+    res = gpuctl("down", "east", "-y", code=9)
+    assert "internal error" not in res.stderr and "TerminateInstances" in res.stderr
+    faulty.faults.clear()
+    gpuctl("down", "--all", "-y")
+    nothing_created(aws)
+    nothing_created(west)
+
+
+@pytest.mark.parametrize("kind", ["html-500", "throttled", "dropped"])
+def test_an_instance_look_that_fails_in_any_shape_is_the_clouds_error_never_internal(gpuctl, aws, faulty, kind):
+    gpuctl(*UP, "--type", "g5.xlarge")
+    faulty.fail("DescribeInstances", kind=kind)
+    for argv in (["status"], ["cost"], ["down", "-y"]):
+        res = gpuctl.runner.invoke(gpuctl_cli, argv)
+        assert "internal error" not in res.stderr, (argv, res.stderr)
+        assert res.exit_code in (0, 9), (argv, res.exit_code, res.stderr)
+    faulty.faults.clear()
+    gpuctl("down", "-y")
+    nothing_created(aws)
+
+
+def test_down_ends_the_instances_it_knows_when_the_search_for_the_rest_fails(gpuctl, aws, faulty):
+    gpuctl(*UP, "--type", "g5.xlarge")
+    faulty.fail("DescribeSecurityGroups")
+    res = gpuctl("down", "-y", code=9)
+    assert "ending its 1 instance(s) the ledger knows" in res.stderr and "DescribeSecurityGroups" in res.stderr
+    assert not live_instances(aws), "the instance kept billing while its security group could not be listed"
+    assert gpuctl_groups(aws), "its group was not found, so not deleted: the next down does it"
+    faulty.faults.clear()
+    assert "deleted security group" in gpuctl("down", "-y").stderr
     nothing_created(aws)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import CloudError, ConfigError
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 TAG_CLUSTER = "gpuctl:cluster"
 TAG_OWNER = "gpuctl:owner"
@@ -245,7 +245,6 @@ def _describe(rule: Rule) -> str:
 
 def _set_ingress(ec2: Any, group_id: str, have: list[dict[str, Any]], cidr: str) -> list[str]:
     """Revoke every ingress rule but the asked ones, then add those missing; the rules revoked."""
-    from botocore.exceptions import ClientError
 
     field = "Ipv6Ranges" if ":" in cidr else "IpRanges"
     want = {("tcp", 22, 22, field, cidr): {_SOURCE_KEY[field]: cidr, "Description": "gpuctl SSH"},
@@ -260,7 +259,7 @@ def _set_ingress(ec2: Any, group_id: str, have: list[dict[str, Any]], cidr: str)
         try:
             ec2.authorize_security_group_ingress(GroupId=group_id,
                                                  IpPermissions=[_permission(r, want[r]) for r in missing])
-        except ClientError as exc:
+        except aws_errors() as exc:
             if error_code(exc) != "InvalidPermission.Duplicate":  # a concurrent `up` added it
                 raise translate(exc, "AuthorizeSecurityGroupIngress") from exc
     return [_describe(r) for r in extra]

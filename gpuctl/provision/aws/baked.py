@@ -20,7 +20,7 @@ from gpuctl.model.records import InstanceRecord
 from gpuctl.provision import TF_VERSION
 from gpuctl.provision.aws import access, catalog, images
 from gpuctl.provision.aws.context import AwsContext
-from gpuctl.provision.aws.session import Aws, call, error_code, translate, wait_for
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate, wait_for
 
 Progress = Callable[[str], None]
 IMAGE_TIMEOUT_S = 3600.0  # CreateImage of a 100 GB root volume takes 10 to 30 minutes
@@ -164,11 +164,10 @@ class AwsImages:
 
     @staticmethod
     def _delete_snapshot(ec2: Any, snapshot_id: str) -> None:
-        from botocore.exceptions import ClientError
 
         try:
             ec2.delete_snapshot(SnapshotId=snapshot_id)
-        except ClientError as exc:
+        except aws_errors() as exc:
             if error_code(exc) != "InvalidSnapshot.NotFound":
                 raise CloudError(f"image deregistered, but its snapshot {snapshot_id} was not deleted: "
                                  f"{error_code(exc)}", f"Delete it in the EC2 console (Snapshots), or "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import CloudError, ConfigError
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 # On-demand Linux $/h in us-east-1, used only when the Price List API cannot answer (no
 # permission, no network). Reported as "built-in table (2025-01)" so nobody mistakes it for a quote.
@@ -47,13 +47,12 @@ def on_base(instance_type: str) -> bool:
 def instance_type_info(aws: Aws, instance_type: str, image_pinned: bool = False) -> dict[str, Any]:
     """DescribeInstanceTypes for one type; a typo gets a did-you-mean from the region's list (of
     types gpuctl would launch: none the base image refuses, unless an image is pinned)."""
-    from botocore.exceptions import ClientError
 
     ec2 = aws.ec2()
     try:
         found = aws.recent(("DescribeInstanceTypes", instance_type),
                            lambda: ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"])
-    except ClientError as exc:
+    except aws_errors() as exc:
         if error_code(exc) not in ("InvalidInstanceType", "InvalidParameterValue"):
             raise translate(exc, "DescribeInstanceTypes") from exc
         found = []

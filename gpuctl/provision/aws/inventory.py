@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from gpuctl.errors import CloudError
+from gpuctl.errors import CloudError, GpuctlError
 from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, nodes, store_iam
 from gpuctl.provision.aws.context import AwsContext
@@ -74,12 +74,24 @@ def _resource(ctx: AwsContext, kind: str, rid: str, region: str, item: dict[str,
 
 
 def release(ctx: AwsContext, resources: list[Resource], progress: Progress) -> None:
-    """Terminate instances, wait for them, then delete their groups and key pairs. Idempotent."""
+    """Terminate instances, wait for them, then delete their groups and key pairs. Idempotent.
+    The brake: a region or resource that fails (an error of any shape from AWS) is said and the
+    rest go on; then one CloudError names every failure."""
     by_region: dict[str, list[Resource]] = {}
     for r in resources:
         by_region.setdefault(r.region or "", []).append(r)
+    failed: list[str] = []
     for region, items in by_region.items():
-        _release_region(ctx, region, items, progress)
+        try:
+            failed += _release_region(ctx, region, items, progress)
+        except GpuctlError as exc:
+            progress(f"{region}: {exc.message}")
+            failed.append(f"{region}: {exc.message}")
+    if failed:
+        raise CloudError("not everything was released: " + "; ".join(failed[:4])
+                         + (f" and {len(failed) - 4} more" if len(failed) > 4 else ""),
+                         "Rerun `gpuctl down` (or `gpuctl down --all -y`) to finish; `gpuctl status --all` shows what "
+                         "is left.")
 
 
 def delete_when_free(delete: Callable[..., Any], op: str, busy: str, gone: str, **kwargs: Any) -> bool | None:
@@ -104,48 +116,68 @@ def _poll(attempt: Callable[[], bool | None], timeout_s: float, what: str, progr
         raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}", hint) from None
 
 
-def _release_region(ctx: AwsContext, region: str, items: list[Resource], progress: Progress) -> None:
+def _release_region(ctx: AwsContext, region: str, items: list[Resource], progress: Progress) -> list[str]:
+    """Release one region's resources; what failed ("what: why"), each said as it fails."""
     aws = ctx.aws(region)
     ec2 = aws.ec2()
     timeout = ctx.spec.wait_timeout_s
+    failed: list[str] = []
+
+    def attempt(what: str, step: Callable[[], None]) -> bool:
+        try:
+            step()
+        except GpuctlError as exc:
+            progress(f"{what}: not released: {exc.message}")
+            failed.append(f"{what} ({exc.message})")
+            return False
+        return True
+
     instances = [r.id for r in items if r.kind == "instance"]
-    if instances:
-        progress(f"terminating {', '.join(instances)} in {region}")
-        call(ec2.terminate_instances, InstanceIds=instances)
-
-        def gone() -> bool | None:
-            # Polled rather than boto3's instance_terminated waiter, which gives up on an instance
-            # that is stopping or pending: those still end terminated, and down must go on then.
-            res = call(ec2.describe_instances, InstanceIds=instances)
-            states = [i["State"]["Name"] for r in res["Reservations"] for i in r["Instances"]]
-            return True if all(st == "terminated" for st in states) else None
-
-        _poll(gone, timeout, f"{len(instances)} instance(s) to terminate", progress,
-              "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
-        # Their host keys go with them: the next instance on a recycled address is a new machine.
-        forget_host_keys(ctx.home, {access.key_alias(i) for i in instances})
+    if instances and not attempt(", ".join(instances), lambda: _terminate(ctx, ec2, region, instances, timeout, progress)):
+        # What they use (their groups, keys, roles) stays in use: left for the next `down`.
+        return failed
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.
-            _poll(lambda gid=r.id: delete_when_free(ec2.delete_security_group, "DeleteSecurityGroup",
-                                                    "DependencyViolation", "InvalidGroup.NotFound", GroupId=gid),
-                  timeout, f"security group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")
-            progress(f"deleted security group {r.id}")
+            if attempt(f"security group {r.id}", lambda gid=r.id: _poll(
+                    lambda: delete_when_free(ec2.delete_security_group, "DeleteSecurityGroup", "DependencyViolation",
+                                             "InvalidGroup.NotFound", GroupId=gid),
+                    timeout, f"security group {gid} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
+                progress(f"deleted security group {r.id}")
         elif r.kind == "placement-group":
             # Like a group, it is "in use" until its instances have terminated.
-            _poll(lambda name=r.id: delete_when_free(ec2.delete_placement_group, "DeletePlacementGroup",
-                                                     "InvalidPlacementGroup.InUse", "InvalidPlacementGroup.Unknown",
-                                                     GroupName=name), timeout,
-                  f"placement group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")
-            progress(f"deleted placement group {r.id}")
+            if attempt(f"placement group {r.id}", lambda name=r.id: _poll(
+                    lambda: delete_when_free(ec2.delete_placement_group, "DeletePlacementGroup",
+                                             "InvalidPlacementGroup.InUse", "InvalidPlacementGroup.Unknown",
+                                             GroupName=name),
+                    timeout, f"placement group {name} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
+                progress(f"deleted placement group {r.id}")
         elif r.kind == "key-pair":
-            call(ec2.delete_key_pair, KeyName=r.id)
-            progress(f"deleted key pair {r.id}")
-            if r.cluster:  # ours: its private half is here (another owner's has no cluster here)
-                path = access.key_path(ctx.home, r.cluster, region)
-                path.unlink(missing_ok=True)
-                path.with_suffix(".pub").unlink(missing_ok=True)
+            if attempt(f"key pair {r.id}", lambda name=r.id: call(ec2.delete_key_pair, KeyName=name)):
+                progress(f"deleted key pair {r.id}")
+                if r.cluster:  # ours: its private half is here (another owner's has no cluster here)
+                    path = access.key_path(ctx.home, r.cluster, region)
+                    path.unlink(missing_ok=True)
+                    path.with_suffix(".pub").unlink(missing_ok=True)
     for r in items:  # after the instances: a running one may still use its profile's credentials
         if r.kind == "instance-profile":
-            store_iam.delete_profile(aws, r.id)
-            progress(f"deleted instance profile and role {r.id} (the checkpoint bucket stays)")
+            if attempt(f"instance profile {r.id}", lambda name=r.id: store_iam.delete_profile(aws, name)):
+                progress(f"deleted instance profile and role {r.id} (the checkpoint bucket stays)")
+    return failed
+
+
+def _terminate(ctx: AwsContext, ec2: Any, region: str, instances: list[str], timeout: float, progress: Progress) -> None:
+    progress(f"terminating {', '.join(instances)} in {region}")
+    call(ec2.terminate_instances, InstanceIds=instances)
+
+    def gone() -> bool | None:
+        # Polled rather than boto3's instance_terminated waiter, which gives up on an instance
+        # that is stopping or pending: those still end terminated, and down must go on then.
+        res = call(ec2.describe_instances, InstanceIds=instances)
+        states = [i["State"]["Name"] for r in res["Reservations"] for i in r["Instances"]]
+        return True if all(st == "terminated" for st in states) else None
+
+    _poll(gone, timeout, f"{len(instances)} instance(s) to terminate", progress,
+          "They are shutting down; rerun `gpuctl down` to finish removing their groups and keys.")
+    # Their host keys go with them: the next instance on a recycled address is a new machine.
+    forget_host_keys(ctx.home, {access.key_alias(i) for i in instances})

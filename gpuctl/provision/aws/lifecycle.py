@@ -10,7 +10,7 @@ from typing import Any, Callable
 from gpuctl.errors import CloudError
 from gpuctl.model import billing
 from gpuctl.model.records import ENDED_STATES, InstanceRecord
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
 EC2_POLL_S = 5.0
@@ -75,7 +75,7 @@ def _describe(ec2: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
 
     try:
         res = ec2.describe_instances(InstanceIds=ids)
-    except bx.ClientError as exc:
+    except aws_errors() as exc:
         if not error_code(exc).startswith("InvalidInstanceID.NotFound"):
             raise translate(exc, "DescribeInstances") from exc
         if len(ids) == 1:

@@ -20,6 +20,7 @@ from gpuctl.provision.aws.session import (
     CAPACITY_CODES,
     QUOTA_CODES,
     Aws,
+    aws_errors,
     call,
     error_code,
     error_message,
@@ -141,7 +142,6 @@ def _roll_back(aws: Aws, plan: LaunchPlan, zone: str, launched: list[dict[str, A
 def ensure_placement_group(aws: Aws, cluster: str, owner: str) -> str:
     """The cluster's placement group (strategy cluster: its nodes on one low-latency network
     segment), tagged at creation; found again by name if an earlier `up` made it."""
-    from botocore.exceptions import ClientError
 
     ec2 = aws.ec2()
     name = access.resource_name(cluster, owner)
@@ -152,7 +152,7 @@ def ensure_placement_group(aws: Aws, cluster: str, owner: str) -> str:
     try:
         ec2.create_placement_group(GroupName=name, Strategy="cluster",
                                    TagSpecifications=[access.tag_spec("placement-group", cluster, owner)])
-    except ClientError as exc:
+    except aws_errors() as exc:
         if error_code(exc) != "InvalidPlacementGroup.Duplicate":  # a concurrent `up` made it
             raise translate(exc, "CreatePlacementGroup") from exc
     return name

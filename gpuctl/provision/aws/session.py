@@ -48,6 +48,16 @@ def quota_hint(instance_type: str, market: str) -> str:
     return f'Raise the EC2 quota "{name}" (vCPUs) in the Service Quotas console for this region.'
 
 
+def aws_errors() -> tuple[type[BaseException], ...]:
+    """What botocore raises for a call that failed, in every shape: an error answer (ClientError,
+    throttling and 5xx after their retries), no answer or a dropped connection (BotoCoreError), and
+    an answer that is not the API's at all (ResponseParserError: an HTML page from a proxy)."""
+    from botocore import exceptions as bx
+    from botocore.parsers import ResponseParserError
+
+    return (bx.ClientError, bx.BotoCoreError, ResponseParserError)
+
+
 def translate(exc: BaseException, action: str = "") -> GpuctlError:
     """One botocore exception -> one gpuctl error with a hint. Unknown ones stay CloudErrors."""
     from botocore import exceptions as bx
@@ -82,11 +92,9 @@ def translate(exc: BaseException, action: str = "") -> GpuctlError:
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a boto3 client method; botocore errors become gpuctl errors named after the action."""
-    from botocore import exceptions as bx
-
     try:
         return fn(*args, **kwargs)
-    except (bx.BotoCoreError, bx.ClientError) as exc:
+    except aws_errors() as exc:
         raise translate(exc, getattr(fn, "__name__", "").title().replace("_", "")) from exc
 
 
@@ -114,7 +122,7 @@ def wait_for(client: Any, waiter: str, timeout_s: float, what: str, hint: str, *
         if "terminal failure state" in str(exc):
             raise CloudError(f"gave up waiting for {what}: it ended{why}", "Try again, or another zone or market.") from exc
         raise CloudError(f"timed out after {timeout_s:.0f}s waiting for {what}{why}", hint) from exc
-    except (bx.BotoCoreError, bx.ClientError) as exc:
+    except aws_errors() as exc:
         raise translate(exc, waiter) from exc
 
 
@@ -258,8 +266,11 @@ class Aws:
                 # "standard" retries cover throttling and 5xx with backoff; capacity errors are not
                 # retried here (they are the caller's cue to try the next zone).
                 # (botocore's retries["max_attempts"] counts the retries, not the first try.)
-                config = Config(retries={"mode": "standard", "max_attempts": retries}, connect_timeout=10,
-                                read_timeout=60)
+                # The user's own boto3 setting (AWS_MAX_ATTEMPTS, `max_attempts` in ~/.aws/config)
+                # wins: it counts the first try too.
+                mine = self.session._session.get_config_variable("max_attempts")
+                tries = {"total_max_attempts": int(mine)} if mine else {"max_attempts": retries}
+                config = Config(retries={"mode": "standard", **tries}, connect_timeout=10, read_timeout=60)
                 self._clients[key] = self.session.client(service, region_name=key[1], config=config)
             return self._clients[key]
 
