@@ -240,3 +240,4 @@ class CommandResult(Frozen):
     returncode: int
     stdout: str
     stderr: str
+    dropped: int = 0  # bytes of output read and not kept (past the caller's limit: remote/host.py MAX_OUTPUT)

@@ -1,0 +1,49 @@
+"""Issue 35 §4, bounds everywhere an instance answers, on real parts: an sshd test host whose
+commands print hundreds of MB or hang, a sparse epochs.jsonl of 1 GB made with truncate on the
+local provider (real tmux, a real job), a malformed entry in the instance's queue directory with
+the real queue payload, and a queue.json that moves a run's start into the future.
+
+Bad inputs tried: 64 MB printed by a command over SSH, a command over SSH that prints forever, a
+probe that never answers over SSH (a command printing forever
+over SSH already met its deadline); 1 GB of NULs (a hole) as epochs.jsonl, before and between
+report lines, and 100 MB of one line without an end; queue entries that are not JSON, a list, a
+dict without its keys, `held` as a string, a pid of 10**30, a directory named like an entry; a
+queue.json with `started_at` 540 days ahead, before the run was asked for, and `share` 0."""
+
+from __future__ import annotations
+
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.remote.host import MAX_OUTPUT
+from gpuctl.remote.ssh.host import SshHost
+from tests import sshd
+from tests.conftest import HOST_PYTHON
+
+MB = 1 << 20
+
+
+def connect(lab, home) -> SshHost:
+    h = lab.hosts[0]
+    ep = Endpoint("root", h.ip, 22, identity=str(lab.key))
+    return SshHost(ep, home, None, sshd.WORKDIR, python=str(HOST_PYTHON), connect_timeout_s=15)
+
+
+def test_output_over_ssh_comes_back_as_its_tail_and_a_count(ssh, tmp_path):
+    host = connect(ssh, tmp_path / "home")
+    try:
+        res = host.run(["sh", "-c", "yes 0123456789abcdef | head -c 67108864; echo; echo last line; "
+                        "yes e | head -c 3000000 >&2; echo err end >&2"])
+        assert len(res.stdout) <= MAX_OUTPUT and res.stdout.endswith("\nlast line\n")
+        assert len(res.stderr) <= MAX_OUTPUT and res.stderr.endswith("e\nerr end\n")
+        assert res.dropped == 64 * MB + 11 + 3000000 + 8 - len(res.stdout) - len(res.stderr)
+    finally:
+        host.close()
+
+
+def test_a_probe_over_ssh_that_hangs_answers_124_and_the_host_answers_on(ssh, tmp_path):
+    host = connect(ssh, tmp_path / "home")
+    try:
+        res = host.run(["sleep", "600"], timeout=1, probe=True, check=False)
+        assert res.returncode == 124 and "no answer within 1 s" in res.stderr
+        assert host.hung is None and host.run(["echo", "still here"]).stdout == "still here\n"
+    finally:
+        host.close()
