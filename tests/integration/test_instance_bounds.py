@@ -12,7 +12,11 @@ queue.json with `started_at` 540 days ahead, before the run was asked for, and `
 
 from __future__ import annotations
 
+import json
+import os
+
 from gpuctl.model.endpoint import Endpoint
+from gpuctl.ops import queue
 from gpuctl.remote.host import MAX_OUTPUT
 from gpuctl.remote.ssh.host import SshHost
 from tests import sshd
@@ -47,3 +51,21 @@ def test_a_probe_over_ssh_that_hangs_answers_124_and_the_host_answers_on(ssh, tm
         assert host.hung is None and host.run(["echo", "still here"]).stdout == "still here\n"
     finally:
         host.close()
+
+
+def test_a_hanging_nvidia_smi_leaves_train_to_start_with_gpus_unknown(gpuctl, quick_project, tmp_path, monkeypatch):
+    """The local provider, real tmux: nvidia-smi on PATH never answers (the one mock: no GPU can
+    exist here). The host was counted hung after it and `train` failed; now the run starts and
+    succeeds, and `train` says the GPUs are unknown."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GPUCTL_REMOTE__COMMAND_TIMEOUT_S", "5")
+    monkeypatch.setattr(queue, "PROBE_S", 1.0, raising=False)
+    gpuctl("up", "-y")
+    res = gpuctl("train", quick_project, "--wait")
+    assert "nvidia-smi did not answer within 1 s on local" in res.stderr and "GPUs are unknown" in res.stderr
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "succeeded"
+    gpuctl("down", "-y")
