@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
+from gpuctl.model import untrusted
 from gpuctl.model.endpoint import Endpoint
+from gpuctl.remote.local import LocalHost
 from gpuctl.ops import queue
 from gpuctl.remote.host import MAX_OUTPUT
 from gpuctl.remote.ssh.host import SshHost
 from tests import sshd
 from tests.conftest import HOST_PYTHON
+from tests.integration.test_hostile_instance import clean_and_ok, lingering_run  # noqa: F401 (a fixture)
 
 MB = 1 << 20
 
@@ -69,3 +73,57 @@ def test_a_hanging_nvidia_smi_leaves_train_to_start_with_gpus_unknown(gpuctl, qu
     assert "nvidia-smi did not answer within 1 s on local" in res.stderr and "GPUs are unknown" in res.stderr
     assert json.loads(gpuctl("status", "--json").stdout)["runs"][0]["state"] == "succeeded"
     gpuctl("down", "-y")
+
+
+class ReadCounter:
+    """How many bytes of the instance's files this machine's host read (the local provider's
+    LocalHost.read_bytes, counted around the real one)."""
+
+    def __init__(self, monkeypatch):
+        self.bytes = 0
+        real = LocalHost.read_bytes
+
+        def counted(host, path, offset=0, limit=untrusted.MAX_READ):
+            data = real(host, path, offset, limit)
+            self.bytes += len(data or b"")
+            return data
+
+        monkeypatch.setattr(LocalHost, "read_bytes", counted)
+
+    def during(self, action) -> int:
+        before = self.bytes
+        action()
+        return self.bytes - before
+
+
+def report_line(good: dict, epoch: int) -> bytes:
+    return (json.dumps(dict(good, epoch=epoch)) + "\n").encode()
+
+
+def test_a_sparse_1_gb_epochs_file_is_read_once_within_bounds_and_its_lines_after_the_hole_count(
+        gpuctl, lingering_run, monkeypatch):
+    """A hole of 1 GB (truncate: free to make) between report lines: `status` read all of it, and
+    again at every look (73 s each); the line after it was glued to the hole and lost."""
+    run = lingering_run
+    clean_and_ok(gpuctl("status"))  # epochs 1 and 2 read
+    good = json.loads(run.epochs.read_text().splitlines()[0])
+    subprocess.run(["truncate", "-s", "+1G", str(run.epochs)], check=True)
+    with open(run.epochs, "ab") as fh:
+        fh.write(report_line(good, 3))
+    reads = ReadCounter(monkeypatch)
+    first = reads.during(lambda: clean_and_ok(gpuctl("status"), "epochs.jsonl", "skipped"))
+    assert first <= untrusted.MAX_SCAN + MB, first
+    assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= 64 << 10  # where it stopped, not again
+    assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs_done"] == 3
+    # Holes between lines that fit in one look: NULs end a line, and are none.
+    with open(run.epochs, "ab") as fh:
+        fh.write(b"\0" * (4 * MB) + report_line(good, 4) + b"\0" * 100 + report_line(good, 5)[:-1] + b"\0")
+    assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= 5 * MB
+    assert "ignored" not in gpuctl("status").stderr
+    assert json.loads(gpuctl("cost", "--json").stdout)["runs"][0]["epochs_done"] == 5
+    # 100 MB of one line without an end: skipped once, and the look after that reads nothing of it.
+    with open(run.epochs, "ab") as fh:
+        fh.write(b"x" * (100 * MB))
+    assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= untrusted.MAX_SCAN + MB
+    assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= 64 << 10
+    clean_and_ok(gpuctl("down", "-y"), "is down")
