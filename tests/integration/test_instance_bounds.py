@@ -127,3 +127,35 @@ def test_a_sparse_1_gb_epochs_file_is_read_once_within_bounds_and_its_lines_afte
     assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= untrusted.MAX_SCAN + MB
     assert reads.during(lambda: clean_and_ok(gpuctl("status"))) <= 64 << 10
     clean_and_ok(gpuctl("down", "-y"), "is down")
+
+
+def test_malformed_entries_in_the_queue_dir_are_skipped_and_named_and_runs_go_on(gpuctl, quick_project, isolated):
+    """The instance's own queue (the real payload, on the local provider): one bad entry made every
+    queued run fail. Each kind below is skipped and named in the run's log; the runs start."""
+    gpuctl("up", "-y")
+    qdir = isolated / "clusters" / "default" / "queue"
+    qdir.mkdir(parents=True, exist_ok=True)
+    me = os.getpid()  # a live process: an entry whose process is gone is removed, not looked at
+    bad = {
+        "000000000001-notjson.json": "{garbage",
+        "000000000002-list.json": "[1, 2]",
+        "000000000003-nokeys.json": json.dumps({"pid": me}),
+        "000000000004-held.json": json.dumps({"pid": me, "seq": 4, "state": "running", "want": 1, "held": "abc"}),
+        "000000000005-hugepid.json": json.dumps({"pid": 10**30, "seq": 5, "state": "queued", "want": 1}),
+        "000000000006-seq.json": json.dumps({"pid": me, "seq": "6", "state": "queued", "want": 1}),
+        "000000000007-\x1b]0;pwned\x07.json": json.dumps({"pid": me, "seq": 7, "state": "queued", "want": 0}),
+    }
+    for name, text in bad.items():
+        (qdir / name).write_text(text)
+    (qdir / "000000000008-dir.json").mkdir()
+    first = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
+    second = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
+    gpuctl("logs", second, "-f")
+    runs = {r["run_id"]: r for r in json.loads(gpuctl("status", "--json").stdout)["runs"]}
+    assert runs[first]["state"] == runs[second]["state"] == "succeeded"
+    log = gpuctl("logs", first, "--raw").stdout
+    for name in (*bad, "000000000008-dir.json"):
+        shown = name.replace("\x1b", "\\x1b").replace("\x07", "\\x07")
+        assert f"queue entry {shown} skipped" in log, (name, log)
+    assert all((qdir / name).exists() for name in bad)  # named, not removed: only an entry whose run is gone is
+    gpuctl("down", "-y")
