@@ -110,6 +110,8 @@ class Segment(Frozen):
     started_at: float
     ended_at: Optional[float] = None
     end: Optional[str] = None  # why it ended: a final run state (preempted, lost, failed, ...)
+    # The queue wait its start was moved past (once: None until the instance's queue said it started).
+    queued_s: Optional[float] = None
 
     @property
     def instance_ids(self) -> tuple[str, ...]:

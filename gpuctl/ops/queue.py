@@ -107,27 +107,33 @@ def look(host: Host, run_dir: str) -> dict | None:
     return out
 
 
-def follow(run: RunRecord, place: dict | None, node_rate: float) -> RunRecord:
+def follow(run: RunRecord, place: dict | None, now: float) -> RunRecord:
     """The run as its place in the queue says: its position while queued; once it started, its
-    start moved past the wait (its time, and dollars, count from there) and, on one node, its
-    $/h its share of the node's rate."""
+    start moved past the wait (its time, and dollars, count from there), once per job (a resume's
+    or recovery's segment waits anew). What this machine saw bounds it: the start is never moved
+    before the job was asked for nor past `now`, and a rewritten queue.json moves nothing again.
+    Its $/h stays what it asked for (GPUs asked / the node's, ops/runs.py); the instance's share
+    counts only for a `--now` run that holds no GPU (it runs beside the others: $0)."""
     if place is None:
         return run
     update: dict = {}
     if place["state"] == "queued" and run.queue_position != place.get("position"):
         update["queue_position"] = place.get("position")
     started = place.get("started_at")
-    if started is not None and started != run.queue_started:
-        waited = place.get("waited_s", 0.0)
-        update.update(queue_started=started, queue_position=None)
+    seg = run.segments[-1] if run.segments else None
+    fresh = seg.queued_s is None if seg is not None else run.queue_started is None
+    if started is not None and fresh:
         key = "resumed_at" if run.resumed_at is not None else "started_at"
-        update[key] = getattr(run, key) + waited
-        rate = node_rate * place["share"] if run.nodes == 1 and "share" in place else run.usd_per_hour
+        asked = getattr(run, key)
+        waited = min(max(0.0, place.get("waited_s", 0.0)), max(0.0, now - asked))
+        update.update(queue_started=started, queue_position=None)
+        update[key] = asked + waited
+        rate = 0.0 if run.now and run.nodes == 1 and place.get("share") == 0.0 else run.usd_per_hour
         update["usd_per_hour"] = rate
-        if run.segments:
-            seg = run.segments[-1]
+        if seg is not None:
             update["segments"] = run.segments[:-1] + (seg.model_copy(update={
-                "started_at": seg.started_at + waited, "usd_per_hour": rate}),)
+                "started_at": min(seg.started_at + waited, max(seg.started_at, now)), "usd_per_hour": rate,
+                "queued_s": waited}),)
     return run.model_copy(update=update) if update else run
 
 

@@ -142,7 +142,7 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     chief_here = each[0].rank == 0
     if run.gpus and chief_here:  # its job waits in the cluster's queue first
         place = queue.look(host, run.run_dir)
-        placed = queue.follow(run, place, each[0].inst.usd_per_hour)
+        placed = queue.follow(run, place, time.time())
         if placed != run:
             run = placed
             s.ledger.put_run(run)
@@ -187,9 +187,11 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
 
 def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
     """When the run ended: its start plus how long it ran by the instance's clock (not when this
-    client happened to look, and not skewed by the two clocks disagreeing)."""
+    client happened to look, and not skewed by the two clocks disagreeing); never after now, as
+    this machine saw it (an `ended` far ahead is not believed)."""
     ran = jobs.duration(host, paths)  # of the job's last start: the resumed one, after train --resume
-    return (run.resumed_at or run.started_at) + ran if ran is not None else time.time()
+    now = time.time()
+    return min((run.resumed_at or run.started_at) + ran, now) if ran is not None else now
 
 
 def refresh_or_keep(s: Session, run: RunRecord) -> RunRecord:

@@ -15,6 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from gpuctl.model import untrusted
 from gpuctl.model.endpoint import Endpoint
@@ -24,7 +29,8 @@ from gpuctl.remote.host import MAX_OUTPUT
 from gpuctl.remote.ssh.host import SshHost
 from tests import sshd
 from tests.conftest import HOST_PYTHON
-from tests.integration.test_hostile_instance import clean_and_ok, lingering_run  # noqa: F401 (a fixture)
+from tests.integration.test_guards import wait_for
+from tests.integration.test_hostile_instance import LINGERING, clean_and_ok, lingering_run  # noqa: F401 (a fixture)
 
 MB = 1 << 20
 
@@ -159,3 +165,42 @@ def test_malformed_entries_in_the_queue_dir_are_skipped_and_named_and_runs_go_on
         assert f"queue entry {shown} skipped" in log, (name, log)
     assert all((qdir / name).exists() for name in bad)  # named, not removed: only an entry whose run is gone is
     gpuctl("down", "-y")
+
+
+@pytest.fixture
+def billed_run(gpuctl, make_project, isolated, monkeypatch):
+    """A local cluster at $3.60/h whose run reported two epochs and keeps running."""
+    monkeypatch.setenv("GPUCTL_GUARDS__CHECK_INTERVAL", "30m")
+    monkeypatch.setenv("GPUCTL_GUARDS__IDLE", "1h")
+    proj = make_project("billed", {"train.py": LINGERING})
+    gpuctl("up", "--usd-per-hour", "3.6", "-y")
+    run = json.loads(gpuctl("train", proj, "--json").stdout)["run"]
+    run_dir = Path(run["run_dir"])
+    wait_for((run_dir / "outputs" / "pid").exists, timeout=60)
+    return SimpleNamespace(run_id=run["run_id"], dir=run_dir, asked=run["started_at"])
+
+
+def test_a_crafted_queue_json_cannot_move_a_runs_start_past_now_or_make_it_free(gpuctl, billed_run):
+    """queue.json said the run started 89 days after it was queued, with a share of 0, rewritten
+    at each look: its start moved 89 days further each time (540 days after six looks) and it was
+    priced at $0 (`plan` would rank such a machine cheapest)."""
+    run = billed_run
+    queue_file = run.dir / "queue.json"
+    queued = json.loads(queue_file.read_text())["queued_at"]
+    for look in range(1, 7):
+        queue_file.write_text(json.dumps({"state": "running", "queued_at": queued + (look - 1) * 89 * 86400,
+                                          "started_at": queued + look * 89 * 86400, "share": 0.0, "held": [0]}))
+        clean_and_ok(gpuctl("status"))
+    time.sleep(1.0)
+    status = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+    assert run.asked <= status["segments"][0]["started_at"] <= time.time()
+    assert status["usd_per_hour"] == 3.6 and status["usd"] > 0
+    cost = json.loads(gpuctl("cost", "--json").stdout)["runs"][0]
+    assert cost["usd_per_hour"] == 3.6 and cost["instances_usd"] > 0
+    # ... nor a start before the run was asked for, nor an end after now (the job's own `started`/`ended`).
+    (run.dir / "started").write_text(f"{time.time() - 400 * 86400:.3f}\n")
+    (run.dir / "ended").write_text(f"{time.time() + 400 * 86400:.3f}\n")
+    gpuctl("down", "-y")
+    ended = json.loads(gpuctl("status", "--json").stdout)["runs"][0]
+    assert ended["state"] == "stopped" and ended["segments"][0]["ended_at"] <= time.time()
+    assert ended["segments"][0]["started_at"] >= run.asked
