@@ -107,7 +107,7 @@ def report_line(good: dict, epoch: int) -> bytes:
 
 
 def test_a_sparse_1_gb_epochs_file_is_read_once_within_bounds_and_its_lines_after_the_hole_count(
-        gpuctl, lingering_run, monkeypatch):
+        gpuctl, lingering_run, monkeypatch):  # noqa: F811 (the fixture imported above)
     """A hole of 1 GB (truncate: free to make) between report lines: `status` read all of it, and
     again at every look (73 s each); the line after it was glued to the hole and lost."""
     run = lingering_run
