@@ -9,6 +9,11 @@ where the instance keeps them) in a gpuctl home of its own:
 - preflight: the preflight of a host whose Python prints SIZE bytes before its answer (the local
             provider runs no preflight: the client's preflight call is made on a LocalHost)
 - epochs:   `gpuctl status`, twice, of a run whose epochs.jsonl is SIZE bytes of report lines
+- sparse:   `gpuctl status`, twice, of a live run whose epochs.jsonl is a hole of SIZE bytes
+            (truncate) and a report line after it (its seconds show what a look scans)
+- output:   a command's output: the GPU count (ops/queue.py) on a host whose nvidia-smi -L prints
+            SIZE bytes (a fake on PATH), on this machine as the instance (local) and, where this
+            machine can start the sshd test hosts (root: tests/sshd.py), over SSH (ssh)
 
 Each command runs in a child process; its peak RSS comes from wait4(). --baseline DIR runs every
 case a second time with the gpuctl of DIR (an older checkout: `git archive COMMIT | tar -x -C DIR`)
@@ -16,7 +21,8 @@ and prints the two side by side.
 
 Usage: .venv/bin/python bench/untrusted_memory.py [--full] [--baseline DIR] [--only logs,status,...]
        (default sizes are a tenth of --full's: 400 MB logs, a 3 GB bomb, 300 MB of
-       preflight output, a 228 MB epochs.jsonl, as the audit measured them)
+       preflight output, a 228 MB epochs.jsonl, a 1 GB hole, 1 GB of command output, as the
+       audit measured them)
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
@@ -92,6 +99,24 @@ class Home:
         return run
 
 
+LINGER = QUICK.replace('sys.exit(', 'time.sleep(600)\nsys.exit(')
+
+
+def live_run(home: Home, name: str) -> dict:
+    """A run of LINGER that reported its epoch and goes on (`down` ends it)."""
+    proj = home.work / name
+    proj.mkdir(exist_ok=True)
+    (proj / "train.py").write_text(LINGER)
+    run = json.loads(home.gpuctl("train", str(proj), "--json"))["run"]
+    deadline = time.monotonic() + 120
+    while not (Path(run["run_dir"]) / "epochs.jsonl").exists() or b"\n" not in (
+            Path(run["run_dir"]) / "epochs.jsonl").read_bytes():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the run {run['run_id']} reported nothing")
+        time.sleep(0.2)
+    return run
+
+
 def write_log(path: Path, size: int) -> None:
     line = (b"x" * 99) + b"\n"
     block = line * (MB // len(line))
@@ -142,6 +167,55 @@ print(preflight(host, sys.argv[1]))
 '''
 
 
+FAKE_SMI = '#!/bin/sh\nyes "GPU 0: Fake (UUID: a)" | head -c SIZE\n'
+
+GPUS_CLIENT = '''
+import sys
+from gpuctl.ops import queue
+from gpuctl.remote.local import LocalHost
+print(queue.gpus_of(LocalHost(sys.argv[1])))
+'''
+
+GPUS_CLIENT_SSH = '''
+import sys
+from pathlib import Path
+from gpuctl.model.endpoint import Endpoint
+from gpuctl.ops import queue
+from gpuctl.remote.ssh.host import SshHost
+host = SshHost(Endpoint("root", sys.argv[1], 22, identity=sys.argv[2]), Path(sys.argv[3]), None, "/srv/gpuctl",
+               connect_timeout_s=15, command_timeout_s=600)
+# The fake nvidia-smi lives in the host's /srv (on its PATH only for this command).
+res = host.run(["env", "PATH=/srv/fakebin:/usr/bin:/bin", "nvidia-smi", "-L"], check=False, timeout=600)
+print(len(res.stdout), getattr(res, "dropped", "-"))  # an older gpuctl kept it all
+'''
+
+
+def output_cases(home: Home, size: int) -> dict[str, tuple[float, int, float]]:
+    """The GPU count on a host whose nvidia-smi -L prints `size` bytes: here, and over SSH."""
+    out = {}
+    fake_bin = home.work / "fakebin"
+    fake_bin.mkdir(exist_ok=True)
+    (fake_bin / "nvidia-smi").write_text(FAKE_SMI.replace("SIZE", str(size)))
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    env = dict(home.env, PATH=f"{fake_bin}{os.pathsep}{home.env.get('PATH', '')}")
+    out["output (local)"] = peak_mb([str(PYTHON), "-c", GPUS_CLIENT, str(home.work)], env, home.work)
+    if os.geteuid() != 0:
+        print("    (output over ssh: the sshd test hosts need root; not measured)")
+        return out
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from tests import sshd
+
+    with sshd.running_lab("bench", {1: "b1"}) as (key, hosts):
+        host = hosts[0]
+        script = shlex.quote(FAKE_SMI.replace("SIZE", str(size)))
+        host.run(f"mkdir -p /srv/fakebin && printf %s {script} > /srv/fakebin/nvidia-smi && chmod 755 /srv/fakebin/nvidia-smi")
+        out["output (ssh)"] = peak_mb([str(PYTHON), "-c", GPUS_CLIENT_SSH, host.ip, str(key), str(home.work / "ssh-home")],
+                                      home.env, home.work)
+    return out
+
+
 def run_cases(home: Home, sizes: dict[str, int], only: set[str]) -> dict[str, tuple[float, int, float]]:
     out = {}
     home.gpuctl("up", "-y")
@@ -171,6 +245,18 @@ def run_cases(home: Home, sizes: dict[str, int], only: set[str]) -> dict[str, tu
         write_epochs(Path(run["run_dir"]) / "epochs.jsonl", run["run_id"], sizes["epochs"])
         out["epochs"] = home.measure("status")
         out["epochs (again)"] = home.measure("status")
+    if "sparse" in only:
+        run = live_run(home, "sparse")  # a live run: a finished one's reports are not read again
+        home.gpuctl("status")
+        epochs = Path(run["run_dir"]) / "epochs.jsonl"
+        line = epochs.read_bytes().splitlines(keepends=True)[0]
+        subprocess.run(["truncate", "-s", f"+{sizes['sparse']}", str(epochs)], check=True)
+        with open(epochs, "ab") as fh:
+            fh.write(line)
+        out["sparse"] = home.measure("status")
+        out["sparse (again)"] = home.measure("status")
+    if "output" in only:
+        out.update(output_cases(home, sizes["output"]))
     home.gpuctl("down", "-y", check=False)
     return out
 
@@ -179,11 +265,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="the audit's sizes (minutes, ~1.3 GB of disk)")
     ap.add_argument("--baseline", type=Path, help="another gpuctl source tree, measured side by side")
-    ap.add_argument("--only", default="logs,status,sync,preflight,epochs")
+    ap.add_argument("--only", default="logs,status,sync,preflight,epochs,sparse,output")
     args = ap.parse_args()
     scale = 1 if args.full else 10
     sizes = {"logs": 400 * MB // scale, "status": 400 * MB // scale, "sync": 3 * 1024 * MB // scale,
-             "preflight": 300 * MB // scale, "epochs": 228 * MB // scale}
+             "preflight": 300 * MB // scale, "epochs": 228 * MB // scale, "sparse": 1024 * MB // scale,
+             "output": 1024 * MB // scale}
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="gpuctl-bench-mem-") as tmp:
         results = {"this": run_cases(Home(Path(tmp) / "this", ROOT), sizes, only)}
@@ -193,7 +280,7 @@ def main() -> None:
           (f"{'baseline RSS':>15}{'exit':>6}{'s':>7}" if args.baseline else ""))
     for case, (rss, code, secs) in results["this"].items():
         size = sizes.get(case.split()[0], 0)
-        what = "expanded" if case == "sync" else ""
+        what = {"sync": "expanded", "sparse": "a hole", "output": "printed"}.get(case.split()[0], "")
         row = f"{case:<16}{size / MB:>7.0f} MB{rss:>9.1f} MB{code:>6}{secs:>7.1f}"
         if args.baseline and case in results["baseline"]:
             b_rss, b_code, b_secs = results["baseline"][case]

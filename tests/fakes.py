@@ -45,6 +45,9 @@ class FakeHost:
         start = max(0, len(data) + offset) if offset < 0 else offset
         return data[start:start + limit]
 
+    def file_size(self, path: str) -> int | None:
+        return len(self.files[path]) if path in self.files else None
+
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.files[path] = text.encode()
 

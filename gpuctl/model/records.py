@@ -110,6 +110,8 @@ class Segment(Frozen):
     started_at: float
     ended_at: Optional[float] = None
     end: Optional[str] = None  # why it ended: a final run state (preempted, lost, failed, ...)
+    # The queue wait its start was moved past (once: None until the instance's queue said it started).
+    queued_s: Optional[float] = None
 
     @property
     def instance_ids(self) -> tuple[str, ...]:
@@ -240,3 +242,4 @@ class CommandResult(Frozen):
     returncode: int
     stdout: str
     stderr: str
+    dropped: int = 0  # bytes of output read and not kept (past the caller's limit: remote/host.py MAX_OUTPUT)

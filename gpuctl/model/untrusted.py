@@ -26,6 +26,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 MAX_READ = 8 << 20  # bytes of an instance's file held at once (a log is read in pieces of this)
 MAX_JSON = 1 << 20  # a JSON file of the instance's (state, config, preflight, queue place): larger is not believed
 MAX_LINE = 64 << 10  # one line of epochs.jsonl
+# Of epochs.jsonl, the bytes one look reads at most: a run keeps at most 10,000 epochs (a few MB of
+# reports), so more that is new at once is not the reporter's (a sparse file's hole, a flood), and
+# only its last MAX_SCAN bytes are read; the skipped part is named.
+MAX_SCAN = 16 << 20
 MAX_TEXT = 1000  # a string shown in a table or a summary
 MAX_SHORT = 200  # a name, a version, a reason
 MAX_ITEMS = 1000  # entries of a list or a mapping in a file of the instance's
@@ -193,42 +197,71 @@ def read(model: type[M], raw: bytes | None, what: str, notes: list[str] | None) 
     return dump(found)
 
 
+# A line of a report file: what lies between two line ends, where a NUL counts as one (a sparse
+# file's hole, a disk block never written) and runs of them are skipped whole, in C.
+_LINE = re.compile(rb"[^\n\x00]+")
+
+
 class Lines:
     """The complete lines of a file that grows, from `offset` on, read `chunk` bytes at a time
-    with `read(offset, size)`. A line longer than `max_line` is skipped (and counted in
-    `too_long`); an unfinished last line is left for next time. `offset` ends after the last
-    complete line, so the caller can remember it and read only what is new."""
+    with `read(offset, size)`, at most `budget` bytes in all (None: to the end). A NUL ends a line
+    as a newline does and a run of them holds none (a hole of a GB is a moment's scan, never a
+    line); a line longer than `max_line` is skipped (and counted in `too_long`); an unfinished
+    last line is left for next time. `offset` ends after the last line end read (or past a line
+    too long), so the caller can remember it and read only what is new. `cut`: `offset` may be
+    inside a line (a reader that skipped ahead): its rest is dropped, not taken for a line."""
 
     def __init__(self, read: Callable[[int, int], bytes | None], offset: int = 0, max_line: int = MAX_LINE,
-                 chunk: int = 1 << 20):
+                 chunk: int = 1 << 20, budget: int | None = None, cut: bool = False):
         self.read, self.offset, self.max_line, self.chunk = read, offset, max_line, chunk
+        self.budget, self.cut = budget, cut
         self.too_long = 0
+        self.scanned = 0  # bytes read
+        self.more = False  # the budget ended the reading before the file's end
 
     def __iter__(self) -> Iterator[bytes]:
-        pending = b""
-        skipping = False  # inside a line that is too long: drop until its end
+        pending = b""  # an unfinished line, from self.offset on
+        # The line at self.offset is dropped when it ends: it is too long, or it began before the offset.
+        too_long, cut = False, self.cut
         at = self.offset
         while True:
-            data = self.read(at, self.chunk) or b""
+            size = self.chunk if self.budget is None else min(self.chunk, self.budget - self.scanned)
+            if size <= 0:
+                self.more = True
+                return
+            data = self.read(at, size) or b""
             if not data:
                 return
             at += len(data)
-            pending += data
-            while True:
-                end = pending.find(b"\n")
-                if end < 0:
+            self.scanned += len(data)
+            buf, base = (pending + data if pending else data), self.offset
+            if (too_long or cut) and buf[:1] in (b"\n", b"\0"):  # the line dropped ended with the last read
+                self.too_long += too_long
+                too_long = cut = False
+            rest = len(buf)  # where an unfinished last line starts
+            for m in _LINE.finditer(buf):
+                if m.end() == len(buf):
+                    rest = m.start()
                     break
-                line, pending = pending[:end], pending[end + 1:]
-                self.offset += end + 1
-                if skipping or len(line) > self.max_line:
-                    self.too_long += 1
-                    skipping = False
+                self.offset = base + m.end() + 1
+                if too_long or cut or m.end() - m.start() > self.max_line:
+                    self.too_long += not cut
+                    too_long = cut = False
                     continue
-                yield line
-            if len(pending) > self.max_line:
-                self.offset += len(pending)
-                pending, skipping = b"", True
-            if len(data) < self.chunk:
+                yield m.group()
+            else:
+                self.offset = base + len(buf)
+            if rest < len(buf):
+                self.offset = base + rest
+                pending = buf[rest:]
+                if rest > 0:  # a line of its own, begun in this read
+                    too_long = cut = False
+                if len(pending) > self.max_line:
+                    self.offset += len(pending)
+                    pending, too_long = b"", not cut
+            else:
+                pending = b""
+            if len(data) < size:
                 return
 
 

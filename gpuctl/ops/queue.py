@@ -5,13 +5,14 @@ queue itself runs on the instance (payloads/gpuctl_queue.py), so a closed laptop
 from __future__ import annotations
 
 import posixpath
+from typing import Callable
 
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model import untrusted
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import guards
 from gpuctl.payloads.gpuctl_protocol import QUEUE_FILE, QueueConfig
-from gpuctl.remote.host import Host, once
+from gpuctl.remote.host import PROBE_TIMED_OUT, Host, once
 
 PAYLOAD = "gpuctl_queue.py"
 MAX_GPUS = 64  # more than any node has: a larger answer from the instance is not believed
@@ -21,20 +22,33 @@ def queue_dir(host: Host) -> str:
     return posixpath.join(host.root, "queue")
 
 
-def gpus_of(host: Host) -> int:
-    """The node's GPUs as nvidia-smi lists them; 0 where there is none (or no nvidia-smi). Asked
-    once per connection: `train` needs it before the push and again for the run's config."""
-    return once(host, "gpus", lambda: _gpus(host))
+# How long nvidia-smi may take to list the GPUs. A driver that hangs is the GPU's trouble, not the
+# host's: past this the GPUs are unknown (the run takes the node's one slot) and the host is asked
+# on, where the host's own deadline would count it hung and fail the `train`.
+PROBE_S = 10.0
 
 
-def _gpus(host: Host) -> int:
+def gpus_of(host: Host, note: Callable[[str], None] | None = None) -> int:
+    """The node's GPUs as nvidia-smi lists them; 0 where there is none (or no nvidia-smi), or
+    where nvidia-smi does not answer within PROBE_S (then `note` hears so). Asked once per
+    connection: `train` needs it before the push and again for the run's config."""
+    count, why = once(host, "gpus", lambda: _gpus(host))
+    if why and note is not None:
+        note(why)
+    return count
+
+
+def _gpus(host: Host) -> tuple[int, str | None]:
     try:
-        res = host.run(["nvidia-smi", "-L"], check=False)
+        res = host.run(["nvidia-smi", "-L"], check=False, timeout=min(PROBE_S, host.command_timeout_s), probe=True)
     except (GpuctlError, OSError):  # no nvidia-smi on a CPU host: LocalHost raises where it is missing
-        return 0
+        return 0, None
+    if res.returncode == PROBE_TIMED_OUT:
+        return 0, (f"nvidia-smi did not answer within {min(PROBE_S, host.command_timeout_s):g} s on {host.label}: "
+                   "its GPUs are unknown, so the run takes the whole node (one slot)")
     if res.returncode != 0:
-        return 0
-    return min(MAX_GPUS, sum(1 for line in res.stdout.splitlines()[:MAX_GPUS + 1] if line.startswith("GPU ")))
+        return 0, None
+    return min(MAX_GPUS, sum(1 for line in res.stdout.splitlines()[-MAX_GPUS - 1:] if line.startswith("GPU "))), None
 
 
 def slots(gpus: int) -> int:
@@ -93,27 +107,33 @@ def look(host: Host, run_dir: str) -> dict | None:
     return out
 
 
-def follow(run: RunRecord, place: dict | None, node_rate: float) -> RunRecord:
+def follow(run: RunRecord, place: dict | None, now: float) -> RunRecord:
     """The run as its place in the queue says: its position while queued; once it started, its
-    start moved past the wait (its time, and dollars, count from there) and, on one node, its
-    $/h its share of the node's rate."""
+    start moved past the wait (its time, and dollars, count from there), once per job (a resume's
+    or recovery's segment waits anew). What this machine saw bounds it: the start is never moved
+    before the job was asked for nor past `now`, and a rewritten queue.json moves nothing again.
+    Its $/h stays what it asked for (GPUs asked / the node's, ops/runs.py); the instance's share
+    counts only for a `--now` run that holds no GPU (it runs beside the others: $0)."""
     if place is None:
         return run
     update: dict = {}
     if place["state"] == "queued" and run.queue_position != place.get("position"):
         update["queue_position"] = place.get("position")
     started = place.get("started_at")
-    if started is not None and started != run.queue_started:
-        waited = place.get("waited_s", 0.0)
-        update.update(queue_started=started, queue_position=None)
+    seg = run.segments[-1] if run.segments else None
+    fresh = seg.queued_s is None if seg is not None else run.queue_started is None
+    if started is not None and fresh:
         key = "resumed_at" if run.resumed_at is not None else "started_at"
-        update[key] = getattr(run, key) + waited
-        rate = node_rate * place["share"] if run.nodes == 1 and "share" in place else run.usd_per_hour
+        asked = getattr(run, key)
+        waited = min(max(0.0, place.get("waited_s", 0.0)), max(0.0, now - asked))
+        update.update(queue_started=started, queue_position=None)
+        update[key] = asked + waited
+        rate = 0.0 if run.now and run.nodes == 1 and place.get("share") == 0.0 else run.usd_per_hour
         update["usd_per_hour"] = rate
-        if run.segments:
-            seg = run.segments[-1]
+        if seg is not None:
             update["segments"] = run.segments[:-1] + (seg.model_copy(update={
-                "started_at": seg.started_at + waited, "usd_per_hour": rate}),)
+                "started_at": min(seg.started_at + waited, max(seg.started_at, now)), "usd_per_hour": rate,
+                "queued_s": waited}),)
     return run.model_copy(update=update) if update else run
 
 

@@ -41,18 +41,26 @@ def archived_log(s: Session, run_id: str, node: int = 0) -> Path:
 
 def ingest_epochs(s: Session, node: nodes.Node, run: RunRecord) -> tuple[list[EpochReport], RunRecord]:
     """New epoch reports of the run, from the chief's epochs.jsonl into the ledger: only the bytes
-    after those ingested before, a chunk at a time, each line bounded. A line that is not a
+    after those ingested before, a chunk at a time, at most MAX_SCAN bytes a look (more new at once:
+    only its end, the rest skipped and named), each line bounded. A line that is not a
     believable report is skipped once and named (Session.note, and an event). The run, with how
     far its file was read, is recorded and returned."""
     path = jobs.JobPaths(run.run_dir).epochs
     source = f"{node.inst.id}:{run.run_dir}"
     offset = run.epochs_read if run.epochs_source == source else 0
-    # The file on the instance may have been replaced or cut: then it is read again from its start
-    # (the epochs already known are not taken twice).
-    if offset and node.host.read_bytes(path, offset - 1, 1) != b"\n":
+    size = node.host.file_size(path) or 0
+    # A file shorter than what was read of it was cut or replaced: read again from its start (the
+    # epochs already known are not taken twice).
+    if offset > size:
         offset = 0
+    # More new at once than the reporter writes: only the end is read, whatever the file's size or
+    # holes (a sparse GB cost every look 73 s), and what was skipped is named.
+    skipped = max(0, size - offset - untrusted.MAX_SCAN)
+    offset += skipped
+    cut = skipped > 0 and node.host.read_bytes(path, offset - 1, 1) not in (b"\n", b"\0")
     known = {e.epoch for e in s.ledger.epochs(run.run_id)}
-    lines = untrusted.Lines(untrusted.reads(node.host, path), offset, untrusted.MAX_LINE)
+    lines = untrusted.Lines(untrusted.reads(node.host, path), offset, untrusted.MAX_LINE,
+                            budget=untrusted.MAX_SCAN, cut=cut)
     fresh: dict[int, EpochReport] = {}
     bad: dict[str, int] = {}
     for line in lines:
@@ -73,6 +81,12 @@ def ingest_epochs(s: Session, node: nodes.Node, run: RunRecord) -> tuple[list[Ep
     if lines.too_long:
         bad[f"longer than {untrusted.MAX_LINE // 1024} KiB"] = lines.too_long
     s.ledger.put_epochs(list(fresh.values()))
+    if skipped:
+        text = (f"{skipped / (1 << 20):,.0f} MB of run {run.run_id}'s epochs.jsonl on {node.host.label} skipped: more than "
+                f"{untrusted.MAX_SCAN >> 20} MB new at once is no report file, so only its last {untrusted.MAX_SCAN >> 20} MB "
+                "were read")
+        s.note(text)
+        s.ledger.event("ignored", text, run_id=run.run_id)
     if bad:
         n = sum(bad.values())
         text = (f"{n} report line{'s' if n > 1 else ''} of run {run.run_id} from {node.host.label} ignored: "
@@ -128,7 +142,7 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
     chief_here = each[0].rank == 0
     if run.gpus and chief_here:  # its job waits in the cluster's queue first
         place = queue.look(host, run.run_dir)
-        placed = queue.follow(run, place, each[0].inst.usd_per_hour)
+        placed = queue.follow(run, place, time.time())
         if placed != run:
             run = placed
             s.ledger.put_run(run)
@@ -173,9 +187,11 @@ def refresh(s: Session, run: RunRecord) -> RunRecord:
 
 def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
     """When the run ended: its start plus how long it ran by the instance's clock (not when this
-    client happened to look, and not skewed by the two clocks disagreeing)."""
+    client happened to look, and not skewed by the two clocks disagreeing); never after now, as
+    this machine saw it (an `ended` far ahead is not believed)."""
     ran = jobs.duration(host, paths)  # of the job's last start: the resumed one, after train --resume
-    return (run.resumed_at or run.started_at) + ran if ran is not None else time.time()
+    now = time.time()
+    return min((run.resumed_at or run.started_at) + ran, now) if ran is not None else now
 
 
 def refresh_or_keep(s: Session, run: RunRecord) -> RunRecord:

@@ -86,7 +86,7 @@ def _start(s: Session, loaded: LoadedSettings, project: Path, record: ClusterRec
     settings = loaded.settings
     first = nodes.of(s, record)
     nodes.refuse_budget(first, settings.train.budget_usd)  # before the push
-    node_gpus = queue.gpus_of(first[0].host)
+    node_gpus = queue.gpus_of(first[0].host, lambda why: progress(f"note: {why}"))
     want = queue.asked(gpus, node_gpus, len(first))
     run_id = f"{push.slug(project.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     paths = jobs.JobPaths(posixpath.join(first[0].host.root, "runs", run_id))
@@ -273,8 +273,9 @@ def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = Non
     pairs = s.hosts(record)
     def one(host: Host) -> ExecResult:
         try:
-            # The user's own command runs as long as it runs (Ctrl-C ends it): no deadline.
-            r = host.run(argv, check=False, timeout=NO_DEADLINE)
+            # The user's own command runs as long as it runs (Ctrl-C ends it): no deadline; and
+            # all it prints comes back, as over `ssh` (what gpuctl's own commands print is capped).
+            r = host.run(argv, check=False, timeout=NO_DEADLINE, output_limit=None)
         except RemoteError as exc:  # this host's connection went (a reboot, say): the others' output stands
             return ExecResult(host=host.label, returncode=255, stdout="", stderr=exc.message + "\n")
         return ExecResult(host=host.label, returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)

@@ -46,13 +46,14 @@ def _write_text(path, text):
 
 
 def _read(path):
+    """The JSON object in a file, or None (unreadable, a directory, not an object, over MAX_ENTRY)."""
     try:
-        with open(path) as fh:
-            text = fh.read(MAX_ENTRY)
-        data = json.loads(text)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_ENTRY + 1)
+        data = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_ENTRY else None
+    except (OSError, ValueError, RecursionError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 class Locked(object):
@@ -79,19 +80,61 @@ def alive(pid):
     return True
 
 
-def entries(qdir):
-    """The runs in the queue, in order of arrival; those whose process is gone are removed."""
+def _int(value, low, high):
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def problem(e):
+    """Why a queue entry is not one this queue can weigh (None: it is). Another process wrote it
+    (a run of an older or newer gpuctl, a hand, a fault), so nothing in it is taken on trust."""
+    if not isinstance(e, dict):
+        return "not a JSON object of at most %d bytes" % MAX_ENTRY
+    if not _int(e.get("pid"), 1, (1 << 31) - 1):  # 0 or -1 would ask for a whole group of processes
+        return "no pid"
+    if not _int(e.get("seq"), 0, 10 ** 15):
+        return "no seq"
+    if e.get("state") not in ("queued", "running"):
+        return "no state"
+    if not _int(e.get("want"), 1, 1 << 16):
+        return "no want"
+    held = e.get("held", [])
+    if not (isinstance(held, list) and len(held) <= 1 << 16 and all(_int(i, 0, 1 << 16) for i in held)):
+        return "held is not a list of slots"
+    if not isinstance(e.get("now", False), bool):
+        return "now is not true or false"
+    return None
+
+
+def shown(name):
+    """A file name as a log line may show it: no control character reaches a terminal."""
+    text = name if len(name) <= 120 else name[:120] + "..."
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def entries(qdir, said=None):
+    """The runs in the queue, in order of arrival; those whose process is gone are removed. An
+    entry that is no queue entry (not JSON, fields missing or of the wrong kind) is skipped, never
+    fatal to the others, and named once on stderr (the run's log) when `said` (the names already
+    named) is given; it is left where it is, unless its own process is gone."""
     out = []
     for name in sorted(os.listdir(qdir)):
         if not name.endswith(".json"):
             continue
         path = os.path.join(qdir, name)
         e = _read(path)
-        if e is None or not alive(e.get("pid")):
+        why = problem(e)
+        gone = isinstance(e, dict) and _int(e.get("pid"), 1, (1 << 31) - 1) and not alive(e["pid"])
+        if gone:
             try:
                 os.remove(path)
             except OSError:
                 pass
+            continue
+        if why is not None:
+            if said is not None and name not in said:
+                said.add(name)
+                sys.stderr.write("gpuctl: queue entry %s skipped: %s\n" % (shown(name), why))
+                sys.stderr.flush()
             continue
         e["_path"] = path
         out.append(e)
@@ -154,6 +197,7 @@ def wait_turn(cfg, run_dir, poll_s=POLL_S):
         path = os.path.join(qdir, "%012d-%s.json" % (me["seq"], cfg.run_id))
         _write(path, me)
     last = None
+    said = set()  # the queue entries this run skipped and named: once each
     while True:
         with Locked(qdir):
             closed = closed_since(qdir)
@@ -162,7 +206,7 @@ def wait_turn(cfg, run_dir, poll_s=POLL_S):
                     os.remove(path)
                 _write(status, dict(me, state="dequeued" if closed is None else "cancelled", ended_at=time.time()))
                 return None
-            queue = entries(qdir)
+            queue = entries(qdir, said)
             got = decide(queue, me, slots)
             if got is not None:
                 held, visible = got

@@ -28,6 +28,10 @@ QUICK_CONNECT_S = 5.0
 REMOVE_TIMEOUT_S = 600.0
 # The user's own command (`gpuctl exec`) runs as long as it runs: Ctrl-C ends it.
 NO_DEADLINE = math.inf
+# What one command's stdout, and its stderr, may bring back: the last this many bytes; the rest is
+# read, discarded and counted (CommandResult.dropped), so memory stays flat whatever the instance
+# prints (a shell start-up file, an nvidia-smi gone mad). A caller that needs more names its own.
+MAX_OUTPUT = 1 << 20
 HUNG_HINT = ("The host answers but its commands hang (a stuck tmux, a full disk, a network that stopped): `gpuctl "
              "status` answers from the ledger; `gpuctl down -y` still releases the cluster.")
 
@@ -55,6 +59,29 @@ class Deadlines:
         return self.hung
 
 
+class Tail:
+    """The last `limit` bytes of a stream (None: all of it), and how many before them were dropped.
+    Holds at most twice `limit` at any moment."""
+
+    def __init__(self, limit: int | None = MAX_OUTPUT):
+        self.limit, self.buf, self.dropped = limit, bytearray(), 0
+
+    def add(self, data: bytes) -> None:
+        self.buf += data
+        if self.limit is not None and len(self.buf) > 2 * self.limit:
+            self._trim()
+
+    def _trim(self) -> None:
+        cut = len(self.buf) - (self.limit or 0)
+        if self.limit is not None and cut > 0:
+            del self.buf[:cut]
+            self.dropped += cut
+
+    def text(self) -> str:
+        self._trim()
+        return self.buf.decode("utf-8", "replace")
+
+
 def shown(argv: Sequence[str]) -> str:
     """How an error names a command: its first words."""
     return f"`{' '.join(argv[:3])}{' ...' if len(argv) > 3 else ''}`"
@@ -72,11 +99,14 @@ class Host(Protocol):
     command_timeout_s: float  # the deadline of a command that names none (Deadlines)
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
-            cwd: bool = True) -> CommandResult:
+            cwd: bool = True, output_limit: int | None = MAX_OUTPUT, probe: bool = False) -> CommandResult:
         """Run argv on the host; with check, a non-zero exit raises RemoteError. `timeout`: seconds
         (None: the host's command_timeout_s; NO_DEADLINE for the user's own command); past it,
         RemoteTimeout, and the host is not asked again in this gpuctl command. `cwd`: in `root`
-        (False: where a login starts, for a root not made yet)."""
+        (False: where a login starts, for a root not made yet). Of each stream only the last
+        `output_limit` bytes are kept (None: all; `dropped` counts the rest). `probe`: a command
+        whose hanging says nothing of the host (nvidia-smi): past `timeout` it is ended and
+        answers exit 124 (as `timeout` does), and the host is asked again."""
 
     def deadline(self, timeout: float | None = None) -> float | None:
         """The seconds a call may take (None: no limit); a host that hung already fails here."""
@@ -88,6 +118,9 @@ class Host(Protocol):
         """At most `limit` bytes of a file from `offset` on (a negative offset counts from its
         end: -N is its last N bytes); None if the file does not exist. Bounded: the file is the
         instance's, and may be as large as it likes."""
+
+    def file_size(self, path: str) -> int | None:
+        """The size of a file (of its holes too: a sparse file's apparent size); None if absent."""
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         """Write a file atomically, creating parent directories."""
@@ -147,6 +180,15 @@ def read_part(fh: Any, offset: int, limit: int, size: int) -> bytes:
     if start:
         fh.seek(start)
     return fh.read(max(0, limit))
+
+
+def gave_up(argv: Sequence[str], out: Tail, err: Tail, seconds: float) -> CommandResult:
+    """A probe's answer when it ran past its deadline: exit 124, as `timeout` gives."""
+    return CommandResult(argv=tuple(argv), returncode=PROBE_TIMED_OUT, stdout=out.text(),
+                         stderr=err.text() + f"no answer within {seconds:g} s\n", dropped=out.dropped + err.dropped)
+
+
+PROBE_TIMED_OUT = 124
 
 
 def check_result(res: CommandResult, label: str) -> CommandResult:

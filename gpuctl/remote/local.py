@@ -8,16 +8,48 @@ import os
 import shutil
 import signal
 import subprocess
+import selectors
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
-from gpuctl.remote.host import COMMAND_TIMEOUT_S, Deadlines, check_result, read_part, shown
+from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, Deadlines, Tail, check_result, gave_up, read_part,
+                                shown)
 from gpuctl.remote.sync import push_local, unique_suffix
 from gpuctl.remote.sync.pull import LocalFiles, pull_walk
+
+
+def _drain(proc: subprocess.Popen, out: Tail, err: Tail, limit: float | None) -> bool:
+    """Read both pipes as they come until the command ends (True), or until `limit` seconds have
+    passed (False); each Tail keeps what it may, so memory stays flat whatever is printed."""
+    deadline = None if limit is None else time.monotonic() + limit
+    with selectors.DefaultSelector() as sel:
+        for pipe, tail in ((proc.stdout, out), (proc.stderr, err)):
+            sel.register(pipe, selectors.EVENT_READ, tail)
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    key.data.add(data)
+                else:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+    try:
+        proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # it closed its output and goes on
+        return False
+    return True
+
+
+def _newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -26,6 +58,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None and not pipe.closed:
+            pipe.close()
 
 
 class LocalHost(Deadlines):
@@ -41,14 +76,14 @@ class LocalHost(Deadlines):
         self.tmux_socket = "gpuctl-" + hashlib.sha1(self.root.encode()).hexdigest()[:12]
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None,
-            cwd: bool = True) -> CommandResult:
+            cwd: bool = True, output_limit: int | None = MAX_OUTPUT, probe: bool = False) -> CommandResult:
         limit = self.deadline(timeout)
         try:
             # No root (yet, or any more: killing a removed cluster's tmux): this process's own.
             where = self.root if cwd and os.path.isdir(self.root) else None
             # A session of its own: past the deadline the whole group goes, not only the first process
             # (a `sh -c` whose tmux hangs would keep the pipes, and so this call, open).
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=where,
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=where,
                                     start_new_session=limit is not None)
         except FileNotFoundError:
             if not check:  # as a shell says it: `exec` passes 127 through, as over SSH
@@ -57,11 +92,9 @@ class LocalHost(Deadlines):
             raise RemoteError(
                 f"`{argv[0]}` is not installed on {self.label}", f"Install it (e.g. `apt-get install {argv[0]}`)."
             ) from None
+        out, err = Tail(output_limit), Tail(output_limit)
         try:
-            out, err = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise self.timed_out(shown(argv), limit or 0) from None
+            finished = _drain(proc, out, err, limit)
         except BaseException:  # Ctrl-C: the command goes with gpuctl
             if limit is None:
                 proc.kill()  # the user's own command (exec), in gpuctl's group: it had the Ctrl-C too
@@ -69,8 +102,21 @@ class LocalHost(Deadlines):
             else:
                 _kill_group(proc)
             raise
-        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=out, stderr=err)
+        if not finished:
+            _kill_group(proc)
+            if probe:
+                return gave_up(argv, out, err, limit or 0)
+            raise self.timed_out(shown(argv), limit or 0)
+        # As text mode read it before (universal newlines): a command's \r\n is one line end.
+        res = CommandResult(argv=tuple(argv), returncode=proc.returncode, stdout=_newlines(out.text()),
+                            stderr=_newlines(err.text()), dropped=out.dropped + err.dropped)
         return check_result(res, self.label) if check else res
+
+    def file_size(self, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
         try:

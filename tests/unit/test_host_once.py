@@ -23,9 +23,9 @@ class Counting(LocalHost):
         self.pushes += 1
         return super().push(src, dest, progress)
 
-    def run(self, argv, check=True, timeout=None):
+    def run(self, argv, check=True, timeout=None, **kw):
         self.runs += 1
-        return super().run(argv, check, timeout)
+        return super().run(argv, check, timeout, **kw)
 
 
 def test_the_payload_is_pushed_once_per_connection(tmp_path):

@@ -122,6 +122,32 @@ def test_lines_reads_only_whole_lines_from_an_offset_in_chunks():
     assert list(again) == [b"unfinished now"] and again.offset == len(data) + 5
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 16, 1 << 20])
+def test_nuls_end_lines_and_hold_none_whatever_the_chunks(chunk):
+    data = b"\0" * 50 + b"one\0\0two\n\n" + b"\0" * 1000 + b"x" * 300 + b"\0three\n" + b"\0" * 7 + b"unfinished"
+    lines = untrusted.Lines(Chunks(data), 0, max_line=100, chunk=chunk)
+    assert list(lines) == [b"one", b"two", b"three"] and lines.too_long == 1
+    assert lines.offset == data.index(b"unfinished") and lines.scanned == len(data)
+
+
+def test_a_budget_ends_the_reading_and_the_next_goes_on_from_there():
+    data = b"".join(b"line %d\n" % i for i in range(100)) + b"\0" * 5000
+    first = untrusted.Lines(Chunks(data), 0, chunk=64, budget=300)
+    got = list(first)
+    assert first.more and first.scanned == 300 and got == [b"line %d" % i for i in range(len(got))]
+    second = untrusted.Lines(Chunks(data), first.offset, chunk=64)
+    assert got + list(second) == [b"line %d" % i for i in range(100)] and second.offset == len(data)
+    again = untrusted.Lines(Chunks(data), second.offset)
+    assert list(again) == [] and again.scanned == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 1 << 20])
+def test_a_reading_begun_inside_a_line_drops_its_rest(chunk):
+    data = b"{\"partial\": 1}\nwhole\n"
+    assert list(untrusted.Lines(Chunks(data), 3, chunk=chunk, cut=True)) == [b"whole"]
+    assert list(untrusted.Lines(Chunks(data), data.index(b"whole") - 1, chunk=chunk, cut=True)) == [b"whole"]
+
+
 def test_a_host_read_is_bounded_and_reads_ends(tmp_path):
     f = tmp_path / "big"
     f.write_bytes(b"a" * 1000 + b"END")

@@ -27,7 +27,8 @@ from gpuctl.errors import RemoteError
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
-from gpuctl.remote.host import COMMAND_TIMEOUT_S, REMOVE_TIMEOUT_S, Deadlines, check_result, shown
+from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, REMOVE_TIMEOUT_S, Deadlines, Tail, check_result,
+                                gave_up, shown)
 from gpuctl.remote.ssh.connect import close_all, open_chain
 from gpuctl.remote.ssh.openssh import config_file
 from gpuctl.remote.sync import unique_suffix
@@ -78,13 +79,13 @@ class SshHost(Deadlines):
         return f"cd {shlex.quote(self.root)} 2>/dev/null; {cmd}" if cwd else cmd
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None, cwd: bool = True,
-            stdin: bytes | None = None) -> CommandResult:
+            stdin: bytes | None = None, output_limit: int | None = MAX_OUTPUT, probe: bool = False) -> CommandResult:
         limit = self.deadline(timeout)
         chan = self._start(argv, cwd and bool(self.root), limit)
         if stdin is not None:
             chan.sendall(stdin)
             chan.shutdown_write()
-        return self._finish(chan, argv, check, limit)
+        return self._finish(chan, argv, check, limit, output_limit, probe)
 
     @contextmanager
     def _cut_after(self, limit: float | None, what: str) -> Iterator[None]:
@@ -172,21 +173,26 @@ class SshHost(Deadlines):
                                "The machine may be gone: `gpuctl status` asks its provider.")
         return exc
 
-    def _finish(self, chan: Any, argv: Sequence[str], check: bool, timeout: float | None) -> CommandResult:
-        out, err = bytearray(), bytearray()
+    def _finish(self, chan: Any, argv: Sequence[str], check: bool, timeout: float | None,
+                output_limit: int | None = MAX_OUTPUT, probe: bool = False) -> CommandResult:
+        # Each Tail keeps the last output_limit bytes: paramiko's buffer is bounded by the SSH
+        # window, so memory stays flat whatever the command (or the shell's start-up files) prints.
+        out, err = Tail(output_limit), Tail(output_limit)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:  # read both streams as they come: a full stderr window must not stall stdout
+            if deadline and time.monotonic() > deadline:  # a command that never stops printing too
+                chan.close()
+                if probe:
+                    return gave_up(argv, out, err, timeout or 0)
+                raise self.timed_out(shown(argv), timeout or 0)
             if chan.recv_ready():
-                out += chan.recv(65536)
+                out.add(chan.recv(65536))
             elif chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                err.add(chan.recv_stderr(65536))
             elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
             else:
                 select.select([chan], [], [], 0.5)
-                if deadline and time.monotonic() > deadline:
-                    chan.close()
-                    raise self.timed_out(shown(argv), timeout or 0)
         code = chan.recv_exit_status()
         chan.close()
         if code == -1 and not (chan.eof_received and self._connected()):
@@ -197,8 +203,8 @@ class SshHost(Deadlines):
             # from the command: a caller reading "no such session" from it decided on what the
             # host never said.
             raise self._lost(EOFError(f"the connection closed before {shown(argv)} finished"))
-        res = CommandResult(argv=tuple(argv), returncode=code, stdout=out.decode("utf-8", "replace"),
-                            stderr=err.decode("utf-8", "replace"))
+        res = CommandResult(argv=tuple(argv), returncode=code, stdout=out.text(), stderr=err.text(),
+                            dropped=out.dropped + err.dropped)
         if code == 127 and check:
             raise RemoteError(f"`{argv[0]}` is not installed on {self.label}",
                               f"Install it there (e.g. `sudo apt-get install {Path(argv[0]).name}`).")
@@ -258,6 +264,17 @@ class SshHost(Deadlines):
             raise RemoteError(f"cannot read {path} on {self.label}: {exc}") from None
         except Exception as exc:
             raise self._lost(exc) from None
+
+    def file_size(self, path: str) -> int | None:
+        with self._sftp_call(f"looking at {path}"):
+            try:
+                return self.sftp.stat(path).st_size
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if getattr(exc, "errno", None) == 2:
+                    return None
+                raise RemoteError(f"cannot look at {path} on {self.label}: {exc}") from None
 
     def makedirs(self, path: str) -> None:
         """mkdir -p over SFTP: no remote shell (whose startup files can cost 100 ms a command)."""
