@@ -85,11 +85,20 @@ def _flatten_file(data: dict[str, Any], source: str) -> dict[str, Any]:
     return flat
 
 
+MAX_FILE = 1 << 20  # bytes: a project's gpuctl.toml may be a link to any file here (a huge log)
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse one TOML file; a syntax error becomes a ConfigError naming file and line."""
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            raw = fh.read(MAX_FILE + 1)
+        if len(raw) > MAX_FILE:
+            raise ConfigError(f"{path} is larger than {MAX_FILE >> 20} MiB: not a settings file",
+                              "Check the file (or the link) of that name.")
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"malformed TOML in {path}: not UTF-8", "Fix the file; TOML syntax: https://toml.io") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML in {path}: {exc}", "Fix the file; TOML syntax: https://toml.io") from None
     except OSError as exc:

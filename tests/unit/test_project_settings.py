@@ -173,3 +173,20 @@ def test_settings_docs_list_exactly_the_allow_list():
     assert named == REVIEWED, named ^ REVIEWED
     for key in REVIEWED:  # and the page a user reads
         assert f"`{key}`" in (REPO / "docs" / "training.md").read_text(), key
+
+
+def test_a_huge_project_file_is_refused_unread(tmp_path):
+    """A clone's gpuctl.toml may be a link to any file here (a huge log, /proc/kcore): read with a
+    bound, never whole into memory."""
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as fh:
+        fh.truncate(4 << 30)  # sparse: 4 GiB of NULs costs nothing on disk
+    (tmp_path / "gpuctl.toml").symlink_to(big)
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_settings(env={}, cwd=tmp_path)
+
+
+def test_a_project_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    (tmp_path / "gpuctl.toml").write_bytes(b"[train]\nentry = '\xff.py'\n")  # was an internal error
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_settings(env={}, cwd=tmp_path)
