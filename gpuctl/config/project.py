@@ -75,7 +75,9 @@ class Ignored(BaseModel):
 
 def said(ignored: Sequence[Ignored]) -> str:
     """The one line that tells the user what their project's files asked for in vain."""
-    files = list(dict.fromkeys(i.file for i in ignored))
-    keys = [f"{i.key} (looser than yours)" if i.looser else i.key for i in ignored]
-    return (f"Note: ignored in {' and '.join(files)}: {', '.join(keys)}; a project's gpuctl.toml may "
-            f"set how its job runs and ask for stricter guards, nothing else ({WHERE_DOCUMENTED}).")
+    by_file: dict[str, list[str]] = {}
+    for i in ignored:
+        by_file.setdefault(i.file, []).append(f"{i.key} (looser than yours)" if i.looser else i.key)
+    where = "; in ".join(f"{file}: {', '.join(keys)}" for file, keys in by_file.items())
+    return (f"Note: ignored in {where}; a project's gpuctl.toml may set how its job runs and ask for "
+            f"stricter guards, nothing else ({WHERE_DOCUMENTED}).")

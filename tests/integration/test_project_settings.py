@@ -97,3 +97,15 @@ def test_a_stricter_guard_is_applied_and_never_loosens_the_one_in_force(gpuctl, 
     assert "guards.on_fire" in note and "projects/evil/gpuctl.toml" in note  # the sequence left out
     assert "\x1b" not in train.stderr and "\x07" not in train.stderr
     gpuctl("down", "-y")
+
+
+def test_both_project_files_are_named_in_one_line(gpuctl, make_project, isolated):
+    (isolated.parent / "work" / "gpuctl.toml").write_text('[guards]\npoweroff_command = "touch x"\n')
+    proj = make_project("p", {"train.py": "print('hi')\n", "gpuctl.toml": '[remote]\npython = "/bin/false"\n'})
+    gpuctl("up")
+    train = gpuctl("train", proj, "--wait")
+    [note] = notes_of(train.stderr)
+    assert f"{isolated.parent / 'work' / 'gpuctl.toml'}: guards.poweroff_command; in {proj / 'gpuctl.toml'}: " \
+           "remote.python;" in note
+    assert "hi" in gpuctl("logs").stdout
+    gpuctl("down", "-y")
