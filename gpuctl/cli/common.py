@@ -17,10 +17,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 
 def session(ctx: click.Context, **flags: Any):
     """The use cases' Session for this command, closed (SSH connections end) with the command."""
+    from gpuctl.model.untrusted import one_line
     from gpuctl.ops.session import open_session
 
     s = open_session(flags)
     s.on_wait = lambda line: click.echo(line, err=True)
+    s.on_ignored = lambda line: click.echo(one_line(line, 2000), err=True)  # it quotes file names
     ctx.call_on_close(s.close)
     return s
 

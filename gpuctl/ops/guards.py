@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuctl.config import project
 from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model import untrusted
@@ -94,7 +95,12 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
     ours = dict(existing) if existing.get("cluster_key") == cluster_key(cluster) else {}
     cfg = dict(ours)
     for key, (setting, value) in fresh.items():
-        if key not in cfg or loaded.sources.get(setting, "default") != "default":
+        if key in cfg and loaded.from_project(setting):
+            # A project's file may tighten a guard, never loosen it: nor the one in force here
+            # (a `guard set`, an `up --max-hours`), which may be stricter than the user's settings.
+            if project.at_least_as_strict(setting, value, cfg[key]):
+                cfg[key] = value
+        elif key not in cfg or loaded.sources.get(setting, "default") != "default":
             cfg[key] = value
     if down_after_run is not None:
         cfg["down_after_run"] = down_after_run
@@ -157,6 +163,8 @@ def instance_now(host: Host) -> float:
 
 def _cap_hours(loaded: LoadedSettings, cluster: ClusterRecord) -> float:
     """The hard cap armed at boot (the spec's) unless this command sets another."""
+    if loaded.from_project("guards.max_hours"):  # a project's tightens it only
+        return min(loaded.settings.guards.max_hours, cluster.spec.max_hours)
     if loaded.sources.get("guards.max_hours", "default") != "default":
         return loaded.settings.guards.max_hours
     return cluster.spec.max_hours
@@ -270,7 +278,10 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
                           "It is installed by `gpuctl train` (and by `gpuctl up` on remote clusters).")
     provider = s.provider(record.spec)
     check_limits(_config(loaded, provider, record, inst, host, existing), f" in force on {record.name}")
-    if loaded.sources.get("guards.max_hours", "default") != "default" and provider.boot_hard_cap:
+    # The boot-time timer moves for the user's own value; a project's stricter one the watchdog
+    # enforces (it may not push the timer out past a cap the user lowered since).
+    if (loaded.sources.get("guards.max_hours", "default") != "default" and not loaded.from_project("guards.max_hours")
+            and provider.boot_hard_cap):
         for _, each in s.hosts(record):
             if not provider.set_hard_cap(each, loaded.settings.guards.max_hours):
                 s.ledger.event("guard", f"{each.label}: boot-time hard cap timer not found; the watchdog enforces "

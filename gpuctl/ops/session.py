@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from gpuctl.config.load import LoadedSettings, load_settings
+from gpuctl.config.project import Ignored, said
 from gpuctl.errors import (
     ConfigError,
     ConflictError,
@@ -96,6 +97,9 @@ class Session:
         # What this command found on an instance and left out (a bad report line, a state file of
         # the wrong shape): each said once, in the report of the command that found it.
         self.notes: list[str] = []
+        # Hears, once, what the project's gpuctl.toml asked for and did not get (the CLI prints it on stderr).
+        self.on_ignored: Progress | None = None
+        self._ignored_said: set[Ignored] = set()
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -112,6 +116,11 @@ class Session:
         key = str(project_dir)  # files and flags are the same for the whole command
         if key not in self._settings:
             self._settings[key] = load_settings(self.flags, project_dir=project_dir, env=self.env)
+            # Said once per command, in one line, whichever of its loads met it first.
+            fresh = [i for i in self._settings[key].ignored if i not in self._ignored_said]
+            self._ignored_said.update(fresh)
+            if fresh and self.on_ignored is not None:
+                self.on_ignored(said(fresh))
         return self._settings[key]
 
     def provider(self, spec: ClusterSpec) -> Provider:

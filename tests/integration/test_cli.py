@@ -97,10 +97,14 @@ def test_down_stops_running_jobs_and_keeps_their_record(gpuctl, make_project):
 
 
 def test_config_show_names_each_source(gpuctl, isolated, monkeypatch):
-    (isolated.parent / "work" / "gpuctl.toml").write_text("[local]\nusd_per_hour = 1.25\n")
+    user = isolated.parent / "user" / ".config" / "gpuctl" / "settings.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text("[local]\nusd_per_hour = 1.25\n")
+    (isolated.parent / "work" / "gpuctl.toml").write_text("[train]\ntf_log_level = 1\n")
     monkeypatch.setenv("GPUCTL_TRAIN__ENTRY", "main.py")
     values = {v["key"]: v for v in json.loads(gpuctl("config", "show", "--json").stdout)}
-    assert values["local.usd_per_hour"] == {"key": "local.usd_per_hour", "value": 1.25, "source": str(isolated.parent / "work" / "gpuctl.toml")}
+    assert values["local.usd_per_hour"] == {"key": "local.usd_per_hour", "value": 1.25, "source": str(user)}
+    assert values["train.tf_log_level"]["source"] == str(isolated.parent / "work" / "gpuctl.toml")
     assert values["train.entry"]["source"] == "env GPUCTL_TRAIN__ENTRY"
     assert values["provider"] == {"key": "provider", "value": "local", "source": "env GPUCTL_PROVIDER"}
     assert values["cluster"]["source"] == "default"
@@ -235,8 +239,10 @@ def test_crashing_script_shows_failed_with_the_tail_of_its_log(gpuctl, make_proj
     assert "failed (1)" in table and "ValueError: shapes do not match" in table
 
 
-def test_error_text_is_not_eaten_as_markup(gpuctl, isolated):
-    (isolated.parent / "work" / "gpuctl.toml").write_text("[aws]\nregion = 'us-east-1'\nimage = 'ami-1'\nssh_cidr = 'nope'\n")
+def test_error_text_is_not_eaten_as_markup(gpuctl, isolated, monkeypatch):
+    user = isolated.parent / "user.toml"  # aws settings are the user's: a project's gpuctl.toml may not set them
+    user.write_text("[aws]\nregion = 'us-east-1'\nimage = 'ami-1'\nssh_cidr = 'nope'\n")
+    monkeypatch.setenv("GPUCTL_CONFIG", str(user))
     res = gpuctl("config", "show", code=3)
     assert "aws.ssh_cidr = 'nope'" in res.stderr and "[aws]" not in res.stdout
 
@@ -322,9 +328,10 @@ def test_infinite_and_huge_numbers_are_refused_wherever_they_come_from(gpuctl, q
     monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "nan")
     gpuctl("up", "-y", code=3)
     monkeypatch.delenv("GPUCTL_LOCAL__USD_PER_HOUR")
-    Path("gpuctl.toml").write_text("[local]\nusd_per_hour = inf\n")
+    Path("settings.toml").write_text("[local]\nusd_per_hour = inf\n")
+    monkeypatch.setenv("GPUCTL_CONFIG", "settings.toml")
     gpuctl("up", "-y", code=3)
-    Path("gpuctl.toml").unlink()
+    monkeypatch.delenv("GPUCTL_CONFIG")
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"] == []
     gpuctl("up")
     for budget in ("inf", "nan", "1e308"):

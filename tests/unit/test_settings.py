@@ -25,15 +25,15 @@ def test_defaults_and_sources(tmp_path):
 
 
 def test_precedence_each_layer_overrides_the_one_below(tmp_path):
-    user = write(tmp_path / "user.toml", "[local]\nusd_per_hour = 1\n[train]\nentry = 'a.py'\nmixed_precision = 'on'\n")
-    write(tmp_path / "cwd" / "gpuctl.toml", "[local]\nusd_per_hour = 2\n[train]\nentry = 'b.py'\n")
+    user = write(tmp_path / "user.toml", "[train]\nentry = 'a.py'\nmixed_precision = 'on'\ntf_log_level = 1\n")
+    write(tmp_path / "cwd" / "gpuctl.toml", "[train]\nentry = 'b.py'\ntf_log_level = 3\n")
     proj = tmp_path / "proj"
     write(proj / "gpuctl.toml", "[train]\nentry = 'c.py'\n[guards]\nbudget_usd = 5\n")
     env = {"GPUCTL_CONFIG": str(user), "GPUCTL_GUARDS__BUDGET_USD": "7", "GPUCTL_PROVIDER": "local"}
     loaded = load_settings({"guards.budget_usd": 9.5}, project_dir=proj, env=env, cwd=tmp_path / "cwd")
     s, src = loaded.settings, loaded.sources
     assert s.train.mixed_precision == "on" and src["train.mixed_precision"] == str(user)
-    assert s.local.usd_per_hour == 2 and src["local.usd_per_hour"] == str(tmp_path / "cwd" / "gpuctl.toml")
+    assert s.train.tf_log_level == 3 and src["train.tf_log_level"] == str(tmp_path / "cwd" / "gpuctl.toml")
     assert s.train.entry == "c.py" and src["train.entry"] == str(proj / "gpuctl.toml")
     assert s.guards.budget_usd == 9.5 and src["guards.budget_usd"] == "flag"
     assert src["provider"] == "env GPUCTL_PROVIDER"
@@ -63,10 +63,11 @@ def test_user_file_defaults_to_home_config(tmp_path):
         ("cluster = 'has space'\n", "cluster"),
     ],
 )
-def test_bad_project_file_is_a_config_error(tmp_path, text, needle):
-    write(tmp_path / "gpuctl.toml", text)
+def test_bad_settings_file_is_a_config_error(tmp_path, text, needle):
+    # The user's own file: a project's may set few of these (tests/unit/test_project_settings.py).
+    user = write(tmp_path / "settings.toml", text)
     with pytest.raises(ConfigError) as info:
-        load_settings(env={}, cwd=tmp_path)
+        load_settings(env={"GPUCTL_CONFIG": str(user)}, cwd=tmp_path)
     assert needle in info.value.message
     assert "\n" not in info.value.message
     assert info.value.hint
