@@ -28,6 +28,8 @@ EPOCHS = "epochs.jsonl"
 STARTED = "started"
 ENDED = "ended"
 SCRIPT = "job.sh"
+# The job's environment to start from (tmux.KEEP) and tmux's own marks: `down` finds its processes by them.
+JOB_KEEP = (*tmux.KEEP, tmux.MARK_VAR, "TMUX", "TMUX_PANE")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
     lines = [
         "#!/usr/bin/env bash",
         "# Written by gpuctl: runs one job, tees its output to the log, records its exit code.",
+        # Again under a clean environment, whoever started the tmux server (an older gpuctl's
+        # server kept its caller's): the job sees only what gpuctl sets below and `--env` names.
+        f'if [ "${{1:-}}" != --clean ]; then set -- bash "$0" --clean; {tmux.clean_exec(JOB_KEEP)}; fi',
         # A trap (not an ignore, which children would inherit) lets the job be stopped with
         # SIGTERM, or Ctrl-C in `gpuctl attach` (SIGINT to the pane's process group), while this
         # script lives on to record the job's exit code (130 for a job ended by Ctrl-C).
