@@ -130,11 +130,15 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
     """Start `command` in a detached tmux session; returns once tmux has it. `secret_env` reaches
     the job without being written into its script (train --env)."""
     if secret_env:
-        # The run's directory is the owner's alone first: the file is written before its chmod.
-        host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", paths.run_dir])
+        private_dir(host, paths.run_dir)  # first: the file is written before its chmod
         _write_secrets(host, paths, secret_env)
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
     _new_session(host, session, paths)
+
+
+def private_dir(host: Host, path: str) -> None:
+    """`path` made (if need be) and the owner's alone, for files written there before their chmod."""
+    host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", path])
 
 
 def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[str, str] | None = None) -> None:
