@@ -151,14 +151,17 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             if rules.ignored(rel, False):
                 continue
             path = os.path.join(dirpath, name)
-            if what := private.what(os.path.realpath(path) if os.path.islink(path) else os.path.join(real_dir, name)):
+            # A file that is no link, in a directory already found not private, can only be one itself.
+            st = os.lstat(path)
+            link = stat.S_ISLNK(st.st_mode)
+            if what := private.what(os.path.realpath(path) if link else os.path.join(real_dir, name), exact=not link):
                 refused.append(f"{rel}: {what}")
                 continue
-            why = _odd(path, root)
+            why = _odd(path, root, st)
             if why:
                 skipped.append(f"{rel}: {why}")
                 continue
-            st = os.stat(path)
+            st = os.stat(path) if link else st
             files[rel] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
             if progress is not None and len(files) % 500 == 0 and time.monotonic() - t0 >= 1.0:
@@ -176,9 +179,8 @@ def path_inside(real: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _odd(path: str, root: str) -> str:
-    """Why a directory entry is not pushed ("" if it is)."""
-    st = os.lstat(path)
+def _odd(path: str, root: str, st: os.stat_result) -> str:
+    """Why a directory entry (`st`: its lstat) is not pushed ("" if it is)."""
     if stat.S_ISLNK(st.st_mode):
         try:
             st = os.stat(path)

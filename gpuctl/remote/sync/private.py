@@ -39,8 +39,11 @@ class Private:
             for p in {os.path.abspath(path), os.path.realpath(path)}:
                 self._places.setdefault(p, what)
 
-    def what(self, real: str) -> str:
-        """What private place `real` (a resolved path) is or is in; "" when none."""
+    def what(self, real: str, exact: bool = False) -> str:
+        """What private place `real` (a resolved path) is or is in; "" when none. `exact`: is it
+        one (for a file in a directory already found not private: one dict look, not a loop)."""
+        if exact or real in self._places:
+            return self._places.get(real, "")
         for place, what in self._places.items():
             if real == place or real.startswith(place.rstrip(os.sep) + os.sep):
                 return what
