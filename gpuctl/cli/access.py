@@ -99,11 +99,16 @@ def ssh_config(ctx: click.Context, install: bool) -> None:
               help="Local port to open TensorBoard on.")
 @click.pass_context
 def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
-    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it)."""
+    """Start TensorBoard on the instance over the runs' logs and forward it to localhost (Ctrl-C ends it).
+
+    It answers you only: open the URL printed (it carries a token, which sets a cookie); anyone
+    else, on this machine or on the instance, gets 403.
+    """
     from gpuctl.ops import access
 
     argv, url = access.tensorboard(session(ctx), cluster, port)
-    click.echo(f"TensorBoard: {url}   (nothing is opened to the internet; Ctrl-C to stop forwarding)")
+    click.echo(f"TensorBoard: {url}   (yours only: the token; nothing is opened to the internet; Ctrl-C to stop "
+               "forwarding)")
     try:
         ctx.exit(run_child(argv) if argv else 0)
     except KeyboardInterrupt:

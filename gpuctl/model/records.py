@@ -235,6 +235,7 @@ class SyncStats(Frozen):
     files_deleted: int
     seconds: float
     skipped: tuple[str, ...] = ()  # "path: why" for each link or special file not pushed (sync.scan)
+    refused: tuple[str, ...] = ()  # "path: what" for each private entry never pushed (sync/private.py)
 
 
 class CommandResult(Frozen):

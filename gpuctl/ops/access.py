@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import secrets
 import shlex
 from contextlib import nullcontext
 from pathlib import Path
@@ -16,14 +17,14 @@ from gpuctl.errors import ConflictError, RemoteError
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ClusterRecord
 from gpuctl.model.results import SshConfigResult
-from gpuctl.ops import setup
+from gpuctl.ops import guards, setup
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs, tmux
 from gpuctl.remote.host import Host
 from gpuctl.remote.ssh import openssh
 from gpuctl.retry import TimedOut, poll
 
-TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there
+TENSORBOARD_PORT = 6006  # on the instance, bound to 127.0.0.1 there, behind a token
 
 
 Runner = Callable[[list[str], Optional[str]], int]  # runs argv in the foreground; its exit status
@@ -86,7 +87,10 @@ def ssh_config(s: Session, install: bool = False) -> SshConfigResult:
 
 
 def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] | None, str]:
-    """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL)."""
+    """Start TensorBoard over the runs on the instance (once); (forwarding argv or None, URL with
+    its token). TensorBoard has no authentication of its own and a loopback port is open to every
+    user of a machine: it runs behind a token check (payloads/gpuctl_tensorboard.py), so neither
+    another user of the host nor one of this machine (on the forwarded port) gets past it."""
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
     remote_port = port if host.local else TENSORBOARD_PORT
@@ -94,15 +98,16 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
     port_file = posixpath.join(paths.run_dir, "port")
     pane = tmux.pane(host, "tensorboard")
     serving = (host.read_bytes(port_file, 0, 16) or b"").decode("ascii", "replace").strip()
+    token = _token(host, paths) if pane is not None else None
     ours = host.local and pane is not None and not pane.dead and serving == str(port)
     if not ours and not _port_free(port):
         # Else the URL printed would lead to whoever holds the port (ssh -L only warns).
         raise ConflictError(f"port {port} is in use on this machine",
                             "Pass another local port: `gpuctl tensorboard --port 16006`.")
     setup.ensure(s, record, check=False, install=False)  # TensorBoard lives in the runs' TensorFlow env
-    if pane is not None and (pane.dead or serving != str(remote_port)):
-        # Dead (it crashed, or its port was taken), or serving another port than the one asked
-        # now: a URL printed for it would lead nowhere.
+    if pane is not None and (pane.dead or serving != str(remote_port) or token is None):
+        # Dead (it crashed, or its port was taken), serving another port than the one asked now (a
+        # URL printed for it would lead nowhere), or without a token (an older gpuctl's: open to all).
         jobs.stop_job(host, "tensorboard", paths, grace_s=3)
         pane = None
     if pane is None:
@@ -111,13 +116,30 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
             raise RemoteError(f"TensorBoard is not installed for {host.python} on {host.label}",
                               f"Install it there: `{host.python} -m pip install tensorboard`.")
         host.remove_tree(paths.run_dir)  # its last log and exit code are not this start's
-        cmd = [host.python, "-m", "tensorboard.main", "--logdir", posixpath.join(host.root, "runs"),
-               "--host", "127.0.0.1", "--port", str(remote_port)]
+        jobs.private_dir(host, paths.run_dir)  # the token's file is written in a directory of the owner's alone
+        token = secrets.token_urlsafe(24)
+        host.write_text(_token_file(paths), token, mode=0o600)
+        cmd = [host.python, posixpath.join(guards.push_payload(host), TENSORBOARD_PAYLOAD),
+               posixpath.join(host.root, "runs"), str(remote_port), _token_file(paths)]
         jobs.start_job(host, "tensorboard", host.root, cmd, {}, paths)
         host.write_text(port_file, str(remote_port))
         _wait_serving(host, paths)
-    # Bound to 127.0.0.1 on the instance: reachable only through this SSH tunnel.
-    return host.forward(port, remote_port), f"http://127.0.0.1:{port}/"
+    # Bound to 127.0.0.1 on the instance, reached through this SSH tunnel, and the token's alone.
+    return host.forward(port, remote_port), f"http://127.0.0.1:{port}/?token={token}"
+
+
+TENSORBOARD_PAYLOAD = "gpuctl_tensorboard.py"
+
+
+def _token_file(paths: jobs.JobPaths) -> str:
+    return posixpath.join(paths.run_dir, "token")
+
+
+def _token(host: Host, paths: jobs.JobPaths) -> str | None:
+    """The running TensorBoard's token, as written on the host (URL-safe, 32 characters); None
+    when there is none that could be (a TensorBoard an older gpuctl started without one)."""
+    raw = (host.read_bytes(_token_file(paths), 0, 64) or b"").decode("ascii", "replace").strip()
+    return raw if len(raw) == 32 and all(c.isalnum() or c in "-_" for c in raw) else None
 
 
 def _port_free(port: int) -> bool:

@@ -13,6 +13,7 @@ from gpuctl.errors import ProjectError
 from gpuctl.model.records import SyncStats
 from gpuctl.ops.session import Progress, Session
 from gpuctl.remote.host import Host
+from gpuctl.remote.sync.private import Private
 
 
 def slug(text: str) -> str:
@@ -36,6 +37,7 @@ def check_project(s: Session, project: Path) -> tuple[Path, LoadedSettings, str]
     """(the project's resolved path, the settings for it, its entry point), or the ProjectError
     that says what is missing, before anything is pushed or launched."""
     project = project_dir(project)
+    Private().check_root(str(project))  # before its settings are read, or anything made
     loaded = s.settings(project_dir=project)
     entry = loaded.settings.train.entry
     if not (project / entry).is_file():
@@ -57,6 +59,7 @@ def check_data(data: Path | None) -> Path | None:
         raise ProjectError(f"data directory {str(data)!r} " + ("is a file, not a directory" if Path(data).exists()
                                                               else "does not exist"),
                            "Pass --data DIR with a directory of training data, or leave it out.")
+    Private().check_root(str(Path(data).resolve()))
     return Path(data).resolve()
 
 

@@ -28,6 +28,8 @@ EPOCHS = "epochs.jsonl"
 STARTED = "started"
 ENDED = "ended"
 SCRIPT = "job.sh"
+# The job's environment to start from (tmux.KEEP) and tmux's own marks: `down` finds its processes by them.
+JOB_KEEP = (*tmux.KEEP, tmux.MARK_VAR, "TMUX", "TMUX_PANE")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ def job_script(workdir: str, command: Sequence[str], env: Mapping[str, str], pat
     lines = [
         "#!/usr/bin/env bash",
         "# Written by gpuctl: runs one job, tees its output to the log, records its exit code.",
+        # Again under a clean environment, whoever started the tmux server (an older gpuctl's
+        # server kept its caller's): the job sees only what gpuctl sets below and `--env` names.
+        f'if [ "${{1:-}}" != --clean ]; then set -- bash "$0" --clean; {tmux.clean_exec(JOB_KEEP)}; fi',
         # A trap (not an ignore, which children would inherit) lets the job be stopped with
         # SIGTERM, or Ctrl-C in `gpuctl attach` (SIGINT to the pane's process group), while this
         # script lives on to record the job's exit code (130 for a job ended by Ctrl-C).
@@ -125,11 +130,15 @@ def start_job(host: Host, session: str, workdir: str, command: Sequence[str], en
     """Start `command` in a detached tmux session; returns once tmux has it. `secret_env` reaches
     the job without being written into its script (train --env)."""
     if secret_env:
-        # The run's directory is the owner's alone first: the file is written before its chmod.
-        host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", paths.run_dir])
+        private_dir(host, paths.run_dir)  # first: the file is written before its chmod
         _write_secrets(host, paths, secret_env)
     host.write_text(paths.script, job_script(workdir, command, env, paths), mode=0o700)
     _new_session(host, session, paths)
+
+
+def private_dir(host: Host, path: str) -> None:
+    """`path` made (if need be) and the owner's alone, for files written there before their chmod."""
+    host.run(["sh", "-c", 'mkdir -p "$1" && chmod 700 "$1"', "sh", path])
 
 
 def restart_job(host: Host, session: str, paths: JobPaths, secret_env: Mapping[str, str] | None = None) -> None:

@@ -26,11 +26,24 @@ def argv(host: Host, *args: str) -> list[str]:
     return ["tmux", "-L", host.tmux_socket, *args]
 
 
+# What gpuctl's tmux server and every job keep of the environment they are started from: what any
+# program needs to run, nothing else. Not the AWS keys or ssh agent of the `gpuctl` that started
+# the server or submitted the run, not sshd's SSH_* (a job gets the rest from `train --env`).
+KEEP = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM")
+
+
+def clean_exec(keep: tuple[str, ...] = KEEP) -> str:
+    """bash that execs "$@" under `env -i` with only the variables of `keep` that are set."""
+    return (f'k=(); for v in {" ".join(keep)}; do [ -n "${{!v+x}}" ] && k+=("$v=${{!v}}"); done; '
+            'exec env -i "${k[@]}" "$@"')
+
+
 def server_env(host: Host) -> list[str]:
-    """argv prefix for a tmux command that may start gpuctl's server: the server, and so every
-    pane and every process a job starts (daemons included), carries GPUCTL_TMUX=<socket>, which is
-    how `down` finds them all (jobs.end_processes)."""
-    return ["env", f"{MARK_VAR}={host.tmux_socket}"]
+    """argv prefix for a tmux command that may start gpuctl's server: the server (and so every pane
+    and every process a job starts, daemons included) starts from a clean environment (KEEP) and
+    carries GPUCTL_TMUX=<socket>, which is how `down` finds them all (jobs.end_processes). The
+    tmux client runs in it too: a new session takes the client's SSH_AUTH_SOCK and DISPLAY."""
+    return ["bash", "-c", clean_exec(), "gpuctl-clean-env", f"{MARK_VAR}={host.tmux_socket}"]
 
 
 def session_alive(host: Host, session: str) -> bool:

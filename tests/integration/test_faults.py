@@ -110,7 +110,8 @@ def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
     where the instance's port is the one asked)."""
     import subprocess
     import sys
-    import urllib.request
+
+    from tests.integration.test_secrets_tensorboard import owner_gets_the_page
 
     gpuctl("up", "--provider", "local")
     for port in (16131, 16132):
@@ -118,9 +119,8 @@ def test_a_second_tensorboard_on_another_port_serves_there(gpuctl, isolated):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline()  # printed once TensorBoard serves
-            assert f"http://127.0.0.1:{port}/" in line, proc.stderr.read()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
-                assert resp.status == 200
+            assert f"http://127.0.0.1:{port}/?token=" in line, proc.stderr.read()
+            owner_gets_the_page(line.split()[1])  # with its token (test_secrets_tensorboard.py)
         finally:
             proc.terminate()
             proc.wait(10)

@@ -53,7 +53,7 @@ def test_two_clusters_on_one_host_and_down_of_one_leaves_nothing_of_it(gpuctl, s
     tb = subprocess.Popen([*GPUCTL, "tensorboard", "--cluster", "a", "--port", "16123"], env=dict(os.environ),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        wait_for(lambda: f"--logdir {WORKDIR}/a/runs" in processes(host), timeout=60)
+        wait_for(lambda: f"gpuctl_tensorboard.py {WORKDIR}/a/runs" in processes(host), timeout=60)
     finally:
         os.killpg(tb.pid, signal.SIGTERM)
         tb.wait()

@@ -11,7 +11,6 @@ import json
 import subprocess
 import textwrap
 import time
-import urllib.request
 
 import pytest
 
@@ -179,23 +178,32 @@ def test_attach_command_targets_the_runs_session(gpuctl, ssh, make_project):
     gpuctl("down", "-y")
 
 
-def test_tensorboard_is_forwarded_to_localhost_only(gpuctl, ssh):
+def test_tensorboard_is_forwarded_to_localhost_and_answers_this_user_only(gpuctl, ssh):
+    from tests.integration.test_secrets_tensorboard import as_nobody, owner_gets_the_page
+
     up_ssh(gpuctl, ssh)
-    proc = subprocess.Popen([str(__import__("tests.conftest", fromlist=["REPO"]).REPO / ".venv/bin/gpuctl"),
-                             "tensorboard", "--port", "16006"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    host = ssh.hosts[0]
+    proc = subprocess.Popen([str(REPO / ".venv/bin/gpuctl"), "tensorboard", "--port", "16006"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
+        line = proc.stdout.readline()  # printed once TensorBoard serves on the host
+        assert "http://127.0.0.1:16006/?token=" in line, line + (proc.stderr.read() if proc.poll() is not None else
+                                                                  host.run(f"tail -20 {ROOT}/tensorboard/output.log").stdout)
+        url = line.split()[1]
+        deadline = time.monotonic() + 30
+        while True:  # the tunnel opens a moment after the line
             try:
-                with urllib.request.urlopen("http://127.0.0.1:16006/", timeout=3) as resp:
-                    assert resp.status == 200
-                    break
+                owner_gets_the_page(url)
+                break
             except OSError:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, "TensorBoard did not answer through the tunnel: " + \
-                    ssh.hosts[0].run(f"tail -20 {ROOT}/tensorboard/output.log").stdout
-                time.sleep(1)
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.5)
+        # Another user of this machine on the forwarded port, and one of the host on its own port:
+        # TensorBoard has no authentication of its own, the token check in front of it does.
+        assert as_nobody(16006).split()[1:2] == ["403"], as_nobody(16006)
+        on_host = ["nsenter", "-t", str(host.proc.pid), "-m", "-n"]
+        assert as_nobody(6006, netns=on_host).split()[1:2] == ["403"], as_nobody(6006, netns=on_host)
+        assert host.run(f"runuser -u nobody -- cat {ROOT}/tensorboard/token").returncode != 0
     finally:
         proc.terminate()
         proc.wait(10)
@@ -205,7 +213,7 @@ def test_tensorboard_is_forwarded_to_localhost_only(gpuctl, ssh):
         time.sleep(0.2)
     assert not _forwarders(16006)
     # On the host it listens on 127.0.0.1 only: nothing is opened to the network.
-    listening = ssh.hosts[0].run("cat /proc/net/tcp").stdout
+    listening = host.run("cat /proc/net/tcp").stdout
     assert "0100007F:1776" in listening  # 127.0.0.1:6006
     assert "00000000:1776" not in listening
 

@@ -21,6 +21,8 @@ def test_payload_parses_as_python_38_and_imports_only_stdlib_and_tf(path):
     tree = ast.parse(path.read_text(), feature_version=(3, 8))
     # The payloads travel together: one may import another beside it.
     allowed = set(sys.stdlib_module_names) | {"tensorflow", "keras", "tf_keras"} | {p.stem for p in PAYLOADS}
+    if path.name == "gpuctl_tensorboard.py":
+        allowed |= {"tensorboard"}  # TensorFlow's own (its pip package requires it)
     if path.name == "gpuctl_store.py":
         # The checkpoint store uses boto3 where the instance's Python has it, imported inside a
         # function only (test_store.py checks the module imports without it); else the AWS CLI.

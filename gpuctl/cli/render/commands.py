@@ -14,7 +14,7 @@ from rich.console import Console
 from gpuctl.cli.render import Col, cell, clock, console, duration, notes, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.model.records import RunRecord, SettingValue
+    from gpuctl.model.records import RunRecord, SettingValue, SyncStats
     from gpuctl.model.results import (
         DownResult,
         ExecResult,
@@ -59,13 +59,19 @@ def _left_out(what: str, items: Sequence[str]) -> None:
         click.echo(cell(f"warning: {what} ({len(items)}): {'; '.join(items[:5])}{more}"), err=True)
 
 
+def _not_pushed(label: str, st: SyncStats) -> None:
+    _left_out(f"{label} entries not pushed", st.skipped)
+    # Private entries (the gpuctl home, ~/.ssh, ~/.aws): left out whatever the ignore files say.
+    _left_out(f"{label} entries refused (private, never pushed)", st.refused)
+
+
 def train_started(result: TrainResult, to_stderr: bool) -> None:
     """With --wait these go to stderr: stdout is the run's log."""
     for label, st in (("code", result.code_sync), ("data", result.data_sync)):
         if st is not None:
             click.echo(f"Pushed {label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes "
                        f"sent in {st.seconds:.2f}s.", err=to_stderr)
-            _left_out(f"{label} entries not pushed", st.skipped)
+            _not_pushed(label, st)
     run = result.run
     if run.state == "queued":
         from gpuctl.cli.render.cost import ordinal
@@ -88,7 +94,7 @@ def synced(result: SyncResult) -> None:
         if st is not None:
             click.echo(f"{label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes sent, "
                        f"{st.files_deleted} deleted, {st.seconds:.2f}s -> {where}")
-            _left_out(f"{label} entries not pushed", st.skipped)
+            _not_pushed(label, st)
 
 
 def pulled(result: PullResult) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from gpuctl.errors import ProjectError, RemoteError
 from gpuctl.model.records import SyncStats
 from gpuctl.remote.sync.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
+from gpuctl.remote.sync.private import Private
 
 Progress = Callable[[str], None]
 
@@ -103,17 +104,24 @@ def manifest_path(dest: str) -> str:
 
 
 def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
-         skipped: list[str] | None = None) -> dict[str, tuple[int, int]]:
+         skipped: list[str] | None = None, refused: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """Relative POSIX path -> (size, mtime_ns) of every file to push; ignored dirs are pruned.
     A scan that takes over a second reports to `progress` every 500 files.
 
     Odd entries, one policy for every provider: a symbolic link (to a file or a directory) that
     stays inside the project is followed, its content pushed under the link's name; one that
     leaves the project, or leads nowhere, is skipped; so are FIFOs, sockets and devices. Each
-    skip is added to `skipped` as "path: why"."""
+    skip is added to `skipped` as "path: why".
+
+    What is private (private.py: the gpuctl home, ~/.ssh, ~/.aws), by its real path, is never
+    pushed, whatever the ignore rules say: each such entry is added to `refused` as "path: what";
+    a `src` that is private itself is a ProjectError."""
     files: dict[str, tuple[int, int]] = {}
     skipped = [] if skipped is None else skipped
+    refused = [] if refused is None else refused
     root = os.path.realpath(src)
+    private = Private()
+    private.check_root(root)
     # The real directories on the way down to each directory walked: a link to one of them is a
     # loop, also when two links lead into each other (a/b -> ../c, c/d -> ../a).
     above: dict[str, frozenset[str]] = {str(src): frozenset({root})}
@@ -122,12 +130,15 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
         base = os.path.relpath(dirpath, src)
         base = "" if base == "." else base.replace(os.sep, "/") + "/"
         ancestors = above.pop(dirpath, frozenset({root}))
+        real_dir = os.path.realpath(dirpath)
         kept = []
         for d in sorted(dirnames):
             if rules.ignored(base + d, True):
                 continue
             real = os.path.realpath(os.path.join(dirpath, d))
-            if not path_inside(real, root):
+            if what := private.what(real):
+                refused.append(f"{base + d}/: {what}")
+            elif not path_inside(real, root):
                 skipped.append(f"{base + d}/: a link to a directory outside the project")
             elif real in ancestors or any(path_inside(a, real) for a in ancestors):
                 skipped.append(f"{base + d}/: a link back to a directory it is in (a loop)")
@@ -140,11 +151,17 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             if rules.ignored(rel, False):
                 continue
             path = os.path.join(dirpath, name)
-            why = _odd(path, root)
+            # A file that is no link, in a directory already found not private, can only be one itself.
+            st = os.lstat(path)
+            link = stat.S_ISLNK(st.st_mode)
+            if what := private.what(os.path.realpath(path) if link else os.path.join(real_dir, name), exact=not link):
+                refused.append(f"{rel}: {what}")
+                continue
+            why = _odd(path, root, st)
             if why:
                 skipped.append(f"{rel}: {why}")
                 continue
-            st = os.stat(path)
+            st = os.stat(path) if link else st
             files[rel] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
             if progress is not None and len(files) % 500 == 0 and time.monotonic() - t0 >= 1.0:
@@ -162,9 +179,8 @@ def path_inside(real: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _odd(path: str, root: str) -> str:
-    """Why a directory entry is not pushed ("" if it is)."""
-    st = os.lstat(path)
+def _odd(path: str, root: str, st: os.stat_result) -> str:
+    """Why a directory entry (`st`: its lstat) is not pushed ("" if it is)."""
     if stat.S_ISLNK(st.st_mode):
         try:
             st = os.stat(path)
@@ -227,21 +243,22 @@ def finished(meter: Meter, stats: SyncStats) -> SyncStats:
     return stats
 
 
-def begin(src: Path, progress: Progress | None) -> tuple[Meter, dict[str, tuple[int, int]], list[str]]:
+def begin(src: Path, progress: Progress | None) -> tuple[Meter, dict[str, tuple[int, int]], list[str], list[str]]:
     """How every push starts: its meter, the project's files under its ignore rules (said on the
-    meter), and what the scan skipped."""
+    meter), what the scan skipped, and what it refused (private)."""
     meter = Meter(progress)
     skipped: list[str] = []
-    current = scan(src, IgnoreRules.for_project(src), meter, skipped)
+    refused: list[str] = []
+    current = scan(src, IgnoreRules.for_project(src), meter, skipped, refused)
     scanned(meter, current)
-    return meter, current, skipped
+    return meter, current, skipped, refused
 
 
 def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncStats:
     """Mirror `src` into `dest` on this filesystem, copying only what changed since the last push.
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
     t0 = time.perf_counter()
-    meter, current, skipped = begin(src, progress)
+    meter, current, skipped, refused = begin(src, progress)
     dest.mkdir(parents=True, exist_ok=True)
     manifest = Path(manifest_path(str(dest)))
     with open(manifest, "rb") if manifest.is_file() else nullcontext() as fh:
@@ -276,4 +293,5 @@ def push_local(src: Path, dest: Path, progress: Progress | None = None) -> SyncS
     tmp_manifest.write_bytes(encode_manifest(current))
     os.replace(tmp_manifest, manifest)
     return finished(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=nbytes,
-                                  files_deleted=deleted, seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
+                                  files_deleted=deleted, seconds=time.perf_counter() - t0, skipped=tuple(skipped),
+                                  refused=tuple(refused)))

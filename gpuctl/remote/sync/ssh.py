@@ -149,7 +149,7 @@ def push_remote(host: SshShell, src: Path, dest: str, progress: Progress | None 
     Besides rsync's own connection, a push costs SFTP requests only: no remote shell.
     `progress` gets short lines (files, bytes, rate), at most one a second, then a final one."""
     t0 = time.perf_counter()
-    meter, current, skipped = begin(src, progress)
+    meter, current, skipped, refused = begin(src, progress)
     host.makedirs(dest)
     previous = _remote_manifest(host, dest)
     copied = sent = -1
@@ -187,7 +187,8 @@ def push_remote(host: SshShell, src: Path, dest: str, progress: Progress | None 
     if host.has_rsync is False or previous.keys() != current.keys():
         host.write_bytes(manifest_path(dest), encode_manifest(current))
     return finished(meter, SyncStats(files_total=len(current), files_copied=copied, bytes_copied=sent,
-                                  files_deleted=len(gone), seconds=time.perf_counter() - t0, skipped=tuple(skipped)))
+                                  files_deleted=len(gone), seconds=time.perf_counter() - t0, skipped=tuple(skipped),
+                                  refused=tuple(refused)))
 
 
 def rsync_host(host: str) -> str:
