@@ -147,3 +147,21 @@ def test_the_question_prices_the_hard_cap_at_the_spot_cap_not_the_spot_price_now
     two = gpuctl(*base, "--nodes", "2", code=2).stderr
     assert "8 h hard cap (8 h x $2.0120/h at the spot cap = $16.10)" in two
     nothing_created(aws)
+
+
+def test_a_record_made_before_ec2_gave_addresses_gets_them_at_the_next_look(aws):
+    """EC2's answer to RunInstances has no public address yet (moto's has one: the record here is
+    made as AWS's answer would make it); `status` after an interrupted `up` fills it in, so that
+    `train` and `down` reach the instance."""
+    from gpuctl.model.records import InstanceRecord
+    from gpuctl.provision.aws.lifecycle import reconcile
+    from gpuctl.provision.aws.session import Aws
+    from tests.aws import NEWEST_X86
+
+    inst = aws.run_instances(ImageId=NEWEST_X86[0], InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]
+    rec = InstanceRecord(id=inst["InstanceId"], cluster="default", state="pending", market="on-demand",
+                         launched_at=inst["LaunchTime"].timestamp(), workdir="/home/ubuntu/gpuctl", region="us-east-1")
+    (now,) = aws.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"]
+    (fresh,) = reconcile(lambda region: Aws(region=region or "us-east-1"), [rec])
+    assert fresh.state == "running"
+    assert (fresh.public_ip, fresh.private_ip) == (now["PublicIpAddress"], now["PrivateIpAddress"])
