@@ -114,7 +114,7 @@ class FakeProvider:
     def price_quote(self) -> PriceQuote:
         return PriceQuote(usd_per_hour=self.spec.usd_per_hour, source="the fake's price")
 
-    def launch(self, progress, wait_ssh=True) -> list[InstanceRecord]:
+    def launch(self, progress, wait_ssh=True, launched=lambda _: None) -> list[InstanceRecord]:
         if self.world["leave_on_failure"]:
             self.world["instances"][f"left-{self.spec.name}"] = self.spec.name
         if self.world["fail_launch"]:

@@ -17,7 +17,7 @@ import click
 
 from gpuctl import __version__
 from gpuctl.cli import access, clusters, images, plan, runs
-from gpuctl.cli.common import CONTEXT
+from gpuctl.cli.common import AFTER_FAILURE, CONTEXT
 from gpuctl.errors import ExitCode, GpuctlError
 
 # The reader of our output went away (`gpuctl cost | head -1`): exit as a tool killed by SIGPIPE
@@ -75,6 +75,17 @@ def _cloud_error(exc: Exception) -> GpuctlError | None:
     return translate(exc)
 
 
+def _after_failure(ctx: click.Context) -> None:
+    """What the failed command registered to say last (cli/common.py after_failure)."""
+    for lines in ctx.meta.get(AFTER_FAILURE, ()):
+        try:
+            said = lines()
+        except (Exception, KeyboardInterrupt):  # noqa: BLE001 - an addition never hides the failure itself
+            continue
+        for line in said:
+            click.echo(line, err=True)
+
+
 class GpuctlGroup(click.Group):
     """The one place that maps exceptions to messages and exit codes (and `main` for Click's own)."""
 
@@ -103,11 +114,13 @@ class GpuctlGroup(click.Group):
             if debug:
                 _traceback()
             _print_error(exc)
+            _after_failure(ctx)
             ctx.exit(int(exc.exit_code))
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
+            _after_failure(ctx)
             ctx.exit(int(ExitCode.INTERRUPTED))
         except BrokenPipeError:  # before `Exception`: a closed pipe is the reader's choice, not a bug
             raise
@@ -117,11 +130,13 @@ class GpuctlGroup(click.Group):
             cloud = _cloud_error(exc)
             if cloud is not None:  # an AWS failure some call site did not translate: still the cloud's
                 _print_error(cloud)
+                _after_failure(ctx)
                 ctx.exit(int(cloud.exit_code))
             from gpuctl.model.untrusted import one_line
 
             click.echo(f"Error: internal error: {type(exc).__name__}: {one_line(exc, 2000)}", err=True)
             click.echo("Hint: rerun with --debug and report the traceback.", err=True)
+            _after_failure(ctx)
             ctx.exit(int(ExitCode.INTERNAL))
 
 

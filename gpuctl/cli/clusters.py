@@ -10,6 +10,7 @@ import click
 from gpuctl.cli.common import (
     CONTEXT,
     PositiveFloat,
+    after_failure,
     confirm,
     json_option,
     progress_sink,
@@ -65,8 +66,12 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
     question = clusters.launch_question(s, usd_per_hour)
     if question is not None:
         confirm(yes, question)
+    held: dict[str, Any] = {}  # the cluster's instances as `up` came to hold them, by id
+    # A failure from here on (an SSH wait, Ctrl-C) says what still runs and the `down` that ends it.
+    after_failure(ctx, lambda: render_commands.still_running(list(held.values())))
     with progress_sink() as progress:
-        result = clusters.up(s, progress, wait_ssh=not no_wait, usd_per_hour=usd_per_hour)
+        result = clusters.up(s, progress, wait_ssh=not no_wait, usd_per_hour=usd_per_hour,
+                             told=lambda inst: held.__setitem__(inst.id, inst))
     if as_json:
         return render.emit_json(result)
     render_commands.up(result)

@@ -27,6 +27,15 @@ def session(ctx: click.Context, **flags: Any):
     return s
 
 
+AFTER_FAILURE = "gpuctl.after_failure"  # ctx.meta key: what a failed command adds (cli/__init__.py)
+
+
+def after_failure(ctx: click.Context, lines: Any) -> None:
+    """`lines()` (a list of str) goes to stderr if the command fails or is interrupted, after its
+    `Error:`/`Hint:` or `Interrupted.` line: what it leaves running, and how to end it."""
+    ctx.meta.setdefault(AFTER_FAILURE, []).append(lines)
+
+
 def progress_sink():
     """The sink for a use case's progress lines (render.Progress); use it in a `with`."""
     from gpuctl.cli.render import Progress

@@ -31,6 +31,14 @@ class PriceQuote(Frozen):
     max_price: Optional[float] = None  # spot: the cap in force per node, $/h
     cap_source: str = ""  # "--max-price" or "the on-demand price (AWS's default)"
 
+    @property
+    def worst_usd_per_hour(self) -> float:
+        """The most the launch may bill an hour, every node together: spot's cap where one is in
+        force (the price now may rise to it, or the launch land in a dearer zone), else the price."""
+        if self.max_price is None:
+            return self.usd_per_hour
+        return max(self.usd_per_hour, self.max_price * self.nodes)
+
 
 class InstanceRecord(Frozen):
     """One machine of a cluster as the provider reports it."""
@@ -44,6 +52,9 @@ class InstanceRecord(Frozen):
     zone: Optional[str] = None
     market: str = "on-demand"
     usd_per_hour: float = 0.0
+    # The most it may be billed an hour (spot: its cap, the on-demand price unless --max-price);
+    # None: usd_per_hour (or recorded before this was).
+    max_usd_per_hour: Optional[float] = None
     launched_at: float
     terminated_at: Optional[float] = None
     # Where gpuctl keeps its files on that machine (code, runs, payload).

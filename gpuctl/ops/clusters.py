@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
+from typing import Callable
 
 from gpuctl.config import tf_releases
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError
@@ -70,16 +71,31 @@ def price_words(quote: PriceQuote | None, max_hours: float, budget_usd: float) -
     cap = (f"; spot cap ${quote.max_price:,.4f}/h a node ({quote.cap_source})"
            if quote.max_price is not None else "")
     budget = f"; budget ${budget_usd:,.2f} (guards.budget_usd)" if budget_usd > 0 else ""
+    # The hard cap's worst case is at the most the launch may bill an hour (spot: its cap), not
+    # at the spot price now, which may read $0.0000 and rise.
+    worst = quote.worst_usd_per_hour
+    at = " at the spot cap" if quote.max_price is not None else ""
     return (f" at ${quote.usd_per_hour:,.4f}/h ({each}{quote.source}{cap}), billed until `gpuctl down` or the "
-            f"{max_hours:g} h hard cap ({max_hours:g} h x ${quote.usd_per_hour:,.4f}/h = "
-            f"${quote.usd_per_hour * max_hours:,.2f}){budget}")
+            f"{max_hours:g} h hard cap ({max_hours:g} h x ${worst:,.4f}/h{at} = ${worst * max_hours:,.2f}){budget}")
+
+
+Told = Callable[[InstanceRecord], None]
+
+
+def _told_nothing(_: InstanceRecord) -> None:
+    pass
 
 
 def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None,
-       make_default: bool = True, launched_for: str = "") -> UpResult:
+       make_default: bool = True, launched_for: str = "", told: Told = _told_nothing) -> UpResult:
     """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the
     default (unless `make_default` is False: an image bake's cluster is nobody's default).
-    `launched_for`: the use case launching it for itself (ClusterSpec.launched_for)."""
+    `launched_for`: the use case launching it for itself (ClusterSpec.launched_for).
+
+    Each instance is in the ledger from the moment its provider gave its id, so a failed or
+    interrupted `up` leaves nothing billing that `status`, `cost` and `down` do not see. `told`
+    hears every instance of the cluster as `up` comes to hold it (created, reused, set up again),
+    and again as its record changes: what a failure says still runs (the CLI's last lines)."""
     spec = _asked(s, usd_per_hour, take=True)
     if launched_for:
         spec = spec.model_copy(update={"launched_for": launched_for})
@@ -89,7 +105,7 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
     if live is not None and why is not None:
         live = reconcile(s, live)  # its machines may have ended since: then it is a new `up`
         if live.state == "up":
-            return _setup_again(s, live, spec, why, progress, wait_ssh)
+            return _setup_again(s, live, spec, why, progress, wait_ssh, told)
         live = None
     if live is not None:
         spec = _reusable(s, live, spec)
@@ -102,20 +118,28 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         except sqlite3.IntegrityError:
             raise ConflictError(f"a cluster named {spec.name!r} is already up") from None
     provider = s.provider(spec)
+    known = {i.id: i for i in s.ledger.instances(cluster.id)}  # an `up` killed earlier recorded these
+    made: dict[str, InstanceRecord] = {}
+
+    def launched(inst: InstanceRecord) -> None:
+        made[inst.id] = inst
+        told(inst)  # first: what is said of a failure must not hang on the ledger's write
+        s.ledger.put_instance(cluster.id, inst)
+
     try:
-        instances = provider.launch(progress, wait_ssh)
+        instances = provider.launch(progress, wait_ssh, launched)
     except BaseException:
-        if live is None:
+        if live is None and not any(i.state not in ENDED_STATES for i in made.values()):
             _forget_if_nothing_exists(s, provider, cluster)
         raise
-    known = {i.id: i for i in s.ledger.instances(cluster.id)}
     for n, inst in enumerate(instances):
-        if inst.id in known:
+        if inst.id in known and inst.id not in made:
             # Reused: what was recorded at launch (price, periods, spot steps, image) stays; only
             # what may have changed since (state, addresses) is taken from the provider.
             inst = known[inst.id].model_copy(update={"state": inst.state, "public_ip": inst.public_ip,
                                                      "private_ip": inst.private_ip})
             instances[n] = inst
+        told(inst)
         s.ledger.put_instance(cluster.id, inst)
     s.ledger.event("up", f"{len(instances)} instance(s) via {spec.provider}", cluster=cluster)
     if wait_ssh and len(instances) > 1:  # nodes that see one work dir (a shared home) each get their own
@@ -149,7 +173,7 @@ def _armed_and_set_up(s: Session, cluster: ClusterRecord, provider: Provider, in
 
 
 def _setup_again(s: Session, live: ClusterRecord, asked: ClusterSpec, why: str, progress: Progress,
-                 wait_ssh: bool) -> UpResult:
+                 wait_ssh: bool, told: Told) -> UpResult:
     """`up` of a live cluster whose setup failed: the same machines and TensorFlow version, set up
     again with today's `remote.*` (a `remote.python` or `remote.wheelhouse` set since is used)."""
     _refuse_other_machines(live.spec, asked)
@@ -159,6 +183,8 @@ def _setup_again(s: Session, live: ClusterRecord, asked: ClusterSpec, why: str, 
     cluster = s.ledger.cluster(live.id)
     progress(f"cluster {cluster.name!r} is up but its setup failed ({why}); setting it up again with today's settings")
     instances = [i for i in s.ledger.instances(cluster.id) if i.state not in ENDED_STATES]
+    for inst in instances:
+        told(inst)
     return _armed_and_set_up(s, cluster, s.provider(spec), instances, progress, wait_ssh, reused=True)
 
 

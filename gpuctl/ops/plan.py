@@ -151,10 +151,9 @@ def _type_targets(s: Session, types: tuple[str, ...], spot: bool | None, timeout
         rate = quote.usd_per_hour if quote is not None else 0.0
         # A spot price is the price now, in the cheapest zone: the launch may land in a dearer zone
         # and the price may rise, up to the cap (the on-demand price unless --max-price).
-        worst = quote.max_price * quote.nodes if quote is not None and quote.max_price is not None else rate
         out.append(Target(source="type", label=f"{itype} {market}", cluster=spec.name, provider=spec.provider,
                           usd_per_hour=rate, cap_hours=cap, instance_type=itype, market=market, flags=flags,
-                          worst_usd_per_hour=max(rate, worst)))
+                          worst_usd_per_hour=quote.worst_usd_per_hour if quote is not None else rate))
     return out
 
 

@@ -240,7 +240,9 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
             raise ConflictError(f"cannot recover on cluster {cluster.name!r}: another cluster of that name is up",
                                 f"Resume the run there yourself: gpuctl train --resume RUN --cluster {cluster.name}"
                                 ) from None
-    instances = provider.launch(progress, wait_ssh=True)
+    # Each replacement in the ledger as soon as it exists: a recovery that fails after (its SSH
+    # wait) leaves nothing billing that `status` and `down` do not see.
+    instances = provider.launch(progress, wait_ssh=True, launched=lambda i: s.ledger.put_instance(cluster.id, i))
     for inst in instances:
         s.ledger.put_instance(cluster.id, inst)
     cluster = s.ledger.cluster(cluster.id)

@@ -63,8 +63,13 @@ class Provider(Protocol):
         """The $/h the launch is about to be billed (None: nothing is billed), asked before anything
         is created; a price cap no offer meets is refused here (ConfigError)."""
 
-    def launch(self, progress: "Callable[[str], None]", wait_ssh: bool = True) -> "list[InstanceRecord]":
-        """Create the spec's instances, or find and reuse them, and return them."""
+    def launch(self, progress: "Callable[[str], None]", wait_ssh: bool = True,
+               launched: "Callable[[InstanceRecord], None]" = ...) -> "list[InstanceRecord]":
+        """Create the spec's instances, or find and reuse them, and return them. `launched` hears
+        each instance it creates as soon as the provider gave its id (launch time, type, market,
+        price), again when its record changes before the launch returns (running, addresses; ended
+        where the launch gave it up), in the calling thread: what bills is in the ledger whatever
+        happens next (a failed SSH wait, Ctrl-C, a crash). Reused instances are not told."""
 
     def remember(self, instances: "list[InstanceRecord]") -> None:
         """The cluster's instances as `up` settled them after `launch` (a node given its own work
@@ -208,6 +213,10 @@ class MachinesThatStay:
     def end_interrupted(self, instances: "list[InstanceRecord]", progress: "Callable[[str], None]",
                         taken: "set[str] | None" = None) -> "list[InstanceRecord]":
         return instances  # never interrupted: recovery does not run here
+
+
+def ignore_launched(_: "InstanceRecord") -> None:
+    """The default `launched` of Provider.launch: a caller that records nothing as it goes."""
 
 
 def provider_class(name: str) -> Any:

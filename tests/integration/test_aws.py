@@ -510,7 +510,8 @@ def test_the_launch_question_names_the_price_the_hard_cap_in_dollars_and_the_bud
     assert f"launch 2 x g5.xlarge in one zone (spot) for cluster 'default' at ${usd:,.4f}/h" in spot
     assert "(2 nodes at $" in spot and "spot price in us-east-1" in spot
     assert "spot cap $1.0060/h a node (the on-demand price, AWS's default)" in spot
-    assert f"8 h hard cap (8 h x ${usd:,.4f}/h = ${usd * 8:,.2f}); budget $5.00" in spot
+    # The hard cap's worst case is at the spot cap (both nodes), not at the price now.
+    assert "8 h hard cap (8 h x $2.0120/h at the spot cap = $16.10); budget $5.00" in spot
     on_demand = gpuctl(*base, "--on-demand", code=2).stderr
     assert "at $1.0060/h (built-in table (2025-01, us-east-1)), billed until" in on_demand
     assert "(8 h x $1.0060/h = $8.05)" in on_demand

@@ -86,7 +86,10 @@ def test_no_room_for_the_second_node_moves_both_to_the_next_zone(gpuctl, aws, is
     ended = [i for r in aws.describe_instances(Filters=[{"Name": "tag:gpuctl:created-by", "Values": ["gpuctl"]}])[
         "Reservations"] for i in r["Instances"] if i["State"]["Name"] == "terminated"]
     assert len(ended) == 1 and ended[0]["Placement"]["AvailabilityZone"] == first[0]
-    assert sorted(r.node for r in ledger_instances(isolated)) == [0, 1]
+    # The ledger recorded it as EC2 gave its id (it billed its minute) and saw it end.
+    recs = ledger_instances(isolated)
+    assert sorted(r.node for r in recs if r.state == "running") == [0, 1]
+    assert [(r.id, r.state) for r in recs if r.state != "running"] == [(ended[0]["InstanceId"], "terminated")]
 
 
 def test_no_zone_with_room_for_every_node_leaves_nothing_running(gpuctl, aws, monkeypatch):
@@ -106,6 +109,7 @@ def test_no_zone_with_room_for_every_node_leaves_nothing_running(gpuctl, aws, mo
     for z in zones:
         assert f"{z} spot: InsufficientInstanceCapacity (node 1)" in line
     assert live_instances(aws) == []
+    assert "Still running" not in res.stderr  # each zone's node 0 was recorded, and seen to end
     # What today's single-node failure leaves (group, key pair, profile) `down --all` removes.
     assert gpuctl_groups(aws) and gpuctl_keys(aws)
     gpuctl("down", "--all", "-y")

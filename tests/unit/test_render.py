@@ -400,3 +400,23 @@ def test_guard_show_says_which_logins_hold_the_idle_guard_off():
     report = GuardReport(cluster="c", config={"idle_s": 1800, "on_fire": "stop-jobs"}, state=state)
     text = draw(render_commands.guard, 80, report)
     assert "logins: root@pts/0 from 10.0.0.1 (not counted: 1 process gone, 2 tmux pane)" in text
+
+
+def test_what_a_failed_up_leaves_running_is_two_lines_with_the_most_it_may_bill():
+    def inst(iid, node=0, **kw):
+        return InstanceRecord(id=iid, node=node, cluster="gpu", launched_at=1.0, workdir="/w", **{"state": "running", **kw})
+
+    spot = {"instance_type": "g5.xlarge", "market": "spot", "usd_per_hour": 0.00001, "max_usd_per_hour": 1.006}
+    assert render_commands.still_running([inst("i-1", **spot)]) == [
+        "Still running: i-1 (g5.xlarge spot: $0.0000/h now, up to $1.0060/h)", "End it with: gpuctl down gpu -y"]
+    many = [inst(f"i-{n}", n, **spot) for n in (4, 0, 1, 2, 3)]
+    assert render_commands.still_running(many)[0] == (
+        "Still running: i-0, i-1, i-2, i-3 and 1 more (5 x g5.xlarge spot: $0.0001/h now, up to $5.0300/h in all)")
+    on_demand = {"instance_type": "g5.xlarge", "market": "on-demand", "usd_per_hour": 1.006, "max_usd_per_hour": 1.006}
+    assert render_commands.still_running([inst("i-1", **on_demand)])[0] == "Still running: i-1 (g5.xlarge on-demand: $1.0060/h)"
+    # A machine gpuctl did not rent (local, ssh): no type; no price set, nothing said billed.
+    assert render_commands.still_running([inst("local-gpu-1")]) == [
+        "Still up: local-gpu-1", "End it with: gpuctl down gpu -y"]
+    assert render_commands.still_running([inst("ssh:me@box", usd_per_hour=2.0)])[0] == "Still running: ssh:me@box ($2.0000/h)"
+    # Ended (a zone's nodes given up): nothing to say.
+    assert render_commands.still_running([inst("i-1", state="terminated", **spot)]) == []

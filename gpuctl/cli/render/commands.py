@@ -14,7 +14,7 @@ from rich.console import Console
 from gpuctl.cli.render import Col, cell, clock, console, duration, notes, say, table, usd
 
 if TYPE_CHECKING:
-    from gpuctl.model.records import RunRecord, SettingValue, SyncStats
+    from gpuctl.model.records import InstanceRecord, RunRecord, SettingValue, SyncStats
     from gpuctl.model.results import (
         DownResult,
         ExecResult,
@@ -49,6 +49,27 @@ def up(result: UpResult) -> None:
     example = ("examples/multiworker" if len(result.instances) > 1 else
                "examples/cifar10 -- --data digits --epochs 2")
     click.echo(f"Next: gpuctl train PROJECT   (e.g. gpuctl train {example})")
+
+
+def still_running(instances: Sequence["InstanceRecord"]) -> list[str]:
+    """After an `up` that failed or was interrupted: the instances it leaves running, what they
+    bill (spot: the price now and the cap it may rise to) and the `down` that ends them, in two
+    lines; none when nothing runs."""
+    from gpuctl.model.records import ENDED_STATES
+
+    left = sorted((i for i in instances if i.state not in ENDED_STATES), key=lambda i: i.node)
+    if not left:
+        return []
+    ids = ", ".join(i.id for i in left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+    kind = f"{left[0].instance_type} {left[0].market}" if left[0].instance_type else ""  # machines gpuctl rented
+    now = sum(i.usd_per_hour for i in left)
+    most = sum(max(i.usd_per_hour, i.max_usd_per_hour or 0.0) for i in left)
+    money = ""
+    if most > 0:
+        money = f"{usd(now)}/h" + (f" now, up to {usd(most)}/h" if most > now else "") + (" in all" if len(left) > 1 else "")
+    what = ": ".join(x for x in (f"{len(left)} x {kind}" if kind and len(left) > 1 else kind, money) if x)
+    return [cell(f"Still {'running' if most > 0 else 'up'}: {ids}" + (f" ({what})" if what else "")),
+            cell(f"End {'it' if len(left) == 1 else 'them'} with: gpuctl down {left[0].cluster} -y")]
 
 
 def _left_out(what: str, items: Sequence[str]) -> None:

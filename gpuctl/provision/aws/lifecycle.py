@@ -110,6 +110,11 @@ def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceReco
             state = live["State"]["Name"] if live else "terminated"
             if inst.market == "spot" and inst.zone and inst.instance_type and inst.state != "terminated":
                 inst = inst.model_copy(update={"price_steps": spot_steps(ec2, inst) or inst.price_steps})
+            # A record made as EC2 gave the id (an `up` interrupted then) may predate its addresses.
+            found = {"public_ip": (live or {}).get("PublicIpAddress"), "private_ip": (live or {}).get("PrivateIpAddress")}
+            missing = {k: v for k, v in found.items() if v and not getattr(inst, k)}
+            if missing:
+                inst = inst.model_copy(update=missing)
             if state == inst.state:
                 out.append(inst)
                 continue

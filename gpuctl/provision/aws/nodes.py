@@ -63,9 +63,17 @@ def reusable(existing: list[dict[str, Any]], nodes: int, cluster: str) -> list[d
     return ranked
 
 
-def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress) -> tuple[list[dict[str, Any]], str]:
+def _nothing(*_: Any) -> None:
+    pass
+
+
+def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress,
+                 launched: Callable[[dict[str, Any], int, str], None] = _nothing,
+                 ended: Callable[[list[str]], None] = _nothing) -> tuple[list[dict[str, Any]], str]:
     """Launch plan.nodes instances in the first zone (and market) with room for all of them;
-    return their descriptions by rank and the market used."""
+    return their descriptions by rank and the market used. `launched(instance, node, market)`
+    hears each one as soon as EC2 answers with it, before the next node is asked for; `ended(ids)`
+    hears the nodes of a zone given up, once they have ended."""
     from botocore.exceptions import ClientError
 
     markets = [plan.market] + (["on-demand"] if plan.market == "spot" and plan.fallback_on_demand else [])
@@ -73,24 +81,25 @@ def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress) -> tuple[list[d
     quota = False
     for market in markets:
         for zone in plan.subnets:
-            launched: list[dict[str, Any]] = []
+            made: list[dict[str, Any]] = []
             try:
                 for node in range(plan.nodes):
                     which = f", node {node} of {plan.nodes}" if plan.nodes > 1 else ""
                     progress(f"requesting {plan.instance_type} ({market}) in {zone}{which}")
-                    launched.append(_launch_node(aws, plan, zone, market, node, progress))
-                return launched, market
+                    made.append(_launch_node(aws, plan, zone, market, node, progress))
+                    launched(made[-1], node, market)
+                return made, market
             except ClientError as exc:
                 code = error_code(exc)
-                _roll_back(aws, plan, zone, launched, f"node {len(launched)}: {code}", progress)
+                _roll_back(aws, plan, zone, made, f"node {len(made)}: {code}", progress, ended)
                 if code not in CAPACITY_CODES:
                     raise translate(exc, "RunInstances") from exc
                 quota = quota or code in QUOTA_CODES
-                where = f" (node {len(launched)})" if plan.nodes > 1 else ""
+                where = f" (node {len(made)})" if plan.nodes > 1 else ""
                 failures.append(f"{zone} {market}: {code}{where}")
                 progress(f"{zone} {market}: {code}: {error_message(exc)[:120]}")
             except Exception as exc:
-                _roll_back(aws, plan, zone, launched, type(exc).__name__, progress)
+                _roll_back(aws, plan, zone, made, type(exc).__name__, progress, ended)
                 raise
     hint = "Try again later, another region (--region), or on-demand (--on-demand / --fallback-on-demand)."
     if quota:
@@ -121,7 +130,7 @@ def _launch_node(aws: Aws, plan: LaunchPlan, zone: str, market: str, node: int, 
 
 
 def _roll_back(aws: Aws, plan: LaunchPlan, zone: str, launched: list[dict[str, Any]], why: str,
-               progress: Progress) -> None:
+               progress: Progress, ended: Callable[[list[str]], None]) -> None:
     """End the nodes launched in a zone that could not take them all, and wait until they have
     ended, so that whatever comes next never finds a partial cluster running."""
     if not launched:
@@ -133,6 +142,7 @@ def _roll_back(aws: Aws, plan: LaunchPlan, zone: str, launched: list[dict[str, A
     call(ec2.terminate_instances, InstanceIds=ids)
     wait_for(ec2, "instance_terminated", plan.wait_timeout_s, what=f"{', '.join(ids)} to terminate",
              hint="`gpuctl status --all` lists them; `gpuctl down -y` releases them.", InstanceIds=ids)
+    ended(ids)
     progress(f"{zone}: terminated {', '.join(ids)}")
 
 

@@ -14,12 +14,12 @@ from gpuctl import seams
 from gpuctl.config.settings import Settings
 from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
 from gpuctl.model import billing, untrusted
-from gpuctl.model.endpoint import Endpoint, split_target
+from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import AwsSpec
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
-from gpuctl.provision import remote_spec
-from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes
+from gpuctl.provision import ignore_launched, remote_spec
+from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
@@ -49,6 +49,7 @@ class AwsProvider:
         self.ctx = AwsContext(home, spec)
         self.home = self.ctx.home
         self.spec = spec
+        self._on_demand_price: tuple[float, str] | None = None
 
     @classmethod
     def spec_from_settings(cls, s: Settings, usd_per_hour: float | None = None) -> AwsSpec:
@@ -98,15 +99,20 @@ class AwsProvider:
                 cap, cap_source = self._spot_cap(aws)
                 return PriceQuote(usd_per_hour=usd * spec.nodes, nodes=spec.nodes, market="spot",
                                   source=f"spot price in {zone} now", max_price=cap, cap_source=cap_source)
-        usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
+        usd, source = self._on_demand(aws)
         return PriceQuote(usd_per_hour=usd * spec.nodes, nodes=spec.nodes, market="on-demand", source=source)
 
     def _spot_cap(self, aws: Aws) -> tuple[float, str]:
         """The highest spot $/h a node may be billed, and who set it."""
         if self.spec.max_price:
             return self.spec.max_price, "--max-price"
-        usd, _ = catalog.on_demand_price(aws, self.spec.instance_type, self.home / "cache")
-        return usd, "the on-demand price, AWS's default"
+        return self._on_demand(aws)[0], "the on-demand price, AWS's default"
+
+    def _on_demand(self, aws: Aws) -> tuple[float, str]:
+        """The type's on-demand ($/h, source), looked up once for the question and the launch."""
+        if self._on_demand_price is None:
+            self._on_demand_price = catalog.on_demand_price(aws, self.spec.instance_type, self.home / "cache")
+        return self._on_demand_price
 
     @property
     def owner(self) -> str:
@@ -117,7 +123,8 @@ class AwsProvider:
 
     # --- launch ---------------------------------------------------------------------------------
 
-    def launch(self, progress: Progress = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
+    def launch(self, progress: Progress = _quiet, wait_ssh: bool = True,
+               launched: Callable[[InstanceRecord], None] = ignore_launched) -> list[InstanceRecord]:
         spec = self.spec
         aws = self.aws(spec.region)
         # One on its way out (a spot instance EC2 is ending) is no instance to reuse.
@@ -128,7 +135,7 @@ class AwsProvider:
             found = ", ".join(f"{i['InstanceId']} ({i['State']['Name']})" for i in ranked)
             progress(f"reusing {found}, found by {'its' if len(ranked) == 1 else 'their'} tags")
             self._open_ssh(aws, ranked[0]["VpcId"], cidr, progress)
-            return [self._record(aws, i, spec, None, "recorded at launch") for i in ranked]
+            return [records.describe(self.home, spec, aws.region, i, None, "recorded at launch") for i in ranked]
 
         # Check everything that can be checked before creating anything.
         info = catalog.instance_type_info(aws, spec.instance_type, spec.image is not None)
@@ -187,30 +194,29 @@ class AwsProvider:
             nodes=spec.nodes, placement_group=placement, wait_timeout_s=spec.wait_timeout_s,
             imds_hop_limit=spec.imds_hop_limit,
         )
-        launched, used = nodes.launch_nodes(aws, plan, progress)
-        ids = [i["InstanceId"] for i in launched]
-        zone = launched[0]["Placement"]["AvailabilityZone"]
+        # What a node may bill, known before it exists: EC2's answer to RunInstances is recorded
+        # (`launched`) with its price at once, no lookup between the two.
+        on_demand = self._on_demand(aws) if market == "on-demand" or spec.fallback_on_demand else None
+
+        def price(zone: str, used: str) -> tuple[float, str]:
+            if used == "spot":
+                return spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
+            return on_demand or self._on_demand(aws)
+
+        cap = (spec.max_price or self._on_demand(aws)[0]) if market == "spot" else None
+        told = records.Launch(self.home, spec, aws.region, chosen, price, cap, launched)
+        made, used = nodes.launch_nodes(aws, plan, progress, told.made, told.ended)
+        ids = [i["InstanceId"] for i in made]
+        zone = made[0]["Placement"]["AvailabilityZone"]
         progress(f"launched {', '.join(ids)} ({used}) in {zone}")
-        insts = sorted(self.wait_running(aws, ids, progress), key=nodes.rank)
-        if used == "spot":  # every node is in the same zone: one price
-            usd, source = spot.get(zone) or catalog.spot_prices(aws, spec.instance_type).get(zone, 0.0), "spot price history"
-        else:
-            usd, source = catalog.on_demand_price(aws, spec.instance_type, self.home / "cache")
-        reference = catalog.ON_DEMAND_USD.get(spec.instance_type)
-        records = []
-        for inst in insts:
-            record = self._record(aws, inst, spec, usd, source, chosen)
-            records.append(record.model_copy(update={
-                "price_steps": ((record.launched_at, record.usd_per_hour),),
-                "on_demand_usd_per_hour": usd if used == "on-demand" else reference,
-            }))
-        if wait_ssh and len(records) == 1:  # in this thread: a caller's progress may use its own sqlite
-            records = [self._first_login(records[0], progress)]
+        running = told.running(sorted(self.wait_running(aws, ids, progress), key=nodes.rank))
+        if wait_ssh and len(running) == 1:  # in this thread: a caller's progress may use its own sqlite
+            running = [self._first_login(running[0], progress)]
         elif wait_ssh:
             # One login per node, at once: each waits for its own sshd and cloud-init.
-            with ThreadPoolExecutor(max_workers=min(8, len(records))) as pool:
-                records = list(pool.map(lambda r: self._first_login(r, progress), records))
-        return records
+            with ThreadPoolExecutor(max_workers=min(8, len(running))) as pool:
+                running = list(pool.map(lambda r: self._first_login(r, progress), running))
+        return running
 
     def _ssh_source(self, progress: Progress) -> str:
         cidr, wide = access.ssh_cidr(self.spec.ssh_cidr)
@@ -252,33 +258,6 @@ class AwsProvider:
                      "may still be running); the watchdog enforces max_hours as well")
         host.close()
         return record
-
-    def _record(self, aws: Aws, inst: dict[str, Any], spec: AwsSpec, usd: float | None, source: str,
-                chosen: images.Chosen | None = None) -> InstanceRecord:
-        # Where the tests map an instance to a test host, its peers reach it at that host's address.
-        mapped = seams.endpoint_override(inst.get("PublicIpAddress") or "", nodes.rank(inst),
-                                         inst.get("InstanceType") or "")
-        return InstanceRecord(
-            id=inst["InstanceId"],
-            node=nodes.rank(inst),
-            cluster=spec.name,
-            state=inst["State"]["Name"],
-            public_ip=inst.get("PublicIpAddress"),
-            private_ip=split_target(mapped)[1] if mapped else inst.get("PrivateIpAddress"),
-            zone=inst.get("Placement", {}).get("AvailabilityZone"),
-            market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
-            usd_per_hour=usd if usd is not None else 0.0,
-            price_source=source,
-            launched_at=inst["LaunchTime"].timestamp() if hasattr(inst.get("LaunchTime"), "timestamp") else time.time(),
-            workdir=self.spec.remote.workdir,
-            region=aws.region,
-            instance_type=inst.get("InstanceType"),
-            image_id=inst.get("ImageId"),
-            image_name=chosen.name if chosen else None,
-            image_kind=chosen.kind if chosen else None,
-            ssh_user=spec.ssh_user,
-            key_path=str(access.key_path(self.home, spec.name, aws.region)),
-        )
 
     def live_instances(self, ec2: Any, cluster: str | None, every_owner: bool = False) -> list[dict[str, Any]]:
         return self.ctx.live_instances(ec2, cluster, every_owner)

@@ -19,7 +19,7 @@ from gpuctl.errors import RemoteError
 from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import LocalSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
-from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
+from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote.host import Host
 from gpuctl.remote.local import LocalHost
 from gpuctl.remote.teardown import end_cluster
@@ -69,7 +69,8 @@ class LocalProvider(MachinesThatStay):
     def _clusters_dir(self) -> Path:
         return self.home / "clusters"
 
-    def launch(self, progress: Callable[[str], None] = lambda _: None, wait_ssh: bool = True) -> list[InstanceRecord]:
+    def launch(self, progress: Callable[[str], None] = lambda _: None, wait_ssh: bool = True,
+               launched: Callable[[InstanceRecord], None] = ignore_launched) -> list[InstanceRecord]:
         spec = self.spec
         workdir = self._clusters_dir() / spec.name
         records = []
@@ -83,6 +84,7 @@ class LocalProvider(MachinesThatStay):
                 public_ip="127.0.0.1", private_ip="127.0.0.1", market="on-demand", usd_per_hour=spec.usd_per_hour,
                 price_source="local.usd_per_hour", launched_at=time.time(), workdir=str(root),
             ))
+            launched(records[-1])
         return records
 
     def host(self, instance: InstanceRecord, connect_timeout_s: float | None = None,

@@ -23,7 +23,7 @@ from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import InstanceRecord, Resource
 from gpuctl.model.specs import SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
-from gpuctl.provision import MachinesThatStay, refuse_placement, remote_spec
+from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote import guard
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
 from gpuctl.remote.ssh import resolve as ssh_resolve
@@ -116,7 +116,8 @@ class SshProvider(MachinesThatStay):
                        command_timeout_s=r.command_timeout_s,
                        connect_timeout_s=connect_timeout_s or r.connect_timeout_s, progress=progress)
 
-    def launch(self, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True) -> list[InstanceRecord]:
+    def launch(self, progress: Callable[[str], None] = _quiet, wait_ssh: bool = True,
+               launched: Callable[[InstanceRecord], None] = ignore_launched) -> list[InstanceRecord]:
         spec = self.spec
         # Aliases, users, ports, keys and jump hosts from the user's ssh config, resolved once here
         # and recorded: later commands reach the hosts the same way whatever that file says then.
@@ -153,6 +154,8 @@ class SshProvider(MachinesThatStay):
         with ThreadPoolExecutor(max_workers=8) as pool:  # many hosts: checked in parallel
             # Every --host is a node, ranked in the order given (node 0, the chief, first).
             records = [r.model_copy(update={"node": i}) for i, r in enumerate(pool.map(check, endpoints))]
+        for record in records:  # in this thread, once every host answered: nothing is started here
+            launched(record)
         self.remember(records)
         return records
 
