@@ -65,16 +65,6 @@ def _print_error(exc: GpuctlError) -> None:
     click.echo(click.style("Hint:", bold=True) + " " + one_line(exc.hint, 2000), err=True)
 
 
-def _cloud_error(exc: Exception) -> GpuctlError | None:
-    """botocore's exception, as the gpuctl error its translation gives (CloudError for any shape:
-    an HTML 500, throttling, a timeout); None for anything else."""
-    if not type(exc).__module__.startswith("botocore."):
-        return None
-    from gpuctl.provision.aws.session import translate  # botocore is loaded already
-
-    return translate(exc)
-
-
 def _after_failure(ctx: click.Context) -> None:
     """What the failed command registered to say last (cli/common.py after_failure)."""
     for lines in ctx.meta.get(AFTER_FAILURE, ()):
@@ -127,8 +117,10 @@ class GpuctlGroup(click.Group):
         except Exception as exc:  # a bug: say so in one line, traceback only on request
             if debug:
                 _traceback()
-            cloud = _cloud_error(exc)
-            if cloud is not None:  # an AWS failure some call site did not translate: still the cloud's
+            from gpuctl.provision import foreign_error  # loaded already: the command ran
+
+            cloud = foreign_error(exc)
+            if cloud is not None:  # e.g. an AWS failure some call site did not translate: still the cloud's
                 _print_error(cloud)
                 _after_failure(ctx)
                 ctx.exit(int(cloud.exit_code))

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from gpuctl.config.providers import PROVIDERS, unknown_provider
-from gpuctl.errors import ConfigError
+from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
 from gpuctl.model.specs import RemoteSpec
 from gpuctl.payloads.gpuctl_setup import matches
@@ -229,6 +230,19 @@ def provider_class(name: str) -> Any:
         ) from None
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def foreign_error(exc: BaseException) -> GpuctlError | None:
+    """An exception a provider's own library raised (botocore's, say) that no call site turned
+    into a gpuctl error: as that provider says it (AWS: a CloudError, exit 9), never an internal
+    error. Only providers this command loaded are asked."""
+    for name, target in PROVIDERS.items():
+        if target.partition(":")[0] in sys.modules:
+            known = getattr(provider_class(name), "foreign_error", None)
+            said = known(exc) if known is not None else None
+            if said is not None:
+                return said
+    return None
 
 
 def get_provider(home: "Path", spec: "ClusterSpec") -> Provider:

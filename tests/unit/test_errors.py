@@ -24,3 +24,20 @@ def test_docs_list_every_exit_code():
     doc = (REPO / "docs" / "cli.md").read_text()
     for code in ExitCode:
         assert f"| {int(code)} |" in doc, f"exit code {code.name} missing from docs/cli.md"
+
+
+def test_a_providers_own_exception_left_untranslated_is_its_error_never_internal():
+    """The CLI's last resort (cli/__init__.py): botocore's exceptions of any shape are the cloud's."""
+    from botocore import exceptions as bx
+    from botocore.parsers import ResponseParserError
+
+    from gpuctl import provision
+    from gpuctl.errors import CloudError, ExitCode
+
+    provision.provider_class("aws")  # as a command that used AWS has loaded it
+    for exc in (bx.ConnectionClosedError(endpoint_url="http://127.0.0.1:9"), bx.ReadTimeoutError(endpoint_url="x"),
+                ResponseParserError("<html>500</html>"),
+                bx.ClientError({"Error": {"Code": "Throttling", "Message": "slow down"}}, "DescribeInstances")):
+        err = provision.foreign_error(exc)
+        assert isinstance(err, CloudError) and err.exit_code == ExitCode.CLOUD, exc
+    assert provision.foreign_error(ValueError("a bug")) is None

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from gpuctl import seams
 from gpuctl.config.settings import Settings
-from gpuctl.errors import CloudError, ConfigError, NoCapacityError, RemoteError
+from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError, RemoteError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
@@ -23,7 +23,7 @@ from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, 
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
-from gpuctl.provision.aws.session import Aws, call, wait_for
+from gpuctl.provision.aws.session import Aws, call, translate, wait_for
 from gpuctl.provision.aws.store import S3Store
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
 from gpuctl.remote import guard
@@ -39,6 +39,11 @@ def _quiet(_: str) -> None:
 
 class AwsProvider:
     name = "aws"
+
+    @staticmethod
+    def foreign_error(exc: BaseException) -> GpuctlError | None:
+        """botocore's exception that a call site left untranslated, as the cloud's error."""
+        return translate(exc) if type(exc).__module__.startswith("botocore.") else None
     reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
     arms_guard_at_up = True  # billed by the second from now on
     default_on_fire = POWEROFF  # shutdown behaviour terminate: powering off ends the bill
