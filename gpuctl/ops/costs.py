@@ -219,14 +219,24 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
                           images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes))
 
 
+def _rate_at(run: RunRecord, at: float) -> float:
+    """The $/h this machine gave the run for the stretch it was in at `at` (the latest, failing that)."""
+    inside = [g for g in run.segments if g.started_at <= at and (g.ended_at is None or at <= g.ended_at)]
+    return inside[-1].usd_per_hour if inside else run.usd_per_hour
+
+
 def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
-    """Per-epoch rows plus the projection: mean epoch cost x planned epochs."""
-    rows = tuple(
-        EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
-                 epoch_cost_usd=e.epoch_cost_usd, cumulative_usd=e.cumulative_usd, metrics=e.metrics,
-                 gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib)
-        for e in epochs
-    )
+    """Per-epoch rows plus the projection: mean epoch cost x planned epochs. An epoch costs what
+    its report says (the instance may know a newer spot price), but never less than its seconds at
+    the run's own rate: a report cannot make an epoch, or the run's projection, free."""
+    rows = []
+    cumulative = 0.0
+    for e in epochs:
+        usd = max(e.epoch_cost_usd, max(e.seconds, e.end - e.start, 0.0) * _rate_at(run, e.end) / 3600)
+        cumulative += usd
+        rows.append(EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
+                             epoch_cost_usd=usd, cumulative_usd=cumulative, metrics=e.metrics,
+                             gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib))
     done = len(rows)
     planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     spent = sum(r.epoch_cost_usd for r in rows)
@@ -241,7 +251,7 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
     seconds = sum(r.seconds for r in rows)
     return RunCost(
         run_id=run.run_id, cluster=run.cluster, state=run.state, usd_per_hour=run.usd_per_hour, epochs_done=done,
-        epochs_planned=planned, epochs=rows, mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
+        epochs_planned=planned, epochs=tuple(rows), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,

@@ -39,3 +39,15 @@ def test_no_epochs_means_no_projection():
 def test_finished_run_projects_its_actual_total():
     c = run_cost(run(state="succeeded"), [report(1, 10.0, planned=2), report(2, 30.0, planned=2)])
     assert c.projected_total_usd == pytest.approx(c.spent_usd) and c.projected_remaining_usd == 0
+
+
+def test_a_report_cannot_make_an_epoch_free():
+    """The instance is untrusted: an epoch it says cost $0 (or ran 0 s but 60 s by its own times)
+    costs its time at the run's rate, and so does the projection."""
+    free = EpochReport.model_validate({
+        "schema": 1, "run_id": "r", "epoch": 1, "epochs_planned": 10, "start": 0, "end": 60, "seconds": 0,
+        "examples": 100, "usd_per_hour": 0, "epoch_cost_usd": 0, "cumulative_usd": 0})
+    c = run_cost(run(), [free, report(2, 60.0, rate=0.0)])
+    assert [e.epoch_cost_usd for e in c.epochs] == [pytest.approx(0.06), pytest.approx(0.06)]
+    assert c.epochs[-1].cumulative_usd == pytest.approx(0.12)
+    assert c.projected_total_usd == pytest.approx(0.6)
