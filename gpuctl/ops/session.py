@@ -259,9 +259,17 @@ class Session:
         import fcntl
 
         locks = self.home / "locks"
-        locks.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # 0600 whatever the umask: every file under the home is the owner's alone.
-        fd = os.open(locks / f"cluster-{cluster.id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600 whatever the umask: every file under the home is the owner's alone.
+            fd = os.open(locks / f"cluster-{cluster.id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a full or read-only disk under the home
+            if wait_s is None:
+                raise ConfigError(f"cannot take cluster {cluster.name!r}'s lock in {locks}: {exc.strerror}",
+                                  "Free space on that disk, or make the gpuctl home writable.") from None
+            progress(f"cannot take cluster {cluster.name!r}'s lock ({exc.strerror}); going ahead without it")
+            yield self.ledger.cluster(cluster.id)
+            return
         os.fchmod(fd, 0o600)  # one an older gpuctl made 0644
         held = False
         try:

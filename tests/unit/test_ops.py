@@ -4,6 +4,7 @@ identity per `up`, failed launches, reconcile, settings that break after `up`, r
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -274,3 +275,20 @@ def test_a_cluster_a_use_case_launched_for_itself_is_never_the_only_one_picked(f
     assert mine.resolve_cluster("plan-1a2b-g5-xlarge").id == probe.id  # by its name, still
     own = clusters.up(session(tmp_path, GPUCTL_CLUSTER="lab"), make_default=False).cluster
     assert mine.resolve_cluster(None).id == own.id  # the user's one, not the probe
+
+
+def test_a_lock_that_cannot_be_made_holds_the_brake_back_but_not_train(fake, tmp_path):
+    """A home whose locks cannot be written (here: `locks` is a file, as a broken or full home
+    leaves it): `down` and `stop` go ahead and say so; a command that starts work refuses."""
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    shutil.rmtree(s.home / "locks", ignore_errors=True)
+    (s.home / "locks").write_text("not a directory")
+    said: list[str] = []
+    with s.cluster_lock(c, said.append, wait_s=1.0) as record:
+        assert record.state == "up"
+    assert said and "going ahead without it" in said[0]
+    with pytest.raises(ConfigError, match="cannot take cluster"):
+        with s.cluster_lock(c):
+            pass
+    assert release.down(s, c.name, said.append).released
