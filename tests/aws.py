@@ -145,6 +145,12 @@ def _serve_without_waste() -> None:
     from moto.kms import models as kms_models
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # moto prints "Unable to find appropriate backend for pricing..." to stdout on every Price List
+    # request (it has no Pricing API): in the test process, where CliRunner captures a command's
+    # stdout, it landed in the middle of `--json` output.
+    from moto.moto_server import werkzeug_app
+
+    werkzeug_app.print = lambda *args, **kwargs: None
 
     listed = responses.method_names_from_class
     names = functools.lru_cache(maxsize=None)(lambda cls, _attrs: listed(cls))

@@ -115,6 +115,8 @@ class FakeProvider:
         return PriceQuote(usd_per_hour=self.spec.usd_per_hour, source="the fake's price")
 
     def launch(self, progress, wait_ssh=True, launched=lambda _: None) -> list[InstanceRecord]:
+        if self.world.get("on_launch"):  # what another command does while this launch waits
+            self.world["on_launch"]()
         if self.world["leave_on_failure"]:
             self.world["instances"][f"left-{self.spec.name}"] = self.spec.name
         if self.world["fail_launch"]:

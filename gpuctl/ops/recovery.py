@@ -19,7 +19,7 @@ from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
-from gpuctl.ops import guards, nodes, run_state, runs
+from gpuctl.ops import guards, nodes, release, run_state, runs
 from gpuctl.ops.session import Progress, Session, quiet
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
@@ -236,6 +236,7 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     if cluster.state != "up":
         try:
             s.ledger.reopen_cluster(cluster.id)
+            s.settle_release(cluster)  # `train --resume` after a `down`: the cluster is up again
         except sqlite3.IntegrityError:
             raise ConflictError(f"cannot recover on cluster {cluster.name!r}: another cluster of that name is up",
                                 f"Resume the run there yourself: gpuctl train --resume RUN --cluster {cluster.name}"
@@ -245,6 +246,13 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     instances = provider.launch(progress, wait_ssh=True, launched=lambda i: s.ledger.put_instance(cluster.id, i))
     for inst in instances:
         s.ledger.put_instance(cluster.id, inst)
+    if s.released(cluster):
+        # A `down` went ahead while this recovery held the cluster (the brake waits 5 s at most, a
+        # launch takes minutes): what was just launched goes too, and nothing is resumed there.
+        release.release_everything(s, s.ledger.cluster(cluster.id), progress)
+        raise ConflictError(f"cluster {cluster.name!r} was released with `gpuctl down` while a replacement was "
+                            f"launched; the replacement was ended again",
+                            "Resume the run when you want it: gpuctl train --resume RUN")
     cluster = s.ledger.cluster(cluster.id)
     s.forget_hosts(cluster)
     s.ledger.event("recover", f"{len(instances)} replacement instance(s): {', '.join(i.id for i in instances)}",

@@ -81,7 +81,7 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet, force:
         # after its instances ended, or a guard's poweroff, leaves the group and key pair.
         latest = s.ledger.clusters()[-1:]
         try:
-            leftovers = _release(s, latest[0], progress) if latest else []
+            leftovers = release_everything(s, latest[0], progress) if latest else []
         except GpuctlError:
             leftovers = []  # nothing asked for was up; `status --all` shows what may be left
         return DownResult(cluster=latest[0].name if leftovers else "", already_down=not leftovers,
@@ -91,7 +91,7 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet, force:
         if ended:
             # Closed already (e.g. its guard powered it off): still release what is left of it,
             # such as its security group and key pair.
-            leftovers = _release(s, ended[-1], progress)
+            leftovers = release_everything(s, ended[-1], progress)
             return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
     # A host that does not answer costs one short wait: `down` refuses then, or with --force releases.
     s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
@@ -154,8 +154,10 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
         pulled = _pull_runs(s, cluster, pull_to, progress, must_stop_jobs) if pull_to is not None else []
         logs = archive.take(s, cluster, progress)
         with s.releasing(cluster):
-            resources = _release(s, cluster, progress)
+            resources = release_everything(s, cluster, progress)
         _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
+        if s.ledger.cluster(cluster.id).state == "down":  # recorded: the ledger says it from now on
+            s.settle_release(cluster)
         archive.keep(s, logs, progress)
     if missed:
         progress(f"{cluster.name}: released, but not recorded in the ledger ({missed[0]}); `gpuctl status` may show "
@@ -166,7 +168,7 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
                       unrecorded=tuple(missed))
 
 
-def _release(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
+def release_everything(s: Session, cluster: ClusterRecord, progress: Progress) -> list[Resource]:
     """Everything the provider still finds of the cluster, released; what was found. The brake:
     when the search fails (the cloud answers an error), the instances the ledger knows are
     released all the same, then the search's error is raised (the cluster stays up in the ledger)."""

@@ -310,6 +310,14 @@ class Session:
             mark.unlink(missing_ok=True)
             raise
 
+    def settle_release(self, cluster: ClusterRecord) -> None:
+        """The ledger holds the cluster's release (or it is up again, resumed on a replacement):
+        the mark has done its work; left, it would refuse a later `train --resume` there."""
+        try:
+            self._down_mark(cluster).unlink(missing_ok=True)
+        except OSError:
+            pass
+
     def released(self, cluster: ClusterRecord) -> bool:
         """Whether a `down` began on the cluster since this command found it up."""
         return self._down_mark(cluster).exists() or self.ledger.cluster(cluster.id).state != "up"

@@ -138,7 +138,7 @@ def test_commands_files_and_pushes_through_the_jump(lab, isolated, make_project,
         assert host.push(proj, f"{sshd.WORKDIR}/code/p").files_copied == 0
         assert host.pull_tree(f"{sshd.WORKDIR}/code/p", tmp_path / "back") == (3, ())
         assert (tmp_path / "back" / "we ird 'q'.py").read_text() == "x"
-        assert host.fetch(f"{sshd.WORKDIR}/code/p/train.py", tmp_path / "t.py") and (tmp_path / "t.py").exists()
+        assert host.read_bytes(f"{sshd.WORKDIR}/code/p/train.py")
         # Last: a command past its deadline makes the host count as hung for the rest of the command.
         with pytest.raises(RemoteError, match="did not finish within 1 s"):
             host.run(["sleep", "5"], timeout=1)

@@ -292,3 +292,38 @@ def test_a_lock_that_cannot_be_made_holds_the_brake_back_but_not_train(fake, tmp
         with s.cluster_lock(c):
             pass
     assert release.down(s, c.name, said.append).released
+
+
+def _preempted(s: Session, cluster) -> None:
+    """The cluster's instance ended under it (a spot interruption), as recovery finds it."""
+    import time
+
+    for inst in s.ledger.instances(cluster.id):
+        FakeProvider.world["instances"].pop(inst.id, None)
+        s.ledger.put_instance(cluster.id, inst.model_copy(update={"state": "terminated", "terminated_at": time.time()}))
+
+
+def test_a_replacement_launched_while_down_went_ahead_is_ended_again(fake, tmp_path):
+    """Recovery holds the cluster through a launch of minutes; `down` goes ahead after 5 s. What
+    the launch made must not bill on under a cluster the ledger calls down."""
+    from gpuctl.errors import ConflictError
+    from gpuctl.ops import recovery
+
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    _preempted(s, c)
+    FakeProvider.world["on_launch"] = lambda: release.down(session(tmp_path), c.name)
+    with pytest.raises(ConflictError, match="ended again"):
+        recovery.replace(s, s.ledger.cluster(c.id), lambda _: None, False)
+    assert not FakeProvider.world["instances"], "the replacement kept billing"
+
+
+def test_resume_after_down_brings_the_cluster_back_and_nothing_refuses_it(fake, tmp_path):
+    """The mark `down` leaves while it releases goes once the ledger records the release: a later
+    `train --resume` that reopens the cluster on a replacement (recovery.replace) may start there."""
+    s = session(tmp_path)
+    c = clusters.up(s).cluster
+    release.down(s, c.name)
+    assert s.released(c)  # down, in the ledger
+    s.ledger.reopen_cluster(c.id)  # as recovery.replace does for `train --resume` after a down
+    assert not s.released(c), "a resumed run would be refused on its own cluster"
