@@ -84,6 +84,11 @@ class Unconfirmed(RemoteError):
     signalled, and the job may run on. As with a RemoteTimeout, `down` releases anyway."""
 
 
+class UnreadableFile(RemoteError):
+    """The host answers, but a file of its cannot be read as one (a link loop, no permission): the
+    instance's doing. A look names it and goes on; it never holds `down`."""
+
+
 class RunFailedError(GpuctlError):
     exit_code = ExitCode.RUN_FAILED
 

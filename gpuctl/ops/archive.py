@@ -55,8 +55,8 @@ def take(s: Session, cluster: ClusterRecord, say: Progress) -> list[Taken]:
             try:
                 # One byte more than kept: whether the log was longer than its cap.
                 data = n.host.read_bytes(n.paths(run).log, -(cap + 1), cap + 1)
-            except GpuctlError as exc:
-                skipped.append(f"{run.run_id} ({exc.message})")
+            except (GpuctlError, OSError) as exc:  # keeping a log never holds the brake
+                skipped.append(f"{run.run_id} ({getattr(exc, 'message', None) or exc})")
                 continue
             if data is None:
                 continue

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout, Unconfirmed
+from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout, Unconfirmed, UnreadableFile
 from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue
@@ -48,7 +48,11 @@ def ingest_epochs(s: Session, node: nodes.Node, run: RunRecord) -> tuple[list[Ep
     path = jobs.JobPaths(run.run_dir).epochs
     source = f"{node.inst.id}:{run.run_dir}"
     offset = run.epochs_read if run.epochs_source == source else 0
-    size = node.host.file_size(path) or 0
+    try:
+        size = node.host.file_size(path) or 0
+    except UnreadableFile as exc:  # a link loop the job made: nothing to ingest, and said
+        s.note(f"run {run.run_id}'s reports not read: {exc.message}")
+        return [], run
     # A file shorter than what was read of it was cut or replaced: read again from its start (the
     # epochs already known are not taken twice).
     if offset > size:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import signal
 import subprocess
 import selectors
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import RemoteError, UnreadableFile
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
 from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, Deadlines, Tail, check_result, gave_up, read_part,
@@ -117,13 +118,23 @@ class LocalHost(Deadlines):
             return os.stat(path).st_size
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:  # a link loop the instance made: as over SSH
+            raise UnreadableFile(f"cannot look at {path} on {self.label}: {exc.strerror}") from None
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
+        # O_NONBLOCK: a FIFO the job put there would block open() (and `down`) until a writer came.
         try:
-            with open(path, "rb") as fh:
-                return read_part(fh, offset, limit, os.fstat(fh.fileno()).st_size)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except (FileNotFoundError, IsADirectoryError):
             return None
+        except OSError as exc:  # a link loop, a file made unreadable: the instance's doing
+            raise UnreadableFile(f"cannot read {path} on {self.label}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return b""  # a FIFO, a device (/dev/zero): nothing of it is a file's content
+            os.set_blocking(fd, True)
+            return read_part(fh, offset, limit, st.st_size)
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.write_bytes(path, text.encode("utf-8"), mode)

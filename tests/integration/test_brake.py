@@ -187,3 +187,29 @@ def test_a_log_linked_to_dev_zero_on_the_host_costs_down_nothing(gpuctl, ssh, ma
     assert host.run(f"pgrep -f '[{run_id[0]}]{run_id[1:]}'").stdout.strip() == "", "the job outlived down"
     kept = isolated / "logs" / f"{run_id}.log"
     assert not kept.exists() or kept.stat().st_size <= 8 << 20
+
+
+@pytest.mark.parametrize("trap", ["fifo", "loop"])
+def test_a_log_or_report_file_made_a_trap_holds_neither_status_nor_down(gpuctl, make_project, isolated, trap):
+    """A cloned project's job is untrusted: it turns its log and its report file into a FIFO (whose
+    open blocks until a writer comes) or a link loop. (A file made unreadable is no trap to root,
+    as CI runs: not tried.)"""
+    from gpuctl.remote.local import LocalHost
+
+    gpuctl("up", "--provider", "local")
+    socket = LocalHost(isolated / "clusters" / "default").tmux_socket
+    make = {"fifo": "os.mkfifo(p)", "loop": "os.symlink(p + '.x', p); os.symlink(p, p + '.x')"}[trap]
+    job = ("import os, time\nd = os.environ['GPUCTL_RUN_DIR']\n"
+           "for name in ('output.log', 'epochs.jsonl'):\n"
+           "    p = os.path.join(d, name)\n"
+           "    if os.path.lexists(p): os.unlink(p)\n"
+           f"    {make}\n"
+           "open(os.path.join(d, 'trapped'), 'w').close()\ntime.sleep(600)\n")
+    run = json.loads(gpuctl("train", str(make_project("trap", {"train.py": job})), "--json").stdout)["run"]
+    wait_for(lambda: os.path.exists(os.path.join(run["run_dir"], "trapped")))
+    for look in (["status"], ["cost"]):
+        res = gpuctl_proc(*look, bound=BOUND_S)
+        assert res.returncode == 0 and "internal error" not in res.stderr, res.stderr
+    res = gpuctl_proc("down", "-y", bound=BOUND_S)
+    assert res.returncode == 0, res.stderr
+    assert "is down" in res.stdout and not marked(socket)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from gpuctl.errors import RemoteError
+from gpuctl.errors import RemoteError, UnreadableFile
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
@@ -261,7 +261,7 @@ class SshHost(Deadlines):
         except OSError as exc:
             if getattr(exc, "errno", None) == 2:
                 return None
-            raise RemoteError(f"cannot read {path} on {self.label}: {exc}") from None
+            raise UnreadableFile(f"cannot read {path} on {self.label}: {exc}") from None
         except Exception as exc:
             raise self._lost(exc) from None
 
@@ -274,7 +274,7 @@ class SshHost(Deadlines):
             except OSError as exc:
                 if getattr(exc, "errno", None) == 2:
                     return None
-                raise RemoteError(f"cannot look at {path} on {self.label}: {exc}") from None
+                raise UnreadableFile(f"cannot look at {path} on {self.label}: {exc}") from None
 
     def makedirs(self, path: str) -> None:
         """mkdir -p over SFTP: no remote shell (whose startup files can cost 100 ms a command)."""
