@@ -24,7 +24,7 @@ THROTTLED = (b'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><C
 class Fault:
     action: str  # the Query API's Action (EC2, IAM, ...), e.g. TerminateInstances
     region: str | None = None  # only requests signed for this region
-    kind: str = "html-500"  # html-500 | throttled | dropped
+    kind: str = "html-500"  # html-500 | throttled | dropped | garbage-200 (an HTML page with a 200)
     seen: list[str] = field(default_factory=list)  # the regions of the requests it answered
 
 
@@ -91,7 +91,8 @@ class FaultyAws:
             handler.close_connection = True
             handler.connection.close()
             return
-        status, body, kind = (500, HTML_500, "text/html") if fault.kind == "html-500" else (400, THROTTLED, "text/xml")
+        status, body, kind = {"html-500": (500, HTML_500, "text/html"), "garbage-200": (200, HTML_500, "text/html"),
+                              "throttled": (400, THROTTLED, "text/xml")}[fault.kind]
         handler.send_response(status)
         handler.send_header("Content-Type", kind)
         handler.send_header("Content-Length", str(len(body)))

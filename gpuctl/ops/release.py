@@ -18,7 +18,7 @@ from gpuctl.model.specs import parse_spec
 from gpuctl.ops import archive, run_state, runs
 from gpuctl.ops.clusters import reconcile
 from gpuctl.ops.session import BRAKE_LOCK_S, REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
-from gpuctl.provision import PROVIDERS, Provider, provider_class
+from gpuctl.provision import PROVIDERS, Provider, foreign_error, provider_class
 
 
 def release_own(s: Session, name: str, progress: Progress, saying: str) -> str | None:
@@ -177,13 +177,16 @@ def release_everything(s: Session, cluster: ClusterRecord, progress: Progress) -
     region = next((i.region for i in known if i.region), None) or cluster.spec.scope
     try:
         resources = provider.discover(cluster.name, region)
-    except GpuctlError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the spend it knows of ends first
         live = [Resource(provider=cluster.provider, kind="instance", id=i.id, region=i.region, cluster=cluster.name)
                 for i in known if i.state not in ENDED_STATES]
-        progress(f"{cluster.name}: could not look up all it holds ({exc.message}); ending its "
+        said = exc.message if isinstance(exc, GpuctlError) else f"{type(exc).__name__}: {exc}"
+        progress(f"{cluster.name}: could not look up all it holds ({said}); ending its "
                  f"{len(live)} instance(s) the ledger knows")
         provider.release(live, progress, frozenset(s.unreachable_ids))
-        raise
+        if isinstance(exc, GpuctlError):
+            raise
+        raise foreign_error(exc) or exc from exc
     provider.release(resources, progress, frozenset(s.unreachable_ids))
     return resources
 

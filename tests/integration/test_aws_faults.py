@@ -97,17 +97,19 @@ def test_an_instance_look_that_fails_in_any_shape_is_the_clouds_error_never_inte
         res = gpuctl.runner.invoke(gpuctl_cli, argv)
         assert "internal error" not in res.stderr, (argv, res.stderr)
         assert res.exit_code in (0, 9), (argv, res.exit_code, res.stderr)
+    assert not live_instances(aws), "down did not end the instance"
     faulty.faults.clear()
     gpuctl("down", "-y")
     nothing_created(aws)
 
 
-def test_down_ends_the_instances_it_knows_when_the_search_for_the_rest_fails(gpuctl, aws, faulty):
+@pytest.mark.parametrize("action, kind", [("DescribeSecurityGroups", "html-500"), ("ListInstanceProfiles", "garbage-200")])
+def test_down_ends_the_instances_it_knows_when_the_search_for_the_rest_fails(gpuctl, aws, faulty, action, kind):
     gpuctl(*UP, "--type", "g5.xlarge")
-    faulty.fail("DescribeSecurityGroups")
+    faulty.fail(action, kind=kind)
     res = gpuctl("down", "-y", code=9)
-    assert "ending its 1 instance(s) the ledger knows" in res.stderr and "DescribeSecurityGroups" in res.stderr
-    assert not live_instances(aws), "the instance kept billing while its security group could not be listed"
+    assert "ending its 1 instance(s) the ledger knows" in res.stderr and "internal error" not in res.stderr
+    assert not live_instances(aws), f"the instance kept billing while {action} failed"
     assert gpuctl_groups(aws), "its group was not found, so not deleted: the next down does it"
     faulty.faults.clear()
     assert "deleted security group" in gpuctl("down", "-y").stderr

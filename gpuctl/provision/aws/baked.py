@@ -140,12 +140,11 @@ class AwsImages:
 
     def _ours(self, image_id: str) -> dict[str, Any]:
         """The image, if this install baked it; otherwise an error that changes nothing."""
-        from botocore.exceptions import ClientError
 
         images.check_image_id(image_id)
         try:
             found = self.aws.ec2().describe_images(ImageIds=[image_id]).get("Images", [])
-        except ClientError as exc:
+        except aws_errors() as exc:
             if not error_code(exc).startswith("InvalidAMIID"):
                 raise translate(exc, "DescribeImages") from exc
             found = []

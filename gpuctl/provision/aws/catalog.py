@@ -152,7 +152,6 @@ def on_demand_price(aws: Aws, instance_type: str, cache_dir: Path) -> tuple[floa
 
 
 def _price_list(aws: Aws, instance_type: str) -> float | None:
-    from botocore.exceptions import BotoCoreError, ClientError
 
     location = _region_name(aws)
     if not location:
@@ -179,6 +178,6 @@ def _price_list(aws: Aws, instance_type: str) -> float | None:
                     usd = float(dim.get("pricePerUnit", {}).get("USD", 0))
                     if usd > 0:
                         return usd
-    except (BotoCoreError, ClientError, ValueError):
+    except (*aws_errors(), ValueError):
         return None
     return None

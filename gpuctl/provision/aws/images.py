@@ -23,7 +23,7 @@ from typing import Any, Callable
 from gpuctl.errors import CloudError, ConfigError
 from gpuctl.provision import tf_matches
 from gpuctl.provision.aws import access, catalog
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 Progress = Callable[[str], None]
 
@@ -204,11 +204,9 @@ def base_image(aws: Aws, base_os: str, architecture: str) -> tuple[dict[str, Any
 def _parameter(aws: Aws, name: str, looked: list[str]) -> str | None:
     """The parameter's value, or None (noted in `looked`) when it is absent or not readable: the
     DescribeImages fallback still answers then."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         return str(aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
-    except ClientError as exc:
+    except aws_errors() as exc:
         code = error_code(exc)
         if code == "ParameterNotFound":
             looked[-1] += " (not published in this region)"
@@ -216,6 +214,4 @@ def _parameter(aws: Aws, name: str, looked: list[str]) -> str | None:
             looked[-1] += " (not readable: grant ssm:GetParameter, see docs/aws-iam.md)"
         else:
             raise translate(exc, "GetParameter") from exc
-    except BotoCoreError as exc:
-        raise translate(exc, "GetParameter") from exc
     return None

@@ -9,7 +9,7 @@ from gpuctl.errors import CloudError, GpuctlError
 from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, nodes, store_iam
 from gpuctl.provision.aws.context import AwsContext
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 from gpuctl.remote.ssh.known_hosts import forget_host_keys
 from gpuctl.retry import TimedOut, poll
 
@@ -97,11 +97,10 @@ def release(ctx: AwsContext, resources: list[Resource], progress: Progress) -> N
 def delete_when_free(delete: Callable[..., Any], op: str, busy: str, gone: str, **kwargs: Any) -> bool | None:
     """True once the resource is gone (deleted now, or already: AWS says `gone`); None while
     something still holds it (AWS says `busy`), to be asked again."""
-    from botocore.exceptions import ClientError
 
     try:
         delete(**kwargs)
-    except ClientError as exc:
+    except aws_errors() as exc:
         if error_code(exc) == busy:
             return None
         if error_code(exc) != gone:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuctl.provision.aws.access import tag_spec
-from gpuctl.provision.aws.session import Aws, error_code, error_message
+from gpuctl.provision.aws.session import Aws, aws_errors, error_code, error_message
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,11 @@ def _profile_not_seen_yet(exc: BaseException) -> bool:
 def run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     """RunInstances, again while EC2 does not see a new instance profile yet (same request, same
     client token: a refused request made nothing)."""
-    from botocore.exceptions import ClientError
 
     for pause in (*PROFILE_RETRY_S, None):
         try:
             return aws.ec2().run_instances(**params)
-        except ClientError as exc:
+        except aws_errors() as exc:
             if pause is None or not params.get("IamInstanceProfile") or not _profile_not_seen_yet(exc):
                 raise
             progress(f"EC2 does not see instance profile {params['IamInstanceProfile']['Name']} yet (IAM takes "

@@ -71,8 +71,6 @@ def _describe(ec2: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
     """EC2's view of the instances; one missing from the answer is gone (EC2 forgets terminated
     instances after about an hour). Only "not found" means gone: a network error, throttling or
     expired credentials raise, so a flaky connection never closes a cluster that still runs."""
-    from botocore import exceptions as bx
-
     try:
         res = ec2.describe_instances(InstanceIds=ids)
     except aws_errors() as exc:
@@ -84,8 +82,6 @@ def _describe(ec2: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
         for iid in ids:  # which of them is gone: ask for each
             found.update(_describe(ec2, [iid]))
         return found
-    except bx.BotoCoreError as exc:
-        raise translate(exc, "DescribeInstances") from exc
     return {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
 
 

@@ -74,7 +74,6 @@ def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress,
     return their descriptions by rank and the market used. `launched(instance, node, market)`
     hears each one as soon as EC2 answers with it, before the next node is asked for; `ended(ids)`
     hears the nodes of a zone given up, once they have ended."""
-    from botocore.exceptions import ClientError
 
     markets = [plan.market] + (["on-demand"] if plan.market == "spot" and plan.fallback_on_demand else [])
     failures: list[str] = []
@@ -89,7 +88,7 @@ def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress,
                     made.append(_launch_node(aws, plan, zone, market, node, progress))
                     launched(made[-1], node, market)
                 return made, market
-            except ClientError as exc:
+            except aws_errors() as exc:
                 code = error_code(exc)
                 _roll_back(aws, plan, zone, made, f"node {len(made)}: {code}", progress, ended)
                 if code not in CAPACITY_CODES:
@@ -111,12 +110,11 @@ def launch_nodes(aws: Aws, plan: LaunchPlan, progress: Progress,
 
 
 def _launch_node(aws: Aws, plan: LaunchPlan, zone: str, market: str, node: int, progress: Progress) -> dict[str, Any]:
-    from botocore.exceptions import ClientError
 
     for generation in range(TOKEN_GENERATIONS):
         try:
             inst = run_instances(aws, run_params(plan, zone, market, node, generation), progress)["Instances"][0]
-        except ClientError as exc:
+        except aws_errors() as exc:
             if error_code(exc) != "IdempotentInstanceTerminated":
                 raise
             inst = {"State": {"Name": "terminated"}}

@@ -37,13 +37,23 @@ def _quiet(_: str) -> None:
     pass
 
 
+def _from_botocore(exc: BaseException) -> bool:
+    if type(exc).__module__.startswith(("botocore.", "boto3.")):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("botocore.", "boto3."))
+
+
 class AwsProvider:
     name = "aws"
 
     @staticmethod
     def foreign_error(exc: BaseException) -> GpuctlError | None:
-        """botocore's exception that a call site left untranslated, as the cloud's error."""
-        return translate(exc) if type(exc).__module__.startswith("botocore.") else None
+        """botocore's exception that a call site left untranslated, as the cloud's error; also one
+        raised inside botocore (an HTML page answered with a 200 ends in a KeyError there)."""
+        return translate(exc) if _from_botocore(exc) else None
     reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
     arms_guard_at_up = True  # billed by the second from now on
     default_on_fire = POWEROFF  # shutdown behaviour terminate: powering off ends the bill

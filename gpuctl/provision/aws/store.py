@@ -25,7 +25,7 @@ from gpuctl.errors import CloudError, ConfigError, GpuctlError
 from gpuctl.model.images import StoreTarget
 from gpuctl.provision.aws import access, store_iam
 from gpuctl.provision.aws.context import AwsContext
-from gpuctl.provision.aws.session import Aws, call, error_code, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 Progress = Callable[[str], None]
 CLUSTERS = "clusters/"
@@ -261,7 +261,6 @@ class S3Store:
     def ensure_bucket(self) -> None:
         """Make the bucket if it is not there, and set it up unless its marker tag says it is
         already, as asked now. Idempotent; another account's bucket of that name is refused."""
-        from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, region, s3 = self.bucket, self.region, self.s3()
         versions = self.ctx.spec.checkpoint_versions_days
@@ -272,7 +271,7 @@ class S3Store:
         try:
             s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=self.account)
             exists = True
-        except (ClientError, BotoCoreError) as exc:  # a connection failure too
+        except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
             code = error_code(exc)
             if code in ("403", "AccessDenied"):
                 raise CloudError(f"bucket {bucket} exists but this account cannot use it (another account's, or no "
@@ -283,7 +282,7 @@ class S3Store:
         if exists:
             try:
                 tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
-            except (ClientError, BotoCoreError) as exc:  # a connection failure too
+            except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
                 if error_code(exc) != "NoSuchTagSet":
                     raise translate(exc, "GetBucketTagging") from exc
                 tags = {}
@@ -294,7 +293,7 @@ class S3Store:
             where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
             try:
                 s3.create_bucket(Bucket=bucket, **where)
-            except (ClientError, BotoCoreError) as exc:  # a connection failure too
+            except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
                 if error_code(exc) == "BucketAlreadyExists":
                     raise CloudError(f"the bucket name {bucket} is taken by another account",
                                      store_iam.NO_IAM_HINT) from exc
@@ -332,9 +331,5 @@ class S3Store:
             for page in pages:
                 for obj in page.get("Contents", []):
                     yield obj["Key"], int(obj.get("Size", 0))
-        except Exception as exc:  # noqa: BLE001 - botocore's errors, translated once here
-            from botocore import exceptions as bx
-
-            if isinstance(exc, (bx.BotoCoreError, bx.ClientError)):
-                raise translate(exc, "ListObjectsV2") from exc
-            raise
+        except aws_errors() as exc:  # botocore's errors, translated once here
+            raise translate(exc, "ListObjectsV2") from exc

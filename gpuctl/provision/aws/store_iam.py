@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from gpuctl.errors import CloudError, GpuctlError
 from gpuctl.provision.aws import access
-from gpuctl.provision.aws.session import Aws, call, error_code, error_message, translate
+from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, error_message, translate
 
 PATH = "/gpuctl/"  # every gpuctl role and profile is below it; each owner's under PATH + owner_hash + "/"
 TAG_REGION = "gpuctl:region"
@@ -62,12 +62,10 @@ def boundary_arn(aws: Aws, account: str, partition: str = "aws") -> str:
     anything and pass it to an instance of its own; a boundary an administrator made (and gpuctl may
     not change) caps every gpuctl role at the checkpoint buckets whatever its inline policy says.
     docs/aws-iam.md's policy requires it on CreateRole and PutRolePolicy."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     arn = f"arn:{partition}:iam::{account}:policy/{BOUNDARY}"
     try:
         aws.client("iam").get_policy(PolicyArn=arn)
-    except ClientError as exc:
+    except aws_errors() as exc:
         code = error_code(exc)
         if code == "NoSuchEntity":
             raise CloudError(f"the permissions boundary {BOUNDARY} does not exist in account {account}: gpuctl makes "
@@ -75,8 +73,6 @@ def boundary_arn(aws: Aws, account: str, partition: str = "aws") -> str:
         if code in DENIED:
             raise CloudError(f"not allowed to call iam:GetPolicy on {arn}, needed to put the permissions boundary on "
                              "the checkpoint role", NO_BOUNDARY_HINT) from exc
-        raise translate(exc, "GetPolicy") from exc
-    except BotoCoreError as exc:
         raise translate(exc, "GetPolicy") from exc
     return arn
 
@@ -123,7 +119,6 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
     of its place in the store (`place`, ClusterSpec.store_place; default its name); their name.
     Whatever this call made is deleted again if a later step fails (no permission for
     IAM, say), so a refused `up` leaves nothing behind."""
-    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
     name = profile_name(owner, cluster, region)
@@ -135,7 +130,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
                             Description=f"gpuctl cluster {cluster} ({region}): its checkpoints in {bucket}",
                             MaxSessionDuration=3600, Tags=tags, PermissionsBoundary=boundary)
             made = True
-        except (ClientError, BotoCoreError) as exc:  # a connection failure too
+        except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateRole") from exc
             _check_owner(call(iam.list_role_tags, RoleName=name).get("Tags", []), owner, f"role {name}")
@@ -144,7 +139,7 @@ def ensure_profile(aws: Aws, owner: str, cluster: str, region: str, bucket: str,
         try:
             iam.create_instance_profile(InstanceProfileName=name, Path=owner_path(owner), Tags=tags)
             made = True
-        except (ClientError, BotoCoreError) as exc:  # a connection failure too
+        except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
             if error_code(exc) != "EntityAlreadyExists":
                 raise translate(exc, "CreateInstanceProfile") from exc
         roles = call(iam.get_instance_profile, InstanceProfileName=name)["InstanceProfile"].get("Roles", [])
@@ -175,14 +170,13 @@ def _check_owner(tags: list[dict[str, str]], owner: str, what: str) -> None:
 def delete_profile(aws: Aws, name: str) -> None:
     """Take the role out of the profile, delete its inline policies, the profile and the role;
     what is gone already is fine (a killed `up` may have made only some of them)."""
-    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
 
     def gone(fn: Callable[..., Any], **kwargs: Any) -> Any:
         try:
             return fn(**kwargs)
-        except (ClientError, BotoCoreError) as exc:  # a connection failure too
+        except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
             if error_code(exc) == "NoSuchEntity":
                 return None
             raise translate(exc, fn.__name__.title().replace("_", "")) from exc
@@ -204,7 +198,6 @@ def discover(aws: Aws, owner: str | None, cluster: str | None, region: str | Non
     {"name", "tags"}, for this owner (None: any) and cluster and region (None: any). Without the
     permission to list IAM (an install that keeps checkpoints on the instance and was never granted
     IAM), there is nothing gpuctl could have made: an empty list."""
-    from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.client("iam")
     found: dict[str, dict[str, str]] = {}
@@ -220,7 +213,7 @@ def discover(aws: Aws, owner: str | None, cluster: str | None, region: str | Non
                 if r["RoleName"] not in found:
                     tags = iam.list_role_tags(RoleName=r["RoleName"]).get("Tags", [])
                     found[r["RoleName"]] = {t["Key"]: t["Value"] for t in tags}
-    except (ClientError, BotoCoreError) as exc:  # a connection failure too
+    except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
         if error_code(exc) in DENIED:
             return []
         raise translate(exc, "ListInstanceProfiles") from exc
