@@ -178,8 +178,16 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCo
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
     elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
-    if not rc.epochs and elapsed > 0:
+    if elapsed > 0 and (not rc.epochs or rc.spent_usd <= 0 < usd):
+        # Epochs that say they cost nothing (the instance is untrusted) count as no report: the
+        # run's time on its instances, by this machine's clock, is what it cost.
         rc = rc.model_copy(update={"spent_usd": usd, "spent_from": "wall time", "wall_s": elapsed})
+        if rc.epochs_done:
+            mean = usd / rc.epochs_done
+            rc = rc.model_copy(update={"mean_epoch_usd": mean} | ({
+                "projected_total_usd": mean * rc.epochs_planned,
+                "projected_remaining_usd": mean * max(rc.epochs_planned - rc.epochs_done, 0)}
+                if rc.epochs_planned else {}))
     if not segs:
         return rc
     return rc.model_copy(update={"segments": segs, "instances_usd": sum(g.usd for g in segs),

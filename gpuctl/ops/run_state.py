@@ -338,11 +338,14 @@ def stop_run(s: Session, cluster: ClusterRecord, run: RunRecord, grace_s: float 
     per-run stop: `down` and `gpuctl stop` both end runs here."""
     each = nodes.of_run(s, cluster, run)
     host, paths = each[0].host, jobs.JobPaths(run.run_dir)
+    # It was running when this machine looked a moment ago: it ran until now at least, whatever
+    # its own `started` and `ended` files say (a job that wrote them would make itself free).
+    ran_until = time.time() if run.state == "running" else 0.0
     # Out of the queue first, so it cannot start while it is stopped; one taken out never ran: no exit code.
     taken = run.state == "queued" and any(nodes.each(each, lambda n: queue.dequeue(n.host, run.run_id)))
     codes = nodes.stop(each, run, grace_s)
     _, run = ingest_epochs(s, each[0], run)
-    run = ending(run, "stopped", _ended_at(host, paths, run), None if taken else codes[0])
+    run = ending(run, "stopped", max(_ended_at(host, paths, run), ran_until), None if taken else codes[0])
     if run.nodes > 1:
         run = run.model_copy(update={"node_states": ("stopped",) * len(each)})
     s.ledger.put_run(run)
