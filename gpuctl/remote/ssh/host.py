@@ -339,7 +339,6 @@ class SshHost(Deadlines):
         keep what the instance lists inside `local` (remote/sync/pull.py)."""
         import subprocess
 
-
         local.mkdir(parents=True, exist_ok=True)
         if self.has_rsync is not False and shutil.which("rsync"):
             # --safe-links: no link that is absolute or climbs out of the tree is recreated here;
