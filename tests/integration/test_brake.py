@@ -132,39 +132,37 @@ def test_a_full_disk_under_the_home_holds_neither_status_nor_down(make_project, 
     assert _integrity(home) == "ok"
 
 
-def test_a_huge_log_is_kept_only_as_far_as_it_fits_and_never_holds_down(make_project, small_disk, monkeypatch):
+# The job makes its own log a 1 GB file (sparse: free to make), then waits.
+GROW = ("import os, time\nos.truncate(os.path.join(os.environ['GPUCTL_RUN_DIR'], 'output.log'), 1 << 30)\n"
+        "time.sleep(600)\n")
+
+
+def _down_with_a_grown_log(make_project, small_disk, monkeypatch, disk_mb: int):
+    """A local cluster with its home on a tmpfs of `disk_mb` MB and a run whose log is 1 GB: its
+    `down` (which must succeed and end the job); the home, the run's id."""
     from gpuctl.remote.local import LocalHost
 
-    disk = small_disk(12)
-    home = _home_on(disk, monkeypatch)
+    home = _home_on(small_disk(disk_mb), monkeypatch)
     assert gpuctl_proc("up", "--provider", "local", "-y", bound=BOUND_S).returncode == 0
     socket = LocalHost(home / "clusters" / "default").tmux_socket
-    # The job makes its own log a 1 GB file (sparse: free to make), then waits.
-    grow = "import os, time\nos.truncate(os.path.join(os.environ['GPUCTL_RUN_DIR'], 'output.log'), 1 << 30)\n" \
-           "print('grown', flush=True)\ntime.sleep(600)\n"
-    res = gpuctl_proc("train", str(make_project("grow", {"train.py": grow})), "--json", bound=BOUND_S)
+    res = gpuctl_proc("train", str(make_project("grow", {"train.py": GROW})), "--json", bound=BOUND_S)
     run = json.loads(res.stdout)["run"]["run_id"]
     wait_for(lambda: os.path.getsize(home / "clusters" / "default" / "runs" / run / "output.log") >= 1 << 30)
     res = gpuctl_proc("down", "-y", bound=BOUND_S)
     assert res.returncode == 0, res.stderr
     assert "is down" in res.stdout and not marked(socket)
+    return res, home, run
+
+
+def test_a_huge_log_is_kept_only_as_far_as_it_fits_and_never_holds_down(make_project, small_disk, monkeypatch):
+    res, home, run = _down_with_a_grown_log(make_project, small_disk, monkeypatch, 12)
     assert f"kept the last 8.4 MB of run {run}'s log" in res.stderr  # 8 MiB of its end, fits in 12 MB
     assert (home / "logs" / f"{run}.log").stat().st_size == 8 << 20
     assert _integrity(home) == "ok"
 
 
 def test_a_log_that_does_not_fit_is_skipped_and_said(make_project, small_disk, monkeypatch):
-    disk = small_disk(6)
-    home = _home_on(disk, monkeypatch)
-    assert gpuctl_proc("up", "--provider", "local", "-y", bound=BOUND_S).returncode == 0
-    grow = "import os, time\nos.truncate(os.path.join(os.environ['GPUCTL_RUN_DIR'], 'output.log'), 1 << 30)\n" \
-           "time.sleep(600)\n"
-    res = gpuctl_proc("train", str(make_project("grow", {"train.py": grow})), "--json", bound=BOUND_S)
-    run = json.loads(res.stdout)["run"]["run_id"]
-    wait_for(lambda: os.path.getsize(home / "clusters" / "default" / "runs" / run / "output.log") >= 1 << 30)
-    res = gpuctl_proc("down", "-y", bound=BOUND_S)
-    assert res.returncode == 0, res.stderr
-    assert "is down" in res.stdout
+    res, home, run = _down_with_a_grown_log(make_project, small_disk, monkeypatch, 6)
     assert f"logs not kept: {run}:" in res.stderr and "do not fit" in res.stderr
     assert not (home / "logs" / f"{run}.log").exists()
 
