@@ -46,6 +46,9 @@ def read_json(path, default=None):
         return default
 
 
+NVIDIA_SMI_S = 10  # as the client's GPU count (ops/queue.py PROBE_S)
+
+
 def sh(argv, timeout=30):
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -172,7 +175,9 @@ class Watchdog(object):
                  % (os.path.basename(run_dir), code))
 
     def gpu_utilization(self):
-        res = sh(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"])
+        # A healthy nvidia-smi answers within seconds; a hung one must not stall every look (and
+        # `train`'s wait for the first one) for 30 s: then the GPU's use is unknown this look.
+        res = sh(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], timeout=NVIDIA_SMI_S)
         if res is None or res.returncode != 0:
             return None
         values = [float(v) for v in res.stdout.split() if v.replace(".", "", 1).isdigit()]
