@@ -6,15 +6,15 @@ The CLI maps these to `Error:` / `Hint:` lines and the exit code in exactly one 
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, unique
 
 
+@unique  # a script tells every outcome apart: no two names share a number
 class ExitCode(IntEnum):
     """Documented process exit codes (docs/cli.md "Errors and exit codes"); a test pins the numbers."""
 
     OK = 0
     INTERNAL = 1  # a bug in gpuctl: rerun with --debug and report it
-    DECLINED = 1  # the user answered no to a confirmation: nothing was done
     USAGE = 2  # bad command line (Click's own code)
     CONFIG = 3  # a bad setting in a file, env var or flag
     NOT_FOUND = 4  # unknown cluster or run
@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     RUN_FAILED = 8  # the training run ended with a non-zero status
     CLOUD = 9  # the cloud refused: credentials, permissions, image, quota, leak
     NO_CAPACITY = 10  # no zone had capacity for the request; try later, elsewhere, or on-demand
+    DECLINED = 11  # the user answered no to a confirmation: nothing was done (was 1, shared with INTERNAL)
     INTERRUPTED = 130  # Ctrl-C
 
 

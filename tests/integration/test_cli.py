@@ -356,7 +356,7 @@ def test_a_mistyped_provider_gets_a_did_you_mean(gpuctl, monkeypatch):
     assert "did you mean 'local'?" in out.stderr
 
 
-def test_answering_no_to_a_prompt_says_nothing_done_and_exits_1(gpuctl):
+def test_answering_no_to_a_prompt_says_nothing_done_and_exits_11(gpuctl):
     gpuctl("up")
     # The prompt is only asked on a terminal: a real pty on stdin, the real gpuctl process.
     import os
@@ -372,7 +372,7 @@ def test_answering_no_to_a_prompt_says_nothing_done_and_exits_1(gpuctl):
     finally:
         os.close(slave)
         os.close(master)
-    assert proc.returncode == 1, (out, err)
+    assert proc.returncode == 11, (out, err)  # ExitCode.DECLINED: told apart from an internal error
     assert "Nothing done." in out
     assert "default" in gpuctl("status").stdout  # still up
 
