@@ -56,14 +56,16 @@ def test_a_worker_taken_away_is_found_and_the_run_preempted_on_that_node(fake, t
 
 def test_a_worker_whose_machine_ended_ends_the_run_lost_however_the_chief_looks(fake, tmp_path):
     s, c, chief, worker = two_nodes(tmp_path)
+    host = tmux_says(fake, chief, 0, "4242|0|||\n")  # the chief's pane lives: it trains, and would wait
     fake["ended"][worker.id] = time.time() - 5  # a guard's poweroff, say: not the provider's taking
     (shown,) = costs.status(s).runs  # status asks the provider, the ledger learns the worker ended
     assert (shown.state, shown.failed_node) == ("lost", 1)
     run = s.ledger.run("r")
     assert run.ended_at == pytest.approx(fake["ended"][worker.id])
     assert any("run-lost" in e[3] and "node 1" in e[4] for e in s.ledger.events(c.id))
-    # The chief was told to stop (its peer is gone: it would wait, billed).
-    assert any("tmux" in " ".join(cmd) for cmd in fake["hosts"][chief.id].commands)
+    # The chief was told to stop (its peer is gone: it would wait, billed): its pane's process
+    # group had the SIGTERM (any tmux command would not do: every look runs one).
+    assert ("kill", "-TERM", "--", "-4242") in [tuple(cmd) for cmd in host.commands]
     assert nodes.gone(s, c, run).id == worker.id
 
 
