@@ -44,12 +44,18 @@ def progress_sink():
 
 
 def confirm(yes: bool, question: str) -> None:
-    """The one place gpuctl asks before it spends or destroys; "n" says so and exits 1."""
+    """The one place gpuctl asks before it spends or destroys; "n" (or Ctrl-D, Ctrl-C at the
+    question) says so and exits 11 (ExitCode.DECLINED)."""
     if yes:
         return
     if not sys.stdin.isatty():
         raise ConfirmationRequired(f"refusing to {question} without confirmation")
-    if not click.confirm(question[0].upper() + question[1:] + "?", default=False):
+    try:
+        agreed = click.confirm(question[0].upper() + question[1:] + "?", default=False)
+    except click.Abort:  # click's answer to Ctrl-D and Ctrl-C at a prompt: nothing was done either
+        click.echo()
+        agreed = False
+    if not agreed:
         click.echo("Nothing done.")
         raise click.exceptions.Exit(ExitCode.DECLINED)
 

@@ -55,8 +55,8 @@ class Ledger:
             try:
                 self._db = self._open(exclusive=False)
             except sqlite3.OperationalError as exc:
-                if not _no_room(exc):
-                    raise
+                if not (_no_room(exc) and _free(home) < 1 << 20):
+                    raise  # only a disk that is really full: one lock for the whole command costs others
                 # A full disk: WAL's index file cannot grow, so no connection could read the ledger
                 # ("disk I/O error") and every command failed, `down` too. In EXCLUSIVE locking mode
                 # SQLite keeps that index in memory, WAL included: reads work and writes fail cleanly.
@@ -64,6 +64,8 @@ class Ledger:
                 self.cramped = True
             self._ensure_schema()
         except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise self._unwritable(exc) from None  # held by another gpuctl: a conflict, not a bad file
             readonly = "readonly" in str(exc) or "unable to open" in str(exc)
             if readonly or _no_room(exc):
                 raise LedgerUnwritable(f"the ledger {self.path} cannot be {'written' if readonly else 'opened'}: "
@@ -371,13 +373,18 @@ def _no_room(exc: sqlite3.DatabaseError) -> bool:
     return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR") or str(exc) in ("database or disk is full", "disk I/O error")
 
 
-def _why(exc: sqlite3.DatabaseError, home: Path) -> str:
-    """SQLite's words, with the free space under the home when that is what it lacks."""
+def _free(home: Path) -> int:
+    """Bytes free for this user on the disk under the home (a large number when unknown)."""
     try:
         st = os.statvfs(home)
     except OSError:
-        return str(exc)
-    free = st.f_bavail * st.f_frsize
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
+
+
+def _why(exc: sqlite3.DatabaseError, home: Path) -> str:
+    """SQLite's words, with the free space under the home when that is what it lacks."""
+    free = _free(home)
     if _no_room(exc) and free < 1 << 20:
         return f"the disk holding it is full ({free // 1024} KiB free)"
     return str(exc)

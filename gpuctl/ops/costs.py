@@ -173,14 +173,18 @@ def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float)
     return segment_costs(run, epochs, instances, now)
 
 
+FREE_SHARE = 0.01  # epochs' dollars below this share of the run's time on its instances are not believed
+
+
 def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
     """Every instance the run used, what an interruption threw away, the waits between them; for
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
     elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
-    if elapsed > 0 and (not rc.epochs or rc.spent_usd <= 0 < usd):
-        # Epochs that say they cost nothing (the instance is untrusted) count as no report: the
-        # run's time on its instances, by this machine's clock, is what it cost.
+    if elapsed > 0 and (not rc.epochs or rc.spent_usd < FREE_SHARE * usd):
+        # Epochs that say they cost (next to) nothing, under 1% of the run's time on its
+        # instances (the instance is untrusted), count as no report: that time, by this machine's
+        # clock, is what it cost.
         rc = rc.model_copy(update={"spent_usd": usd, "spent_from": "wall time", "wall_s": elapsed})
         if rc.epochs_done:
             mean = usd / rc.epochs_done

@@ -249,7 +249,9 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     if s.released(cluster):
         # A `down` went ahead while this recovery held the cluster (the brake waits 5 s at most, a
         # launch takes minutes): what was just launched goes too, and nothing is resumed there.
-        release.release_everything(s, s.ledger.cluster(cluster.id), progress)
+        gone = s.ledger.cluster(cluster.id)
+        release.release_everything(s, gone, progress)
+        release.close_in_ledger(s, gone, "a replacement launched while `down` went ahead, ended again")
         raise ConflictError(f"cluster {cluster.name!r} was released with `gpuctl down` while a replacement was "
                             f"launched; the replacement was ended again",
                             "Resume the run when you want it: gpuctl train --resume RUN")

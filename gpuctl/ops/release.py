@@ -92,6 +92,9 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet, force:
             # Closed already (e.g. its guard powered it off): still release what is left of it,
             # such as its security group and key pair.
             leftovers = release_everything(s, ended[-1], progress)
+            # Said in the ledger: a recovery between its tries (a spot run's cluster closed by
+            # EC2's word) must not bring back what the user released.
+            s.ledger.event("down", f"released {len(leftovers)} resource(s) left", cluster=ended[-1])
             return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
     # A host that does not answer costs one short wait: `down` refuses then, or with --force releases.
     s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
@@ -155,7 +158,7 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
         logs = archive.take(s, cluster, progress)
         with s.releasing(cluster):
             resources = release_everything(s, cluster, progress)
-        _close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
+        close_in_ledger(s, cluster, f"released {len(resources)} resource(s)")
         if s.ledger.cluster(cluster.id).state == "down":  # recorded: the ledger says it from now on
             s.settle_release(cluster)
         archive.keep(s, logs, progress)
@@ -184,14 +187,15 @@ def release_everything(s: Session, cluster: ClusterRecord, progress: Progress) -
         progress(f"{cluster.name}: could not look up all it holds ({said}); ending its "
                  f"{len(live)} instance(s) the ledger knows")
         provider.release(live, progress, frozenset(s.unreachable_ids))
-        if isinstance(exc, GpuctlError):
+        translated = exc if isinstance(exc, GpuctlError) else foreign_error(exc)
+        if translated is None or translated is exc:
             raise
-        raise foreign_error(exc) or exc from exc
+        raise translated from exc
     provider.release(resources, progress, frozenset(s.unreachable_ids))
     return resources
 
 
-def _close_in_ledger(s: Session, cluster: ClusterRecord, message: str) -> None:
+def close_in_ledger(s: Session, cluster: ClusterRecord, message: str) -> None:
     """Mark the cluster's instances ended and the cluster down. An instance whose end is known
     already (from EC2, say) keeps that time: billing closes when it really ended."""
     now = time.time()

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpuctl.errors import RemoteError, RemoteTimeout, Unconfirmed
+from gpuctl.errors import RemoteError, RemoteTimeout, Unconfirmed, UnreadableFile
 from gpuctl.model.untrusted import EARLIEST, LATEST, number
 from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
 from gpuctl.remote import tmux
@@ -192,8 +192,12 @@ def read_exit_code(host: Host, paths: JobPaths) -> int | None:
 
 
 def _number(host: Host, path: str, kind: type, low: float, high: float) -> Any:
-    """A number the instance wrote into a small file; None when absent, not a number or out of bounds."""
-    return number(host.read_bytes(path, 0, 64), kind, low, high)
+    """A number the instance wrote into a small file; None when absent, not a number, out of
+    bounds, or not readable as a file (a link loop the job made: it must not hold `stop` or `down`)."""
+    try:
+        return number(host.read_bytes(path, 0, 64), kind, low, high)
+    except UnreadableFile:
+        return None
 
 
 def _instant(host: Host, path: str) -> float | None:

@@ -89,7 +89,7 @@ def test_a_cloud_fault_is_a_cloud_error_and_down_all_goes_on_past_it(gpuctl, aws
     nothing_created(west)
 
 
-@pytest.mark.parametrize("kind", ["html-500", "throttled", "dropped"])
+@pytest.mark.parametrize("kind", ["html-500", "throttled", "dropped", "garbage-200"])
 def test_an_instance_look_that_fails_in_any_shape_is_the_clouds_error_never_internal(gpuctl, aws, faulty, kind):
     gpuctl(*UP, "--type", "g5.xlarge")
     faulty.fail("DescribeInstances", kind=kind)

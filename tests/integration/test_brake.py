@@ -189,7 +189,8 @@ def test_a_log_linked_to_dev_zero_on_the_host_costs_down_nothing(gpuctl, ssh, ma
 
 @pytest.mark.parametrize("trap", ["fifo", "loop"])
 def test_a_log_or_report_file_made_a_trap_holds_neither_status_nor_down(gpuctl, make_project, isolated, trap):
-    """A cloned project's job is untrusted: it turns its log and its report file into a FIFO (whose
+    """A cloned project's job is untrusted: it turns its log, its report file, its start time and
+    its exit code file into a FIFO (whose
     open blocks until a writer comes) or a link loop. (A file made unreadable is no trap to root,
     as CI runs: not tried.)"""
     from gpuctl.remote.local import LocalHost
@@ -198,7 +199,7 @@ def test_a_log_or_report_file_made_a_trap_holds_neither_status_nor_down(gpuctl, 
     socket = LocalHost(isolated / "clusters" / "default").tmux_socket
     make = {"fifo": "os.mkfifo(p)", "loop": "os.symlink(p + '.x', p); os.symlink(p, p + '.x')"}[trap]
     job = ("import os, time\nd = os.environ['GPUCTL_RUN_DIR']\n"
-           "for name in ('output.log', 'epochs.jsonl'):\n"
+           "for name in ('output.log', 'epochs.jsonl', 'started', 'exitcode'):\n"
            "    p = os.path.join(d, name)\n"
            "    if os.path.lexists(p): os.unlink(p)\n"
            f"    {make}\n"

@@ -1,7 +1,7 @@
 """Nothing an instance writes makes a run look free: the local provider at $3.60/h (real tmux, a
 real job), whose job writes the files gpuctl reads its time and dollars from.
 
-Bad inputs tried: epoch reports that agree with themselves on 0 s and $0 (start = end), a job's
+Bad inputs tried: epoch reports that agree with themselves on 0 s and $0.000000001 (start = end), a job's
 own `started` file put an hour ahead (so that it ran 0 s by its files) while it runs on until
 `gpuctl stop`."""
 
@@ -21,8 +21,8 @@ with open(os.path.join(d, "epochs.jsonl"), "a") as fh:
     for epoch in (1, 2):
         now = time.time()
         fh.write(json.dumps({"schema": 1, "run_id": os.environ["GPUCTL_RUN_ID"], "epoch": epoch, "epochs_planned": 10,
-                             "start": now, "end": now, "seconds": 0, "usd_per_hour": 0, "epoch_cost_usd": 0,
-                             "cumulative_usd": 0}) + "\\n")
+                             "start": now, "end": now, "seconds": 0, "usd_per_hour": 0, "epoch_cost_usd": 1e-9,
+                             "cumulative_usd": epoch * 1e-9}) + "\\n")
 time.sleep(2)
 """
 

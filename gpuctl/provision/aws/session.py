@@ -58,6 +58,19 @@ def aws_errors() -> tuple[type[BaseException], ...]:
     return (bx.ClientError, bx.BotoCoreError, ResponseParserError)
 
 
+def _not_an_api_answer(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
+    """A 200 whose body is an HTML page (a proxy's or a captive portal's) parses as an answer with
+    nothing in it, and the caller's `res["Reservations"]` failed in gpuctl's own code. AWS's API
+    answers always carry a request id; such a page has none: it is the parse error it is."""
+    from botocore.parsers import ResponseParserError
+
+    if getattr(http_response, "status_code", 0) != 200 or not isinstance(parsed, dict):
+        return
+    kind = str(getattr(http_response, "headers", {}).get("content-type", ""))
+    if "html" in kind.lower() and not parsed.get("ResponseMetadata", {}).get("RequestId"):
+        raise ResponseParserError(f"{model.name}: an HTML page answered with 200, not AWS's API")
+
+
 def translate(exc: BaseException, action: str = "") -> GpuctlError:
     """One botocore exception -> one gpuctl error with a hint. Unknown ones stay CloudErrors."""
     from botocore import exceptions as bx
@@ -271,7 +284,9 @@ class Aws:
                 mine = self.session._session.get_config_variable("max_attempts")
                 tries = {"total_max_attempts": int(mine)} if mine else {"max_attempts": retries}
                 config = Config(retries={"mode": "standard", **tries}, connect_timeout=10, read_timeout=60)
-                self._clients[key] = self.session.client(service, region_name=key[1], config=config)
+                client = self.session.client(service, region_name=key[1], config=config)
+                client.meta.events.register("after-call", _not_an_api_answer)
+                self._clients[key] = client
             return self._clients[key]
 
     def ec2(self, region: str | None = None) -> Any:
