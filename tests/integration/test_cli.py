@@ -356,7 +356,8 @@ def test_a_mistyped_provider_gets_a_did_you_mean(gpuctl, monkeypatch):
     assert "did you mean 'local'?" in out.stderr
 
 
-def test_answering_no_to_a_prompt_says_nothing_done_and_exits_11(gpuctl):
+@pytest.mark.parametrize("answer", [b"n\n", b"\x04"])  # "n", and Ctrl-D (end of input) at the question
+def test_answering_no_to_a_prompt_says_nothing_done_and_exits_11(gpuctl, answer):
     gpuctl("up")
     # The prompt is only asked on a terminal: a real pty on stdin, the real gpuctl process.
     import os
@@ -367,7 +368,7 @@ def test_answering_no_to_a_prompt_says_nothing_done_and_exits_11(gpuctl):
     try:
         proc = subprocess.Popen([str(Path(sys.executable).parent / "gpuctl"), "down"], stdin=slave,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        os.write(master, b"n\n")
+        os.write(master, answer)
         out, err = proc.communicate(timeout=60)
     finally:
         os.close(slave)
