@@ -11,7 +11,7 @@ from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model import untrusted
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import guards
-from gpuctl.payloads.gpuctl_protocol import QUEUE_FILE, QueueConfig
+from gpuctl.payloads.gpuctl_protocol import NVIDIA_SMI_S, QUEUE_FILE, QueueConfig
 from gpuctl.remote.host import PROBE_TIMED_OUT, Host, once
 
 PAYLOAD = "gpuctl_queue.py"
@@ -25,7 +25,7 @@ def queue_dir(host: Host) -> str:
 # How long nvidia-smi may take to list the GPUs. A driver that hangs is the GPU's trouble, not the
 # host's: past this the GPUs are unknown (the run takes the node's one slot) and the host is asked
 # on, where the host's own deadline would count it hung and fail the `train`.
-PROBE_S = 10.0
+PROBE_S = float(NVIDIA_SMI_S)
 
 
 def gpus_of(host: Host, note: Callable[[str], None] | None = None) -> int:

@@ -31,6 +31,9 @@ STOP_FILE = "stop-requested"
 
 # Stopped by a spot interruption notice (EX_TEMPFAIL: again later, elsewhere) at a batch end, its
 # last whole epoch checkpointed; only with PREEMPTED_MARK in its run dir (a script may exit 75 itself).
+# How long nvidia-smi may take to answer, on either side (the client's GPU count, the watchdog's
+# look at their use): a healthy one answers within seconds; a hung one means the GPUs are unknown.
+NVIDIA_SMI_S = 10
 PREEMPTED_EXIT = 75
 PREEMPTED_MARK = "preempted.json"
 STOPPED_EXIT = 143  # 128 + SIGTERM: stopped gracefully (by `stop`, `down` or a guard), or dequeued

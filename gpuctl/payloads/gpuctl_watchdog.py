@@ -46,9 +46,6 @@ def read_json(path, default=None):
         return default
 
 
-NVIDIA_SMI_S = 10  # as the client's GPU count (ops/queue.py PROBE_S)
-
-
 def sh(argv, timeout=30):
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -177,7 +174,7 @@ class Watchdog(object):
     def gpu_utilization(self):
         # A healthy nvidia-smi answers within seconds; a hung one must not stall every look (and
         # `train`'s wait for the first one) for 30 s: then the GPU's use is unknown this look.
-        res = sh(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], timeout=NVIDIA_SMI_S)
+        res = sh(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], timeout=gpuctl_protocol.NVIDIA_SMI_S)
         if res is None or res.returncode != 0:
             return None
         values = [float(v) for v in res.stdout.split() if v.replace(".", "", 1).isdigit()]

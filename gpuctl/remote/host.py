@@ -182,13 +182,13 @@ def read_part(fh: Any, offset: int, limit: int, size: int) -> bytes:
     return fh.read(max(0, limit))
 
 
+PROBE_TIMED_OUT = 124
+
+
 def gave_up(argv: Sequence[str], out: Tail, err: Tail, seconds: float) -> CommandResult:
     """A probe's answer when it ran past its deadline: exit 124, as `timeout` gives."""
     return CommandResult(argv=tuple(argv), returncode=PROBE_TIMED_OUT, stdout=out.text(),
                          stderr=err.text() + f"no answer within {seconds:g} s\n", dropped=out.dropped + err.dropped)
-
-
-PROBE_TIMED_OUT = 124
 
 
 def check_result(res: CommandResult, label: str) -> CommandResult:

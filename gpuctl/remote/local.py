@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import stat
-import signal
-import subprocess
 import selectors
+import shutil
+import signal
+import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
