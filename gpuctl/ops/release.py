@@ -183,14 +183,14 @@ def release_everything(s: Session, cluster: ClusterRecord, progress: Progress) -
     except Exception as exc:  # noqa: BLE001 - whatever failed, the spend it knows of ends first
         live = [Resource(provider=cluster.provider, kind="instance", id=i.id, region=i.region, cluster=cluster.name)
                 for i in known if i.state not in ENDED_STATES]
-        said = exc.message if isinstance(exc, GpuctlError) else f"{type(exc).__name__}: {exc}"
+        err = exc if isinstance(exc, GpuctlError) else foreign_error(exc)
+        said = err.message if err is not None else f"{type(exc).__name__}: {exc}"
         progress(f"{cluster.name}: could not look up all it holds ({said}); ending its "
                  f"{len(live)} instance(s) the ledger knows")
         provider.release(live, progress, frozenset(s.unreachable_ids))
-        translated = exc if isinstance(exc, GpuctlError) else foreign_error(exc)
-        if translated is None or translated is exc:
+        if err is None or err is exc:
             raise
-        raise translated from exc
+        raise err from exc
     provider.release(resources, progress, frozenset(s.unreachable_ids))
     return resources
 
