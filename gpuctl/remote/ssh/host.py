@@ -237,44 +237,49 @@ class SshHost(Deadlines):
 
     @contextmanager
     def _sftp_call(self, what: str) -> Iterator[None]:
-        """An SFTP call whose reply did not come within command_timeout_s: the host is hung."""
+        """An SFTP call whose reply did not come within command_timeout_s: the host is hung; one
+        whose connection dropped under it (paramiko's SSHException, EOFError): the host is lost."""
         try:
             yield
         except socket.timeout:
             raise self.timed_out(what, self.command_timeout_s) from None
+        except EOFError as exc:
+            raise self._lost(exc) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("paramiko"):
+                raise self._lost(exc) from None
+            raise
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
-        try:
-            with self.sftp.open(path, "rb") as fh:
-                size = fh.stat().st_size
-                start = max(0, size + offset) if offset < 0 else offset
-                end = min(size, start + max(0, limit))
-                if start >= end:
-                    return b""
-                fh.seek(start)
-                fh.prefetch(end)  # pipelined reads of the part wanted: one round trip's wait, not one per 32 KB
-                return fh.read(end - start)
-        except FileNotFoundError:
-            return None
-        except socket.timeout:
-            raise self.timed_out(f"reading {path}", self.command_timeout_s) from None
-        except OSError as exc:
-            if getattr(exc, "errno", None) == 2:
-                return None
-            raise UnreadableFile(f"cannot read {path} on {self.label}: {exc}") from None
-        except Exception as exc:
-            raise self._lost(exc) from None
+        with self._sftp_call(f"reading {path}"):
+            try:
+                with self.sftp.open(path, "rb") as fh:
+                    size = fh.stat().st_size
+                    start = max(0, size + offset) if offset < 0 else offset
+                    end = min(size, start + max(0, limit))
+                    if start >= end:
+                        return b""
+                    fh.seek(start)
+                    fh.prefetch(end)  # pipelined reads of the part wanted: one round trip's wait, not one per 32 KB
+                    return fh.read(end - start)
+            except OSError as exc:
+                return self._absent(exc, f"cannot read {path}")
 
     def file_size(self, path: str) -> int | None:
         with self._sftp_call(f"looking at {path}"):
             try:
                 return self.sftp.stat(path).st_size
-            except FileNotFoundError:
-                return None
             except OSError as exc:
-                if getattr(exc, "errno", None) == 2:
-                    return None
-                raise UnreadableFile(f"cannot look at {path} on {self.label}: {exc}") from None
+                return self._absent(exc, f"cannot look at {path}")
+
+    def _absent(self, exc: OSError, what: str) -> None:
+        """None for a file that is not there; else the file cannot be read as one (a link loop the
+        job made): UnreadableFile. A timeout is the host's, for _sftp_call to say."""
+        if isinstance(exc, socket.timeout):
+            raise exc
+        if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == 2:
+            return None
+        raise UnreadableFile(f"{what} on {self.label}: {exc}") from None
 
     def makedirs(self, path: str) -> None:
         """mkdir -p over SFTP: no remote shell (whose startup files can cost 100 ms a command)."""
