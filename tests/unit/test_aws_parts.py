@@ -14,6 +14,7 @@ from gpuctl.provision.aws.launch import LaunchPlan, run_params
 from gpuctl.provision.aws.session import quota_hint, translate
 from gpuctl.provision.aws.userdata import hard_cap_script
 from gpuctl.retry import TimedOut, poll
+from tests.waits import FakeClock
 
 
 def client_error(code, message, op="RunInstances"):
@@ -53,14 +54,15 @@ def test_quota_hints_by_family_and_market():
 
 
 def test_poll_backs_off_and_times_out_saying_what_it_last_saw():
-    calls, waits = [], []
+    calls, waits, clock = [], [], FakeClock()
     with pytest.raises(TimedOut) as info:
-        poll(lambda: calls.append(1), 1.5, on_wait=lambda waited, last: waits.append(last), describe=lambda: "no moon")
+        poll(lambda: calls.append(1), 1.5, on_wait=lambda waited, last: waits.append(last), describe=lambda: "no moon",
+             clock=clock)
     assert str(info.value) == "timed out after 1s (no moon)"
     assert len(calls) == 2  # 1 s, then a 2 s wait would pass the deadline
     assert waits == ["no moon"]
-    assert poll(lambda: "done", 1) == "done"
-    assert poll(lambda: 0, 1) == 0  # a falsy answer that is not None is an answer
+    assert poll(lambda: "done", 1, clock=clock) == "done"
+    assert poll(lambda: 0, 1, clock=clock) == 0  # a falsy answer that is not None is an answer
 
 
 def test_user_data_is_valid_bash_and_arms_the_cap():
