@@ -137,11 +137,11 @@ def detach(s: Session, run_id: str | None) -> tuple[RunRecord, int, Path]:
 
 def _follow_one(s: Session, run: RunRecord, poll_s: float, raw: bool) -> Generator[str, None, RunRecord]:
     """Follow the run on its current instance until it ends or the instance is taken away."""
-    last_check = [time.monotonic()]
+    last_check = [s.clock.monotonic()]
 
     def check(current: RunRecord) -> None:
-        if time.monotonic() - last_check[0] >= CHECK_INSTANCES_S:
-            last_check[0] = time.monotonic()
+        if s.clock.monotonic() - last_check[0] >= CHECK_INSTANCES_S:
+            last_check[0] = s.clock.monotonic()
             if taken_away(s, current) is not None:
                 raise Interrupted()
 
@@ -200,7 +200,7 @@ def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -
                 s.ledger.event("recover-failed", exc.message, cluster=cluster, run_id=run.run_id)
                 progress(f"try {attempt} failed: {exc.message}")
         if attempt < settings.max_attempts:
-            time.sleep(RETRY_S * attempt)  # capacity comes back in minutes, not seconds
+            s.clock.sleep(RETRY_S * attempt)  # capacity comes back in minutes, not seconds
     raise RecoveryError(f"run {run.run_id} was preempted and recovery gave up after {len(tries)} tries: "
                         + "; ".join(tries), f"Resume it when capacity returns: gpuctl train --resume {run.run_id}")
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import math
 import os
 import time
 from contextlib import nullcontext
@@ -21,6 +22,7 @@ from gpuctl.ops.log_filter import LineFilter
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
+from gpuctl.retry import Backoff
 
 # How long a run may stay "starting" (its jobs being started, node after node) before a look at
 # its nodes counts: a gpuctl killed while starting it leaves a run that is then found lost.
@@ -213,14 +215,14 @@ def refreshed_runs(s: Session) -> list[RunRecord]:
 
 def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None = None) -> RunRecord:
     """Block until the run has ended; the final record."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pauses = Backoff(poll_s, timeout_s=math.inf if timeout_s is None else timeout_s, clock=s.clock)
     while True:
         run = refresh(s, s.find_run(run_id))
         if run.state in FINAL_RUN_STATES:
             return run
-        if deadline is not None and time.monotonic() > deadline:
+        if pauses.expired():
             raise RemoteError(f"run {run_id} still running after {timeout_s:.0f}s", f"Follow it: gpuctl logs -f {run_id}")
-        time.sleep(poll_s)
+        pauses.pause()
 
 
 FIRST_POLL_S = 0.1  # a followed log's first look after output
@@ -272,7 +274,7 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     decode = codecs.getincrementaldecoder("utf-8")("replace")  # a character may straddle two chunks
     # Right after output, the next look comes sooner (a job's last line is often just before its
     # end, which `train --wait` then reports within a tenth of a second); quiet, back to poll_s.
-    wait_s = FIRST_POLL_S
+    pauses = Backoff(min(FIRST_POLL_S, poll_s), poll_s, clock=s.clock)
     with s.working(cluster, "logs") if cluster is not None else nullcontext():
         while True:
             chunk = _read_log(s, run, offset, node)
@@ -289,10 +291,9 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
                     yield rest
                 return
             if chunk:
-                wait_s = FIRST_POLL_S
+                pauses.reset()
             else:
-                time.sleep(min(wait_s, poll_s))
-                wait_s *= 2
+                pauses.pause()
             run = refresh(s, run)
             if check is not None:
                 check(run)

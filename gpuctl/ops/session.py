@@ -33,7 +33,7 @@ from gpuctl.model.specs import ClusterSpec
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
-from gpuctl.retry import TimedOut, poll
+from gpuctl.retry import REAL_CLOCK, Clock, TimedOut, poll
 
 Progress = Callable[[str], None]
 # status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host
@@ -75,6 +75,8 @@ def serialized(progress: Progress) -> Progress:
 
 class Session:
     """The ledger, settings and open hosts of one command over one gpuctl home."""
+
+    clock: Clock = REAL_CLOCK  # every wait of this command's use cases (a test drives its own)
 
     def __init__(self, home: Path, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None):
         self.home = Path(home)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from gpuctl.model.untrusted import EARLIEST, LATEST, number
 from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
 from gpuctl.remote import tmux
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
+from gpuctl.retry import REAL_CLOCK, Backoff, Clock
 
 LOG = "output.log"
 EPOCHS = "epochs.jsonl"
@@ -222,9 +222,10 @@ def duration(host: Host, paths: JobPaths) -> float | None:
 
 
 REAP_WAIT_S = 3.0  # how long tmux may take to learn a dead pane's exit status
+REAP_PAUSE_S = 0.2  # between looks at it
 
 
-def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | None]:
+def job_state(host: Host, session: str, paths: JobPaths, clock: Clock = REAL_CLOCK) -> tuple[str, int | None]:
     """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
     nobody knows is 'failed' with None: over, not running. Lost only on tmux's word that the
     session is gone: a look tmux did not answer says 'running', the one state that ends nothing
@@ -238,9 +239,9 @@ def job_state(host: Host, session: str, paths: JobPaths) -> tuple[str, int | Non
         # it reaps the process: give it that moment before calling the code unknown (on a loaded
         # machine 1 s was once too short). Some never come: tmux 3.3a loses about one killed
         # pane's status in 30, and a tmux before 3.3 keeps no signal; those cost the whole wait.
-        deadline = time.monotonic() + REAP_WAIT_S
-        while tmux.exit_code(p) is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        reap = Backoff(REAP_PAUSE_S, timeout_s=REAP_WAIT_S, clock=clock)
+        while tmux.exit_code(p) is None and not reap.expired():
+            reap.pause()
             p = tmux.pane(host, session) or p
         code = record_exit_from_pane(host, paths, p)
         if code is None:
@@ -260,10 +261,11 @@ STOP_LOOKS = 3  # looks at a pane that tmux does not answer before a stop gives 
 LOOK_PAUSE_S = 0.5  # between them
 
 
-def _pane_to_stop(host: Host, session: str, paths: JobPaths) -> tmux.Pane | None:
+def _pane_to_stop(host: Host, session: str, paths: JobPaths, clock: Clock) -> tmux.Pane | None:
     """The job's pane, asked again while tmux does not answer (a blip); None once its exit code is
     there (it is over); Unconfirmed when tmux never answers: without the pane's process group
     nothing can be signalled, and the job may run on."""
+    pauses = Backoff(LOOK_PAUSE_S, clock=clock)
     for look in range(STOP_LOOKS):
         p = tmux.look_pane(host, session)
         if not isinstance(p, tmux.Unanswered):
@@ -271,14 +273,20 @@ def _pane_to_stop(host: Host, session: str, paths: JobPaths) -> tmux.Pane | None
         if read_exit_code(host, paths) is not None:
             return None
         if look + 1 < STOP_LOOKS:
-            time.sleep(LOOK_PAUSE_S)
+            pauses.pause()
     raise Unconfirmed(f"could not stop {session} on {host.label}: {p.why}",
                       "`gpuctl down` ends it anyway, with every process of the cluster there (without tmux).")
 
 
-def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GRACE_S) -> int | None:
-    """SIGTERM the job's process group, SIGKILL it after `grace_s`, then drop the session."""
-    p = _pane_to_stop(host, session, paths)
+# A stopped job's pane is looked at soon (most jobs are gone within tens of ms), then every 0.2 s.
+STOP_FIRST_LOOK_S, STOP_LOOK_S = 0.02, 0.2
+KILL_SEEN_S = 0.2  # for tmux to see a SIGKILLed pane die
+
+
+def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GRACE_S,
+             clock: Clock = REAL_CLOCK) -> int | None:
+    """SIGTERM the job's process group, SIGKILL it after `grace_s` (on `clock`), then drop the session."""
+    p = _pane_to_stop(host, session, paths, clock)
     if p is not None:
         if p.pid and not p.dead:
             try:
@@ -289,17 +297,15 @@ def stop_job(host: Host, session: str, paths: JobPaths, grace_s: float = STOP_GR
                 pass  # a run dir that cannot take it (a hostile instance): the SIGTERM and SIGKILL still go
             # tmux starts each pane as a session leader: its pid is the job's process group.
             host.run(["kill", "-TERM", "--", "-" + p.pid], check=False)
-            deadline = time.monotonic() + grace_s
-            pause = 0.02  # most jobs are gone within tens of ms: looked at soon, then every 0.2 s
-            while time.monotonic() < deadline and read_exit_code(host, paths) is None:
+            grace = Backoff(STOP_FIRST_LOOK_S, STOP_LOOK_S, grace_s, clock)
+            while not grace.expired() and read_exit_code(host, paths) is None:
                 now = tmux.look_pane(host, session)  # no answer is no end: the job may still be saving
                 if now is None or (isinstance(now, tmux.Pane) and now.dead):
                     break  # gone without an exit code (killed before its wrapper could write one)
-                time.sleep(pause)
-                pause = min(pause * 2, 0.2)
+                grace.pause()
             if read_exit_code(host, paths) is None:
                 host.run(["kill", "-KILL", "--", "-" + p.pid], check=False)
-                time.sleep(0.2)  # for tmux to see the pane die
+                clock.sleep(KILL_SEEN_S)
                 p = tmux.pane(host, session)
         if p is not None and p.dead and read_exit_code(host, paths) is None:
             record_exit_from_pane(host, paths, p)  # before the session, and tmux's word, are gone

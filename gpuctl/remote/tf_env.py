@@ -8,17 +8,18 @@ finds it ready (or waits for it). This side starts it and follows its log.
 from __future__ import annotations
 
 import posixpath
-import time
 from typing import Any, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.model import untrusted
 from gpuctl.remote.host import Host
 from gpuctl.remote.jobs import start_detached
+from gpuctl.retry import REAL_CLOCK, Backoff, Clock
 
 SETUP = "gpuctl_setup.py"
 STEP = "gpuctl-setup: "
 POLL_S = 2.0
+ALIVE_LOOK_S = 10.0  # how often a followed install is asked whether it still runs
 INSTALL_TIMEOUT_S = 3600.0  # tensorflow[and-cuda] is ~3 GB of wheels; a slow mirror takes long
 
 
@@ -93,14 +94,14 @@ def start_install(host: Host, payload_dir: str, root: str, version: str, wheelho
 
 
 def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str], None],
-           timeout_s: float = INSTALL_TIMEOUT_S) -> dict[str, Any]:
+           timeout_s: float = INSTALL_TIMEOUT_S, clock: Clock = REAL_CLOCK) -> dict[str, Any]:
     """Relay the install's steps (its log from where the probe left it) until it writes its result.
     An install of another command that holds the env's lock makes this one wait, then find the
     env ready: either way the result is this pid's."""
     offset = where["log_size"]
     result_path = f"{where['env']}.result.{pid}.json"
-    deadline = time.monotonic() + timeout_s
-    looked = time.monotonic()
+    pauses = Backoff(POLL_S, timeout_s=timeout_s, clock=clock)
+    looked = pauses.elapsed()
     while True:
         chunk = host.read_bytes(where["log"], offset) or b""
         complete = chunk[: chunk.rfind(b"\n") + 1]  # half a line waits for the next look
@@ -112,18 +113,18 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
         if result is not None:
             host.run(["rm", "-f", result_path], check=False)  # read: one file per install, none left over
             return result
-        if time.monotonic() > deadline:
+        if pauses.expired():
             raise RemoteError(f"the setup step on {host.label} is still running after {timeout_s / 60:.0f} min",
                               "It goes on there: `gpuctl logs --setup` shows it; train again once it is ready.")
-        if time.monotonic() - looked > 10:
-            looked = time.monotonic()
+        if pauses.elapsed() - looked > ALIVE_LOOK_S:
+            looked = pauses.elapsed()
             if host.run(["kill", "-0", str(pid)], check=False).returncode != 0:
                 result = _result(host, result_path)  # it may have ended between the two looks
                 if result is not None:
                     return result
                 raise RemoteError(f"the setup step on {host.label} ended without a result (killed?)",
                                   "See `gpuctl logs --setup`; `gpuctl train` again starts it anew.")
-        time.sleep(POLL_S)
+        pauses.pause()
 
 
 def _result(host: Host, path: str) -> dict[str, Any] | None:

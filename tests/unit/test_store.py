@@ -273,9 +273,12 @@ def test_run_instances_waits_while_ec2_does_not_see_the_new_profile_yet(monkeypa
 
     from gpuctl.provision.aws import launch, nodes
 
-    monkeypatch.setattr(launch, "PROFILE_RETRY_S", (0.0, 0.0))
+    from tests.waits import FakeClock
+
+    monkeypatch.setattr(launch, "PROFILE_RETRIES", 2)
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
-    aws = SimpleNamespace(ec2=lambda region=None: ec2, region="us-east-1")
+    clock = FakeClock()
+    aws = SimpleNamespace(ec2=lambda region=None: ec2, region="us-east-1", clock=clock)
     plan = launch.LaunchPlan(cluster="c", owner="o", instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
                              key_name="k", security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market="spot",
                              max_price=0.0, fallback_on_demand=False, disk_gb=100, user_data="", token_seed="t",
@@ -291,6 +294,7 @@ def test_run_instances_waits_while_ec2_does_not_see_the_new_profile_yet(monkeypa
         (inst,), market = nodes.launch_nodes(aws, plan, seen.append)
     assert inst["InstanceId"] == "i-1" and market == "spot"
     assert sum("does not see instance profile" in line for line in seen) == 2
+    assert clock.slept == [1.0, 2.0] and seen[-1].endswith("again in 2s")
     with Stubber(ec2) as stub:  # for good: the third refusal stops the launch
         for _ in range(3):
             stub.add_client_error("run_instances", "InvalidParameterValue", "Invalid IAM Instance Profile name")

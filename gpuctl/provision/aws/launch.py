@@ -5,12 +5,12 @@ zones, markets and nodes is nodes.py's."""
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuctl.provision.aws.access import tag_spec
 from gpuctl.provision.aws.session import Aws, aws_errors, error_code, error_message
+from gpuctl.retry import Backoff
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,10 @@ def run_params(plan: LaunchPlan, zone: str, market: str, node: int = 0, generati
 
 
 # IAM is eventually consistent: for some seconds after CreateInstanceProfile, RunInstances answers
-# InvalidParameterValue "Invalid IAM Instance Profile name". Retried after these pauses (~30 s).
-PROFILE_RETRY_S = (1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+# InvalidParameterValue "Invalid IAM Instance Profile name". Retried PROFILE_RETRIES times, after
+# pauses of 1, 2, 4, 8, 8, 8 s (~30 s).
+PROFILE_RETRIES = 6
+PROFILE_FIRST_S, PROFILE_MAX_S = 1.0, 8.0
 
 
 def _profile_not_seen_yet(exc: BaseException) -> bool:
@@ -102,13 +104,14 @@ def run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], No
     """RunInstances, again while EC2 does not see a new instance profile yet (same request, same
     client token: a refused request made nothing)."""
 
-    for pause in (*PROFILE_RETRY_S, None):
+    pauses = Backoff(PROFILE_FIRST_S, PROFILE_MAX_S, clock=aws.clock)
+    for left in range(PROFILE_RETRIES, -1, -1):
         try:
             return aws.ec2().run_instances(**params)
         except aws_errors() as exc:
-            if pause is None or not params.get("IamInstanceProfile") or not _profile_not_seen_yet(exc):
+            if not left or not params.get("IamInstanceProfile") or not _profile_not_seen_yet(exc):
                 raise
             progress(f"EC2 does not see instance profile {params['IamInstanceProfile']['Name']} yet (IAM takes "
-                     f"seconds to spread); again in {pause:g}s")
-            time.sleep(pause)
+                     f"seconds to spread); again in {pauses.delay:g}s")
+            pauses.pause()
     raise AssertionError("unreachable")

@@ -11,6 +11,7 @@ from gpuctl.errors import CloudError
 from gpuctl.model import billing
 from gpuctl.model.records import ENDED_STATES, InstanceRecord
 from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
+from gpuctl.retry import REAL_CLOCK, Backoff, Clock
 
 EC2_GRACE_S = 150.0  # a notice comes two minutes before the interruption
 EC2_POLL_S = 5.0
@@ -128,7 +129,7 @@ def reconcile(aws_for: Callable[[str | None], Aws], instances: list[InstanceReco
 
 def end_interrupted(instances: Instances, reconcile: Callable[[Instances], Instances],
                     end: Callable[[Instances], Instances], progress: Callable[[str], None],
-                    taken: set[str] | None = None) -> Instances:
+                    taken: set[str] | None = None, clock: Clock = REAL_CLOCK) -> Instances:
     """A spot instance that heard its notice in its first hour is free if EC2 ends it and billed
     if we do (model/billing.py): EC2 gets its two minutes (and a half) first; whatever still runs
     then is ended (`end`), and at once a node EC2 is not taking (`taken`: those it is)."""
@@ -140,9 +141,9 @@ def end_interrupted(instances: Instances, reconcile: Callable[[Instances], Insta
     if young:
         progress(f"letting EC2 end {', '.join(i.id for i in young)} (interrupted in its first hour: not billed "
                  f"when EC2 ends it; up to {EC2_GRACE_S:.0f} s)")
-        deadline = time.monotonic() + EC2_GRACE_S
-        while left and time.monotonic() < deadline:
-            time.sleep(EC2_POLL_S)
+        grace = Backoff(EC2_POLL_S, timeout_s=EC2_GRACE_S, clock=clock)
+        while left and not grace.expired():
+            grace.pause()
             try:
                 fresh = reconcile(left)
             except CloudError:

@@ -328,7 +328,8 @@ class AwsProvider:
     def end_interrupted(self, instances: list[InstanceRecord], progress: Progress = _quiet,
                         taken: set[str] | None = None) -> list[InstanceRecord]:
         """Spot instances interrupted in their first hour get EC2's grace (lifecycle.py)."""
-        return lifecycle.end_interrupted(instances, self.reconcile, lambda i: self._end(i, progress), progress, taken)
+        return lifecycle.end_interrupted(instances, self.reconcile, lambda i: self._end(i, progress), progress, taken,
+                                         self.aws.clock)
 
     def _end(self, instances: list[InstanceRecord], progress: Progress) -> list[InstanceRecord]:
         if not instances:

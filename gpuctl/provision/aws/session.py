@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError
+from gpuctl.retry import REAL_CLOCK, Clock
 
 T = TypeVar("T")
 
@@ -243,6 +244,8 @@ def _share_event_aliases() -> None:
 
 class Aws:
     """A boto3 session for one region, with retrying clients created on first use."""
+
+    clock: Clock = REAL_CLOCK  # the pauses between its retries of a call (a test drives its own)
 
     def __init__(self, region: str = "", profile: str = ""):
         import boto3
