@@ -9,6 +9,7 @@ import pytest
 
 from gpuctl.remote import jobs, tmux
 from gpuctl.remote.local import LocalHost
+from tests.waits import FakeClock, wait_for
 
 
 @pytest.fixture
@@ -20,13 +21,11 @@ def host(tmp_path):
 
 
 def wait_final(host, session, paths, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def final():
         state, code = jobs.job_state(host, session, paths)
-        if state != "running":
-            return state, code
-        time.sleep(0.1)
-    raise AssertionError("job did not finish")
+        return (state, code) if state != "running" else None
+
+    return wait_for(final, timeout, "the job's end")
 
 
 def test_job_runs_logs_and_records_exit_code(host, tmp_path):
@@ -36,14 +35,14 @@ def test_job_runs_logs_and_records_exit_code(host, tmp_path):
     assert jobs.job_state(host, "r1", paths) == ("running", None)
     assert tmux.session_alive(host, "r1")
     # Follow the log while it grows.
-    seen, offset = "", 0
-    deadline = time.monotonic() + 20
-    while "bye" not in seen and time.monotonic() < deadline:
-        chunk = host.read_bytes(paths.log, offset) or b""
-        offset += len(chunk)
-        seen += chunk.decode()
-        time.sleep(0.05)
-    assert seen.splitlines() == ["hello", "bye"]
+    seen = [""]
+
+    def read_on() -> bool:
+        seen[0] += (host.read_bytes(paths.log, len(seen[0].encode())) or b"").decode()
+        return "bye" in seen[0]
+
+    wait_for(read_on, 20, "the log's last line")
+    assert seen[0].splitlines() == ["hello", "bye"]
     assert wait_final(host, "r1", paths) == ("failed", 3)
     # remain-on-exit keeps the pane for capture-pane after the job ended.
     assert "bye" in tmux.capture(host, "r1")
@@ -64,9 +63,8 @@ def test_success_and_lost(host, tmp_path):
     other.run(tmux.argv(other, "new-session", "-d", "-s", "x", "sleep 300"))
     server, sleeper = other.run(tmux.argv(other, "list-panes", "-t", "=x:", "-F", "#{pid} #{pane_pid}")).stdout.split()
     other.run(["kill", "-KILL", server, sleeper])
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # until it is gone: a client that reached it dying says "server exited unexpectedly"
+    # until it is gone: a client that reached it dying says "server exited unexpectedly"
+    wait_for(lambda: not Path(f"/proc/{server}").exists(), 10, "the killed tmux server gone")
     assert "no server running" in said_by_tmux(other)
     assert jobs.job_state(other, "ghost", ghost) == ("lost", None)
 
@@ -78,7 +76,7 @@ def said_by_tmux(host) -> str:
 def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_path):
     paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "s"))
     jobs.start_job(host, "s", host.root, ["bash", "-c", "sleep 300 & wait"], {}, paths)
-    time.sleep(0.5)
+    wait_for(lambda: host.read_bytes(paths.started), 10, "the job's start")  # its traps are set by then
     code = jobs.stop_job(host, "s", paths, grace_s=5)
     assert code is not None and code != 0
     assert not tmux.session_alive(host, "s")
@@ -86,12 +84,22 @@ def test_stop_job_terminates_the_process_group_and_records_the_code(host, tmp_pa
 
 
 def wait_log(host, paths, needle, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in (host.read_bytes(paths.log) or b"").decode():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{needle!r} never reached the log")
+    wait_for(lambda: needle in (host.read_bytes(paths.log) or b"").decode(), timeout, f"{needle!r} in the log")
+
+
+def test_a_job_deaf_to_sigterm_gets_the_whole_grace_on_the_clock_then_sigkill(host, tmp_path):
+    """The grace is grace_s of the stop's clock: looked at after 0.02 s, doubling to every 0.2 s
+    until it is over, then SIGKILL; a driven clock makes its 10 s take none."""
+    paths = jobs.JobPaths(str(tmp_path / "root" / "runs" / "deaf"))
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(300)"
+    jobs.start_job(host, "deaf", host.root, [sys.executable, "-c", deaf], {}, paths)
+    wait_log(host, paths, "up")
+    clock = FakeClock()
+    jobs.stop_job(host, "deaf", paths, grace_s=10, clock=clock)  # its code: tmux's, which needs real time
+    assert not tmux.session_alive(host, "deaf")
+    *grace, seen = clock.slept  # the last pause is the one after SIGKILL
+    assert grace[:5] == [0.02, 0.04, 0.08, 0.16, 0.2] and set(grace[5:]) == {0.2}
+    assert 10 <= sum(grace) < 10.2 and seen == jobs.KILL_SEEN_S
 
 
 def test_ctrl_c_in_the_pane_ends_the_job_with_130(host, tmp_path):
