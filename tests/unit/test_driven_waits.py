@@ -15,7 +15,7 @@ def _young_spot(id_: str) -> InstanceRecord:
                           workdir="/w")
 
 
-def test_ec2_gets_its_grace_on_the_clock_and_what_it_ended_is_not_ended_again():
+def test_ec2_gets_its_grace_on_the_clock_and_what_it_ended_is_not_ended_again() -> None:
     clock = FakeClock()
     start = clock.now
     ended_by_us: list[str] = []
@@ -33,7 +33,7 @@ def test_ec2_gets_its_grace_on_the_clock_and_what_it_ended_is_not_ended_again():
     assert [i.state for i in out] == ["terminated"]
 
 
-def test_an_instance_ec2_never_ends_is_ended_when_the_grace_is_over():
+def test_an_instance_ec2_never_ends_is_ended_when_the_grace_is_over() -> None:
     clock = FakeClock()
     ended_by_us: list[str] = []
 

@@ -107,7 +107,8 @@ def run_instances(aws: Aws, params: dict[str, Any], progress: Callable[[str], No
     pauses = Backoff(PROFILE_FIRST_S, PROFILE_MAX_S, clock=aws.clock)
     for left in range(PROFILE_RETRIES, -1, -1):
         try:
-            return aws.ec2().run_instances(**params)
+            launched: dict[str, Any] = aws.ec2().run_instances(**params)
+            return launched
         except aws_errors() as exc:
             if not left or not params.get("IamInstanceProfile") or not _profile_not_seen_yet(exc):
                 raise
