@@ -18,9 +18,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.waits import wait_for
 
 SUBNET = "10.251."
 # Hosts behind a bastion: a veth pair between the bastion's namespace and theirs, in this subnet,
@@ -175,14 +176,17 @@ class TestHost:
             ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             if self._listening():
-                return
+                return True
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd for {self.ns} exited: {(self.base / 'sshd.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(f"sshd for {self.ns} did not listen")
+            return False
+
+        try:
+            wait_for(listening, 20, every=0.1)
+        except AssertionError:
+            raise RuntimeError(f"sshd for {self.ns} did not listen") from None
 
     def _listening(self) -> bool:
         if self.behind:  # only the bastion's namespace can reach it
@@ -308,11 +312,17 @@ class Login:
         os.write(self.master, keys.encode())
 
     def wait_for(self, needle: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.text:
-            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
-                raise AssertionError(f"{needle!r} not seen on the login's terminal; it shows:\n{self.text[-2000:]}")
-            time.sleep(0.05)
+        def seen() -> bool:
+            if needle in self.text:
+                return True
+            ended = self.proc.poll() is not None and not self._reader.is_alive()
+            assert not ended, f"{needle!r} not seen on the login's terminal, now closed; it shows:\n{self.text[-2000:]}"
+            return False
+
+        try:
+            wait_for(seen, timeout, every=0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the login's terminal shows:\n{self.text[-2000:]}") from None
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -34,7 +34,7 @@ class FakeClock:
         self.now += seconds
 
 
-def wait_for(cond: Callable[[], T | None], timeout: float = 30.0, what: str = "the condition", every: float = 0.2) -> T:
+def wait_for(cond: Callable[[], T | None], timeout: float = 60.0, what: str = "the condition", every: float = 0.2) -> T:
     """`cond()`'s first truthy answer, looked for at once, then after 0.02 s, doubling to `every`
     (it returns as soon as the condition holds, so `timeout` is generous); AssertionError naming
     `what` after `timeout`. gpuctl's own poll on the real clock: the tests' one wait loop."""

@@ -4,12 +4,12 @@ cost -> down."""
 
 import json
 import threading
-import time
 
 import pytest
 
 from tests.aws import live_instances, nothing_created
 from tests.integration.test_ssh import TF_TRAIN
+from tests.waits import wait_for
 
 
 def cloud_init(host, isolated, cluster="default"):
@@ -21,10 +21,9 @@ def cloud_init(host, isolated, cluster="default"):
     keys = isolated / "keys"
 
     def install():
-        deadline = time.monotonic() + 60
-        while not list(keys.glob(f"{cluster}.us-east-1.pub")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not list(keys.glob(f"{cluster}.us-east-1.pub")):
+        try:
+            wait_for(lambda: list(keys.glob(f"{cluster}.us-east-1.pub")), 60, "the cluster's key")
+        except AssertionError:
             return  # that cluster was never launched (a test that refused it)
         # Not before sshd has refused a login with it (a fixed delay was sometimes too short on a
         # loaded machine: the first login already worked and `up` had nothing to wait for).
@@ -37,9 +36,10 @@ def cloud_init(host, isolated, cluster="default"):
             except OSError:
                 return True  # the lab is gone: its test has ended
 
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not refused():
-            time.sleep(0.1)
+        try:
+            wait_for(refused, 30, "sshd's refusal of the key")
+        except AssertionError:
+            pass  # installed all the same
         found = list(keys.glob(f"{cluster}.us-east-1.pub"))
         if len(found) == 1:  # none: that cluster was never launched (a test that refused it)
             authorized.write_text(lab_key + found[0].read_text())

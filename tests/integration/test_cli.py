@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.errors import ExitCode
+from tests.waits import wait_for
 
 
 def test_whole_loop_up_train_status_logs_cost_down(gpuctl, quick_project, isolated):
@@ -85,10 +86,7 @@ def test_down_stops_running_jobs_and_keeps_their_record(gpuctl, make_project):
     proj = make_project("forever", {"train.py": "import time\nprint('started', flush=True)\ntime.sleep(600)\n"})
     gpuctl("up", "--name", "box")
     run_id = json.loads(gpuctl("train", proj, "--json").stdout)["run"]["run_id"]
-    deadline = time.monotonic() + 60
-    while "started" not in gpuctl("logs", run_id).stdout:  # the launcher imports TF first
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_for(lambda: "started" in gpuctl("logs", run_id).stdout, 60, "the job's first line")  # the launcher imports TF first
     out = gpuctl("down", "box", "-y").stdout
     assert "stopped 1 run(s)" in out
     runs = json.loads(gpuctl("status", "--json").stdout)["runs"]
@@ -281,9 +279,7 @@ def test_a_finished_run_stops_costing(gpuctl, quick_project, isolated):
     t0 = time.time()
     run_id = json.loads(gpuctl("train", quick_project, "--json").stdout)["run"]["run_id"]
     exitcode = next(isolated.glob(f"clusters/*/runs/{run_id}")) / "exitcode"
-    while not exitcode.exists():  # watched on disk, not through gpuctl, which would record the end
-        assert time.time() - t0 < 60
-        time.sleep(0.1)
+    wait_for(exitcode.exists, 60, "the job's exit code")  # watched on disk, not through gpuctl, which would record the end
     ended = time.time()
     time.sleep(2.0)
     (run,) = json.loads(gpuctl("status", "--json").stdout)["runs"]

@@ -18,12 +18,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_ssh import up_ssh
+from tests.waits import wait_for
 
 # A command's deadline in these tests (remote.command_timeout_s, recorded at `up`): each hung
 # command waits it out, so it is short; the tmux calls before the hang take milliseconds.
@@ -59,13 +59,6 @@ def marked(socket: str) -> list[int]:
             except OSError:
                 continue
     return out
-
-
-def wait_for(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("force", [False, True])

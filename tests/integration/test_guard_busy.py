@@ -18,7 +18,7 @@ import pytest
 
 from gpuctl.remote import heartbeat
 from tests.conftest import QUICK_TRAIN
-from tests.integration.test_guards import GPUCTL, decisions, fire_times, fired, marks, wait_fired, wait_for
+from tests.integration.test_guards import GPUCTL, decisions, fire_times, fired, marks, ticks, wait_fired, wait_for
 from tests.integration.test_ssh import up_ssh
 from tests.sshd import ROOT
 
@@ -78,7 +78,10 @@ def test_a_client_killed_mid_command_stops_counting_once_its_heartbeat_is_stale(
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(lambda: host.run(f"ls {ROOT}/guard/busy").stdout.strip(), timeout=20)
-        time.sleep(IDLE_S + 2)
+        t_busy = time.time()
+        # A look of the watchdog's well past the idle limit (its stamps are to the second) decided nothing:
+        looks = wait_for(lambda: [t for t in ticks(decisions(host)) if t[0] >= t_busy + IDLE_S + 2], timeout=IDLE_S + 30)
+        assert looks and [d for _, d in ticks(decisions(host)) if d != "ok"] == []
         assert not fired(host)  # beats on, past the idle limit
         os.killpg(client.pid, signal.SIGKILL)  # the laptop is gone: nobody removes the file
         t_gone = time.time()

@@ -18,7 +18,7 @@ import time
 from tests.conftest import MARK, QUICK_TRAIN
 from gpuctl.remote.local import LocalHost
 from tests.integration.test_deadlines import marked
-from tests.integration.test_guards import fired, marks, wait_for
+from tests.integration.test_guards import decisions, fired, marks, ticks, wait_for
 from tests.integration.test_ssh import up_ssh
 from tests.sshd import ROOT, gpuctl_tmux
 
@@ -123,8 +123,14 @@ def test_idle_time_left_on_a_host_by_an_earlier_cluster_never_counts(gpuctl, ssh
         monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
     t0 = time.time()
     up_ssh(gpuctl, ssh)
-    time.sleep(3)
-    assert fired(host) is None and marks(host) == []  # the old file would have fired on the first look
+    # The old file would have fired on the first look: two looks of this cluster's watchdog (the
+    # second comes after a fire of the first would have ended) decided nothing.
+    def two_looks() -> list[str] | None:
+        looks = [d for t, d in ticks(decisions(host)) if t >= t0 - 1]  # its stamps are to the second
+        return looks[:2] if len(looks) >= 2 else None
+
+    assert wait_for(two_looks, 30, "two looks of this cluster's watchdog") == ["ok", "ok"]
+    assert fired(host) is None and marks(host) == []
     state = json.loads(gpuctl("guard", "show", "--json").stdout)["state"]
     assert state["idle_since"] >= t0 - 2 and state["boot_id"] == boot
 
@@ -183,9 +189,14 @@ def test_guard_show_check_shows_each_guards_inputs_live_and_changes_nothing(gpuc
     monkeypatch.setenv("GPUCTL_GUARDS__POWEROFF_COMMAND", f"date +%s.%N >> {MARK}")
     cfg = json.loads(host.run(f"cat {ROOT}/guard/config.json").stdout)
     host.run(f"cat > {ROOT}/guard/config.json <<'X'\n{json.dumps({**cfg, 'idle_s': 1, 'poweroff_command': 'date >> ' + MARK})}\nX")
-    time.sleep(2)
+    wait_for(lambda: host.run(f"kill -0 {pid}").returncode != 0, timeout=10)  # it writes no more lines
     log_before = host.run(f"cat {ROOT}/guard/decisions.log").stdout
-    text = gpuctl("guard", "show", "--check").stdout
+
+    def idle_past_the_limit() -> str | None:  # 1 s: a check's own look, which fires nothing
+        out = gpuctl("guard", "show", "--check").stdout
+        return out if "would fire now: idle" in out else None
+
+    text = wait_for(idle_past_the_limit, timeout=30)
     assert "would fire now: idle (idle for" in text and "watchdog: NOT RUNNING" in text, text
     assert marks(host) == [] and fired(host) is None
     assert host.run(f"cat {ROOT}/guard/decisions.log").stdout == log_before

@@ -24,19 +24,10 @@ from tests import sshd
 from tests.conftest import MARK
 from tests.integration.test_ssh import up_ssh
 from tests.sshd import ROOT
+from tests.waits import wait_for
 
 GPUCTL = [sys.executable, "-m", "gpuctl"]  # the CLI as a user runs it, in a process of its own
 
-
-
-def wait_for(check, timeout=40, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
 
 
 def fired(host):
@@ -82,6 +73,19 @@ def fire_times(host, reason):
         stamp, _, text = line.partition(" ")
         if text.startswith(f"FIRE {reason}"):
             out.append(dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp())
+    return out
+
+
+def ticks(log: str) -> list[tuple[float, str]]:
+    """The watchdog's looks in its decisions.log: (when, by its clock to the second; what it decided,
+    "ok" or "fire REASON"), in order."""
+    import datetime as dt
+
+    out = []
+    for line in log.splitlines():
+        stamp, _, text = line.partition(" ")
+        if text.startswith("jobs="):  # a look's line (gpuctl_watchdog.tick)
+            out.append((dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp(), text.rpartition(" -> ")[2]))
     return out
 
 
@@ -356,8 +360,11 @@ def test_a_run_ended_in_its_pane_is_over_and_idle_fires_after(gpuctl, fast_guard
     proj = make_project("forever", {"train.py": "import time\nprint('training', flush=True)\ntime.sleep(600)\n"})
     run_id = json.loads(gpuctl("train", proj, "--allow-cpu", "--json").stdout)["run"]["run_id"]
     wait_for(lambda: "training" in host.run(f"cat {ROOT}/runs/{run_id}/output.log").stdout)
+    t_set = time.time()
     gpuctl("guard", "set", "--idle", "4s")
-    time.sleep(4.0 + 2.0)
+    # Until the watchdog has looked well past the limit (its stamps are to the second), deciding nothing:
+    wait_for(lambda: [t for t, _ in ticks(decisions(host)) if t >= t_set + 4.0 + 2.0], timeout=40)
+    assert {d for t, d in ticks(decisions(host)) if t >= t_set - 1} == {"ok"}, decisions(host)[-1500:]
     assert not fired(host)  # the job keeps the instance busy
     if how == "ctrl-c":
         host.run(f"{sshd.gpuctl_tmux(host)} send-keys -t ={run_id}: C-c")

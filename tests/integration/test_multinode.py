@@ -24,6 +24,7 @@ import pytest
 from tests import sshd
 from tests.conftest import REPO, SshLab, use_hosts
 from tests.integration.test_ssh import up_ssh
+from tests.waits import wait_for
 
 EXAMPLE = REPO / "examples" / "multiworker"
 # Prints what gpuctl gave the job (no TensorFlow: a second, not a minute).
@@ -147,11 +148,10 @@ def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes, make_proje
 
     def kill_worker_after_epoch_1():
         # From beside `train --wait`: the chief's first report, then SIGKILL to node 1's job.
-        deadline = time.monotonic() + 120
-        while not h1.run("cat /srv/gpuctl/box/runs/*/epochs.jsonl 2>/dev/null").stdout.strip():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.5)
+        try:
+            wait_for(lambda: h1.run("cat /srv/gpuctl/box/runs/*/epochs.jsonl 2>/dev/null").stdout.strip(), 120)
+        except AssertionError:
+            return
         for pid in h2.pids(rb"gpuctl_run"):
             sshd._run("kill", "-9", str(pid))
             killed.append(pid)
@@ -170,8 +170,7 @@ def test_a_killed_worker_stops_every_node_and_is_named(gpuctl, nodes, make_proje
     assert run["state"] == "failed" and run["failed_node"] == 1 and run["exit_code"] == 137
     assert run["node_states"][1] == "failed" and run["node_states"][0] in ("stopped", "failed")
     assert f"{run_id} failed on node 1; last lines of its log there" in gpuctl("status").stdout
-    time.sleep(1)
-    assert not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run"), "a node still burns money"
+    wait_for(lambda: not h1.pids(rb"gpuctl_run") and not h2.pids(rb"gpuctl_run"), 10, "every node's job gone")
 
 
 @pytest.mark.tf
@@ -179,15 +178,10 @@ def test_resume_restores_every_node_from_the_chiefs_checkpoint(gpuctl, nodes):
     h1, h2 = nodes.hosts[:2]
     up_ssh(gpuctl, nodes, h1, h2)
     run_id = _run_id(gpuctl("train", EXAMPLE, "--allow-cpu", "--", "--epochs", "5", "--epoch-seconds", "1.5"))
-    deadline = time.monotonic() + 120
-    while _status(gpuctl, run_id)["epoch"] < 2:
-        assert time.monotonic() < deadline, "epoch 2 never came"
-        time.sleep(0.3)
+    wait_for(lambda: _status(gpuctl, run_id)["epoch"] >= 2, 120, "epoch 2")
     for pid in h1.pids(rb"gpuctl_run"):  # the chief goes; node 1 follows (TensorFlow, or gpuctl)
         sshd._run("kill", "-9", str(pid))
-    while _status(gpuctl, run_id)["state"] == "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_for(lambda: _status(gpuctl, run_id)["state"] != "running", 120, "the killed run's end")
     done = _status(gpuctl, run_id)["epoch"]
     out = gpuctl("train", "--resume", run_id, "--wait")
     assert "the chief's checkpoint" in out.stdout + out.stderr
@@ -304,9 +298,8 @@ def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch, ma
     assert "connection to node 1 lost" in err
     run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
     assert run["state"] == "failed"
-    time.sleep(1)
-    ps = subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True)
-    assert ps.stdout.strip() == "", "a node still runs the failed run"
+    wait_for(lambda: not subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True).stdout.strip(),
+             10, "no node running the failed run")
 
 
 def test_status_while_nodes_start_leaves_the_run_alone(gpuctl, make_project):

@@ -10,10 +10,10 @@ directory whose name holds terminal control sequences."""
 from __future__ import annotations
 
 import json
-import time
 
 from gpuctl.config.settings import Settings
 from gpuctl.ledger import Ledger
+from tests.waits import wait_for
 
 CLONED = """
 provider = "aws"
@@ -69,11 +69,12 @@ def test_a_cloned_project_cannot_loosen_the_guards_or_run_a_command_here(gpuctl,
     assert run.budget_usd == 3
     # down_after_run fires a grace (1 s) after the run's end: with the user's action, not the project's.
     fired = isolated / "clusters" / "default" / "guard" / "fired.json"
-    deadline = time.monotonic() + 30
-    while not fired.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(fired.exists, 30, "the guard's fire")
     assert json.loads(fired.read_text())["action"] == "stop-jobs"
-    time.sleep(1.5)  # a poweroff command, had it been run, has had its time
+    # The watchdog names the fire in its state once its fire() is over: a poweroff command, had it
+    # been the action, has run by then.
+    state = fired.parent / "state.json"
+    wait_for(lambda: state.exists() and json.loads(state.read_text()).get("fired"), 30, "the fire's end in state.json")
     assert not marker.exists()
     gpuctl("down", "-y")
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.test_payload_tf import MODEL
 from tests.integration.test_ssh import up_ssh
+from tests.waits import wait_for
 
 # Each epoch takes ~3.5 s (a pause per batch), so a kill lands inside one even when looking at
 # the run over SSH takes a second.
@@ -69,16 +70,11 @@ def _status(gpuctl, run_id):
 
 
 def _kill_mid_epoch_3(gpuctl, kill, run_id, keras=False):
-    deadline = time.monotonic() + 180
-    while _status(gpuctl, run_id)["epoch"] < 2:
-        assert time.monotonic() < deadline, "epoch 2 never came"
-        time.sleep(0.3)
+    wait_for(lambda: _status(gpuctl, run_id)["epoch"] >= 2, 180, "epoch 2")
     if keras:
         time.sleep(0.6)  # into epoch 3 (its checkpoint of epoch 2 is written right after the report)
     kill(f"pkill -9 -f 'runs/{run_id}/run[.]json'")
-    while _status(gpuctl, run_id)["state"] == "running":
-        assert time.monotonic() < deadline, "the killed run still shows running"
-        time.sleep(0.3)
+    wait_for(lambda: _status(gpuctl, run_id)["state"] != "running", 180, "the killed run's end")
     run = _status(gpuctl, run_id)
     assert run["state"] == "failed" and run["exit_code"] == 137 and run["epoch"] == 2
     # status offers the way back.

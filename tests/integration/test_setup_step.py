@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_ssh import TF_TRAIN, up_ssh
+from tests.waits import wait_for
 
 
 @pytest.fixture
@@ -204,10 +205,13 @@ def test_two_installs_at_once_each_get_their_own_result(small_wheels, tmp_path):
     hold.touch()  # the first install holds the lock, mid-install, until the second has started
     try:
         first = subprocess.Popen(argv)
-        deadline = time.monotonic() + 120
-        while not (log.exists() and "pip install tensorflow-cpu" in log.read_text()):
-            assert time.monotonic() < deadline and first.poll() is None, "the first install never reached pip"
-            time.sleep(0.05)
+        def at_pip() -> bool:
+            if log.exists() and "pip install tensorflow-cpu" in log.read_text():
+                return True
+            assert first.poll() is None, "the first install ended before pip"
+            return False
+
+        wait_for(at_pip, 120, "the first install at pip")
         second = subprocess.Popen(argv)
     finally:
         hold.unlink()
@@ -233,9 +237,7 @@ def test_an_install_that_waited_for_a_failed_one_fails_at_once_with_its_error(tm
     argv = ["python3", str(payload), "install", "--root", str(root), "--tensorflow", "2.21", "--wheelhouse", str(empty)]
     first = subprocess.Popen(argv)
     log = root / "_envs" / "tf-2.21.log"
-    deadline = time.monotonic() + 60
-    while not (log.exists() and "setting up" in log.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the first holds the lock
+    wait_for(lambda: log.exists() and "setting up" in log.read_text(), 60, "the first install's lock")
     second = subprocess.Popen(argv)
     assert first.wait(300) == 1 and second.wait(300) == 1
     results = {json.loads(p.read_text())["pid"]: json.loads(p.read_text())

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -104,9 +103,12 @@ def test_status_says_when_no_watchdog_runs_and_guard_set_rearms_it(gpuctl, ssh, 
     tmux = gpuctl_tmux(host)
     pid = json.loads(host.run("cat /srv/gpuctl/box/guard/state.json").stdout)["pid"]
     host.run(f"{tmux} kill-session -t =gpuctl-watchdog; kill {pid}")  # cron would revive it; no cron here
-    time.sleep(1.5)
-    text = gpuctl("status").stdout
-    assert "NO WATCHDOG RUNS" in text and "gpuctl guard set --cluster box" in text, text
+    def says_none_runs() -> str | None:
+        out = gpuctl("status").stdout
+        return out if "NO WATCHDOG RUNS" in out else None
+
+    text = wait_for(says_none_runs, timeout=30)
+    assert "gpuctl guard set --cluster box" in text, text
     gpuctl("guard", "set")
     text = gpuctl("status").stdout
     assert "NO WATCHDOG RUNS" not in text and "box: watchdog pid" in text, text

@@ -13,11 +13,11 @@ Server.SpotInstanceTermination). With checkpoints on the instance's disk (aws.ch
 from __future__ import annotations
 
 import json
-import time
 
 from tests.aws import ACCOUNT, REGION, live_instances
 from tests.integration.test_aws_e2e import cloud_init
 from tests.integration.test_resume import RESUMABLE
+from tests import waits
 
 
 def spot_terminate(instance_id: str) -> None:
@@ -33,13 +33,7 @@ def spot_terminate(instance_id: str) -> None:
 
 
 def wait_for(what: str, test, timeout: float = 180, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = test()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+    return waits.wait_for(test, timeout, what, every)
 
 
 def epochs_on(host, run_id: str) -> list[dict]:

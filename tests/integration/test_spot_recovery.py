@@ -61,9 +61,7 @@ def spot_world(monkeypatch, imds, moto_server, isolated, hosts):
     saved = [(h, (h.base / "authorized_keys").read_text()) for h in hosts]
 
     def install():
-        deadline = time.monotonic() + 60
-        while not list((isolated / "keys").glob("default.us-east-1.pub")) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for("the cluster's key", lambda: list((isolated / "keys").glob("default.us-east-1.pub")), 60)
         time.sleep(1.0)
         pub = (isolated / "keys" / "default.us-east-1.pub").read_text()
         for h, text in saved:

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import REPO
 from tests.integration.test_payload_tf import MODEL
 from tests.sshd import ROOT, gpuctl_servers, gpuctl_tmux
+from tests.waits import wait_for
 
 TF_TRAIN = textwrap.dedent(MODEL) + textwrap.dedent("""
     import os, sys
@@ -41,9 +42,7 @@ def test_whole_loop_over_ssh_with_the_real_tf_payload(gpuctl, ssh, make_project,
     out = up_ssh(gpuctl, ssh).stderr
     assert f"{host.address}:22: reachable, host key pinned" in out
     # `up` started the preflight in the background: the first train finds it kept.
-    deadline = time.monotonic() + 120
-    while not host.run("ls /srv/gpuctl/_preflight/*.json").stdout.strip() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_for(lambda: host.run("ls /srv/gpuctl/_preflight/*.json").stdout.strip(), 120, "up's preflight")
     proj = make_project("tiny tf 'proj'", {"train.py": TF_TRAIN})
     data = tmp_path / "my data"
     data.mkdir()
@@ -190,14 +189,15 @@ def test_tensorboard_is_forwarded_to_localhost_and_answers_this_user_only(gpuctl
         assert "http://127.0.0.1:16006/?token=" in line, line + (proc.stderr.read() if proc.poll() is not None else
                                                                   host.run(f"tail -20 {ROOT}/tensorboard/output.log").stdout)
         url = line.split()[1]
-        deadline = time.monotonic() + 30
-        while True:  # the tunnel opens a moment after the line
+        def served() -> bool:
             try:
                 owner_gets_the_page(url)
-                break
+                return True
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-                time.sleep(0.5)
+                assert proc.poll() is None, proc.stderr.read()
+                return False
+
+        wait_for(served, 30, "the page through the tunnel")  # the tunnel opens a moment after the line
         # Another user of this machine on the forwarded port, and one of the host on its own port:
         # TensorBoard has no authentication of its own, the token check in front of it does.
         assert as_nobody(16006).split()[1:2] == ["403"], as_nobody(16006)
@@ -208,10 +208,7 @@ def test_tensorboard_is_forwarded_to_localhost_and_answers_this_user_only(gpuctl
         proc.terminate()
         proc.wait(10)
     # Its `ssh -N -L` child ends with it (it outlived a SIGTERM of gpuctl, holding the port).
-    deadline = time.monotonic() + 10
-    while _forwarders(16006) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _forwarders(16006)
+    wait_for(lambda: not _forwarders(16006), 10, "the forwarder's end")
     # On the host it listens on 127.0.0.1 only: nothing is opened to the network.
     listening = host.run("cat /proc/net/tcp").stdout
     assert "0100007F:1776" in listening  # 127.0.0.1:6006

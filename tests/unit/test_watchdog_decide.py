@@ -14,6 +14,7 @@ from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES
 
 sys.path.insert(0, str(PAYLOAD_DIR))  # the payloads import each other by bare name, as on the instance
 import gpuctl_decide as d  # noqa: E402
+from tests.waits import wait_for
 
 T0 = 1_000_000.0  # the cluster's start, by the instance's clock
 NO_LOGINS = ("/run/utmp", [], [])
@@ -264,7 +265,6 @@ def test_a_spot_notice_makes_the_watchdog_sigterm_its_running_jobs(tmp_path, imd
     import json
     import signal
     import subprocess
-    import time
 
     import gpuctl_notice
     import gpuctl_watchdog as wd
@@ -297,7 +297,5 @@ def test_a_spot_notice_makes_the_watchdog_sigterm_its_running_jobs(tmp_path, imd
     finally:
         job.kill()
     assert json.loads((guard / "notice.json").read_text())["action"] == "terminate"
-    deadline = time.monotonic() + 5
-    while "stopping 1 job(s)" not in (guard / "decisions.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: "stopping 1 job(s)" in (guard / "decisions.log").read_text(), 20, "the notice's stop logged")
     assert "NOTICE spot interruption: terminate" in (guard / "decisions.log").read_text()
