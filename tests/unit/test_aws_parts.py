@@ -122,7 +122,7 @@ def test_a_client_token_used_by_a_rolled_back_node_is_replaced():
     from gpuctl.provision.aws import nodes
 
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
-    aws = SimpleNamespace(ec2=lambda region=None: ec2, region="us-east-1")
+    aws = SimpleNamespace(ec2=lambda region=None: ec2, region="us-east-1", clock=FakeClock())
     sent, seen = [], []
     ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params["ClientToken"]))
     with Stubber(ec2) as stub:

@@ -34,6 +34,7 @@ from gpuctl.provision.aws import access, images, inventory, nodes, store_iam
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.store import S3Store, bucket_name
+from tests.waits import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
 REGION, ACCOUNT = "us-east-1", "123456789012"
@@ -325,7 +326,7 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
     sent: list[tuple[str, dict[str, Any]]] = []
     ec2.meta.events.register("provide-client-params.ec2.*",
                              lambda params, model, **_: sent.append((f"ec2:{model.name}", dict(params))))
-    aws = SimpleNamespace(ec2=lambda region=None: ec2, region=REGION)
+    aws = SimpleNamespace(ec2=lambda region=None: ec2, region=REGION, clock=FakeClock())
     stub = Stubber(ec2)
     ok = lambda op, answer=None: stub.add_response(op, answer or {})  # noqa: E731
     world_open = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
