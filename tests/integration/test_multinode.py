@@ -300,11 +300,16 @@ def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch, ma
             raise RemoteError("connection to node 1 lost", "simulated")
 
     monkeypatch.setattr(jobs, "start_job", start_then_drop)
+    _fails_leaving_nothing(gpuctl, make_project, "connection to node 1 lost")
+
+
+def _fails_leaving_nothing(gpuctl, make_project, error: str) -> None:
+    """A train whose start fails as `error` says: the run failed, and no node left running it, billed
+    (its command line names the run: its run.json is under the run's dir)."""
     err = gpuctl("train", make_project("sleeper", {"train.py": SLEEPER}), code=7).stderr
-    assert "connection to node 1 lost" in err
+    assert error in err
     run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
     assert run["state"] == "failed"
-    time.sleep(1)
     ps = subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True)
     assert ps.stdout.strip() == "", "a node still runs the failed run"
 
@@ -344,12 +349,7 @@ def test_a_chief_whose_start_fails_while_a_worker_starts_leaves_nothing_running(
         raise RemoteError("connection to node 0 lost", "simulated")
 
     monkeypatch.setattr(jobs, "start_job", chief_fails)
-    err = gpuctl("train", make_project("sleeper", {"train.py": SLEEPER}), code=7).stderr
-    assert "connection to node 0 lost" in err
-    run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
-    assert run["state"] == "failed"
-    ps = subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True)
-    assert ps.stdout.strip() == "", "node 1 still runs the failed run"
+    _fails_leaving_nothing(gpuctl, make_project, "connection to node 0 lost")
 
 
 def test_status_while_nodes_start_leaves_the_run_alone(gpuctl, make_project):
