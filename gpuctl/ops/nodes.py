@@ -19,8 +19,7 @@ from pathlib import Path
 from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
-from gpuctl.ops import push, setup
-from gpuctl.ops.session import Progress, Session, each, quiet, serialized
+from gpuctl.ops.session import Progress, Session, each
 from gpuctl.payloads.gpuctl_protocol import NOTICE_FILE, PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
@@ -76,39 +75,6 @@ def rate(group: list[Node]) -> float:
 
 def label(node: Node, nodes: list[Node]) -> str:
     return f"node {node.rank}: " if len(nodes) > 1 else ""
-
-
-def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None, progress: Progress,
-            asked: str | None = None, check: bool = False, recheck: bool = False) -> list[Node]:
-    """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
-    `check`: the preflight too (`recheck`: not the answer kept from an earlier one)."""
-    nodes = of(s, record)
-    missing = sorted(set(range(max(record.spec.nodes, len(nodes)))) - {n.rank for n in nodes})
-    if missing:  # its machine ended (an interruption nobody followed, a guard): a run needs them all
-        raise RemoteError(f"cluster {record.name!r} lacks node {missing[0]}: its machine has ended",
-                          f"Release it and start again: `gpuctl down {record.name} -y`, then `gpuctl up`.")
-
-    def pushed(node: Node) -> Node:
-        code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
-                                                        lambda line: progress(label(node, nodes) + line))
-        return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
-
-    # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the
-    # preflight looks: on a new environment that is seconds of TensorFlow import (or the wait for
-    # the one `up` started), which the push no longer adds to.
-    found = setup.ensure(s, record, progress, asked, check=False)
-    if not check:
-        return [replace(node, env=env_of(found, node)) for node in each(nodes, pushed)]
-    progress = serialized(progress)  # the pushes' lines and the preflight's come from two threads
-    with setup.looking(s, record, found, progress, recheck) as looked:
-        nodes = each(nodes, pushed)
-        envs = looked()
-    return [replace(node, env=env_of(envs, node)) for node in nodes]
-
-
-def env_of(envs: tuple[TfEnv, ...], node: Node) -> TfEnv:
-    """The node's own (envs are by host label)."""
-    return next(e for e in envs if e.host == node.host.label)
 
 
 def keras_for(setting: str, nodes: int) -> str:
@@ -336,16 +302,3 @@ def refuse_budget(group: list[Node], budget_usd: float) -> None:
     if len(group) > 1 and budget_usd:
         raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
                           "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
-
-
-def check_group(group: list[Node], keras: str, budget_usd: float, progress: Progress = quiet) -> None:
-    """What a run on these nodes needs before anything starts: no per-run budget on several,
-    tf_keras on every node where it runs Keras 2 (a warning where Keras 3 will fail)."""
-    refuse_budget(group, budget_usd)
-    if keras == "3" and len(group) > 1:
-        progress(f"warning: train.keras = \"3\" on {len(group)} nodes: Keras 3's fit fails under "
-                 "MultiWorkerMirroredStrategy (keras#20585); leave train.keras at \"auto\" (Keras 2 here) unless "
-                 "the script trains without Keras fit")
-    if keras == "2":
-        chief = group[0].env
-        require_keras2(group, chief.tensorflow if chief is not None else None)

@@ -18,7 +18,7 @@ from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue
 from gpuctl.ops.log_filter import LineFilter
-from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
+from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
 
@@ -265,7 +265,7 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     run = s.find_run(run_id)
     check_node(run, node)
     if not follow:  # the archived log, or a clear error, rather than a long wait on a dead host
-        s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+        s.connect_quickly()
     quiet = LineFilter(0 if raw else run.tf_log_level)
     offset = 0
     cluster = s.live_cluster_of(run) if follow else None

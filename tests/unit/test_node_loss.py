@@ -11,7 +11,7 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.model.records import RunRecord
-from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs
+from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages
 from gpuctl.ops.session import Session
 from tests.fakes import FakeHost, FakeProvider
 
@@ -31,7 +31,7 @@ def two_nodes(tmp_path):
     s.ledger.put_instance(c.id, worker)
     run = RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py", state="running",
                     started_at=time.time() - 60, usd_per_hour=72.0, run_dir="/fake/runs/r", nodes=2,
-                    segments=(runs.segment_on([chief, worker], time.time() - 60, 72.0),))
+                    segments=(stages.segment_on([chief, worker], time.time() - 60, 72.0),))
     s.ledger.put_run(run)
     return s, c, chief, worker
 
@@ -102,7 +102,7 @@ def test_a_cluster_missing_a_node_runs_nothing(fake, tmp_path):
     fake["ended"][worker.id] = time.time()
     clusters.reconcile_live(s)
     with pytest.raises(RemoteError, match="lacks node 1"):
-        nodes.prepare(s, c, tmp_path, None, lambda line: None)
+        stages.group_of(s, c)
     assert [n.rank for n in nodes.of(s, c)] == [0, 2]  # not renumbered: node 2 is still node 2
 
 
