@@ -201,7 +201,7 @@ def notice_file(host: Host) -> str:
 
 def _look(node: Node, run: RunRecord) -> NodeState:
     paths = node.paths(run)
-    state, code = jobs.job_state(node.host, run.run_id, paths)
+    state, code = jobs.job_state(node.host, run.run_id, paths, record=False)  # a look writes nothing there
     if state == "running" and _unconfirmed(run, node.rank):
         mark = node.host.read_bytes(paths.node_started, 0, 64)  # bytes of the instance's: compared, never shown
         state = "running" if (mark or b"").strip() == str(node.rank).encode() else "starting"
