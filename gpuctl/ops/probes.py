@@ -174,7 +174,7 @@ def _follow(ps: Session, run: RunRecord, timeout_s: float, cancel: threading.Eve
     pause = FIRST_POLL_S  # a probe may end in a second (a small script): looked at soon, then every POLL_S
     while True:
         try:
-            run = run_state.refresh(ps, ps.ledger.run(run.run_id) or run)
+            run = run_state.settle(ps, ps.ledger.run(run.run_id) or run)
             answered = time.monotonic()
         except GpuctlError as exc:
             if time.monotonic() - answered > UNANSWERED_S:

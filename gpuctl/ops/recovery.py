@@ -170,7 +170,7 @@ def _node_gone(s: Session, run: RunRecord, exc: GpuctlError) -> RunRecord:
     if run.nodes < 2 or nodes.gone(s, cluster, run) is None:
         raise exc
     s.forget_hosts(cluster)  # the connection that failed, and the host it was to
-    return run_state.refresh(s, s.find_run(run.run_id))
+    return run_state.settle(s, s.find_run(run.run_id))
 
 
 def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:

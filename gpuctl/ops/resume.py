@@ -31,7 +31,7 @@ RESUMABLE = ("failed", "stopped", "lost", "preempted")
 def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None = None) -> RunRecord:
     """Start the run again from its last checkpoint (on cluster `on`, else its own); the run as
     now recorded."""
-    run = run_state.refresh_or_keep(s, s.find_run(run_id))
+    run = run_state.settle_or_keep(s, s.find_run(run_id))
     if run.state not in RESUMABLE:
         what = {"succeeded": "it succeeded: there is nothing to resume"}.get(run.state, f"it is {run.state}")
         raise ConflictError(f"cannot resume run {run.run_id}: {what}",
