@@ -7,13 +7,19 @@ and the ratios stay comparable; each figure is the median of its N runs. Bytecod
 temporary PYTHONPYCACHEPREFIX after one untimed round, as an installed package has its .pyc files,
 even where PYTHONDONTWRITEBYTECODE is set (compiling gpuctl's sources costs ~10 ms a run).
 
-Usage: .venv/bin/python bench/cli_latency.py [--runs 200] [--epochs 20] [--repeat 15]
+With `--against DIR` (another gpuctl's source tree, e.g. `git worktree add /tmp/base <commit>`)
+each gpuctl command is also timed from that tree, in the same rounds, on its own copy of the
+ledger: a change's figures side by side with the ones before it. Both trees then run as
+`python -m gpuctl` with PYTHONPATH at the tree.
+
+Usage: .venv/bin/python bench/cli_latency.py [--runs 200] [--epochs 20] [--repeat 15] [--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,36 +71,48 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--against", type=Path, help="another gpuctl source tree, timed side by side")
     args = ap.parse_args()
-    cli = gpuctl_argv()
-    commands = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "gpuctl --help": cli + ["--help"],
-        "gpuctl status": cli + ["status"],
-        "gpuctl status --json": cli + ["status", "--json"],
-        "gpuctl cost": cli + ["cost"],
-        "gpuctl cost --json": cli + ["cost", "--json"],
-    }
+    if args.against is not None and not (args.against / "gpuctl" / "__main__.py").is_file():
+        ap.error(f"--against {args.against}: no gpuctl source tree there (gpuctl/__main__.py)")
+    here = Path(__file__).resolve().parent.parent
+    trees = {"": here} if args.against is None else {"": here, "before: ": args.against.resolve()}
+    subcommands = [["--help"], ["status"], ["status", "--json"], ["cost"], ["cost", "--json"]]
+    commands: dict[str, tuple[list[str], str]] = {"python -c pass": ([sys.executable, "-c", "pass"], "")}
+    for prefix in trees:
+        cli = gpuctl_argv() if args.against is None else [sys.executable, "-m", "gpuctl"]
+        for sub in subcommands:
+            commands[f"{prefix}gpuctl {' '.join(sub)}"] = (cli + sub, prefix)
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        fill(home, args.runs, args.epochs)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(GPUCTL_HOME=str(home), GPUCTL_PROVIDER="local", PYTHONPYCACHEPREFIX=str(home / "pycache"))
+        envs: dict[str, dict[str, str]] = {}
+        for prefix, tree in trees.items():
+            home = Path(tmp) / (prefix.strip(": ") or "this")
+            if not envs:
+                fill(home, args.runs, args.epochs)
+            else:  # the same ledger, its own copy (a report must not read the other's writes)
+                shutil.copytree(Path(tmp) / "this", home)
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            env.update(GPUCTL_HOME=str(home), GPUCTL_PROVIDER="local", PYTHONPYCACHEPREFIX=str(home / "pycache"))
+            if args.against is not None:
+                env["PYTHONPATH"] = str(tree)
+            envs[prefix] = env
         times: dict[str, list[float]] = {label: [] for label in commands}
         for n in range(args.repeat + 1):
-            for label, argv in commands.items():
+            for label, (argv, prefix) in commands.items():
                 t0 = time.perf_counter()
-                subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+                subprocess.run(argv, env=envs[prefix], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               check=True)
                 if n:  # round 0 writes the bytecode
                     times[label].append(time.perf_counter() - t0)
     base = statistics.median(times["python -c pass"])
     print(f"ledger: {args.runs} runs x {args.epochs} epochs; median of {args.repeat} runs each, round-robin")
-    print(f"{'command':<24}{'median ms':>10}{'max ms':>8}{'x python':>10}")
+    print(f"{'command':<32}{'median ms':>10}{'max ms':>8}{'x python':>10}")
     for label, ts in times.items():
         med = statistics.median(ts)
-        target = HELP_TARGET_S if label.endswith("--help") else REPORT_TARGET_S if label.startswith("gpuctl") else None
+        name = label.split(": ", 1)[-1]
+        target = HELP_TARGET_S if name.endswith("--help") else REPORT_TARGET_S if name.startswith("gpuctl") else None
         verdict = "" if target is None else ("ok" if med <= target else f"SLOW (target {target * 1000:.0f} ms)")
-        print(f"{label:<24}{med * 1000:>10.0f}{max(ts) * 1000:>8.0f}{med / base:>9.2f}x  {verdict}")
+        print(f"{label:<32}{med * 1000:>10.0f}{max(ts) * 1000:>8.0f}{med / base:>9.2f}x  {verdict}")
 
 
 if __name__ == "__main__":

@@ -51,18 +51,16 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
     """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
     from gpuctl.cli import render
     from gpuctl.cli.render import commands as render_commands
+    from gpuctl.model.requests import UpRequest
     from gpuctl.ops import clusters
 
-    flags = {
-        "cluster": name, "provider": provider, "aws.instance_type": instance_type,
-        "aws.market": None if spot is None else ("spot" if spot else "on-demand"), "aws.max_price": max_price,
-        "aws.fallback_on_demand": fallback_on_demand, "aws.region": region, "aws.profile": profile,
-        "aws.image": image, "train.tensorflow": tensorflow, "aws.disk_gb": disk_gb, "aws.ssh_cidr": ssh_cidr, "guards.max_hours": max_hours,
-        "ssh.hosts": list(hosts) or None, "ssh.identity": identity, "nodes": nodes, "aws.placement": placement,
-    }
-    if hosts and provider is None:
-        flags["provider"] = "ssh"  # --host only makes sense for the ssh provider
-    s = session(ctx, **flags)
+    req = UpRequest(name=name, provider=provider, instance_type=instance_type,
+                    market=None if spot is None else ("spot" if spot else "on-demand"), max_price=max_price,
+                    fallback_on_demand=fallback_on_demand, region=region, profile=profile, image=image,
+                    tensorflow=tensorflow, disk_gb=disk_gb, ssh_cidr=ssh_cidr, max_hours=max_hours, nodes=nodes,
+                    placement=placement, hosts=hosts, identity=identity, usd_per_hour=usd_per_hour,
+                    wait_ssh=not no_wait)
+    s = session(ctx, **req.flags())
     question = clusters.launch_question(s, usd_per_hour)
     if question is not None:
         confirm(yes, question)
@@ -70,8 +68,7 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
     # A failure from here on (an SSH wait, Ctrl-C) says what still runs and the `down` that ends it.
     after_failure(ctx, lambda: render_commands.still_running(list(held.values())))
     with progress_sink() as progress:
-        result = clusters.up(s, progress, wait_ssh=not no_wait, usd_per_hour=usd_per_hour,
-                             told=lambda inst: held.__setitem__(inst.id, inst))
+        result = clusters.up(s, req, progress, told=lambda inst: held.__setitem__(inst.id, inst))
     if as_json:
         return render.emit_json(result)
     render_commands.up(result)

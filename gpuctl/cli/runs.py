@@ -70,10 +70,12 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     elif path is None:
         raise click.UsageError("give the project to train (PATH), or --resume RUN")
     else:
+        from gpuctl.model.requests import TrainRequest
+
         with progress_sink() as progress:
-            result = runs.train(s, path, cluster=cluster, args=args, data=data, allow_cpu=allow_cpu,
-                                progress=progress, down_after_run=down_after, env_names=env_names,
-                                gpus=gpus, now=now, recheck=recheck)
+            result = runs.train(s, TrainRequest(project=path, cluster=cluster, args=args, data=data,
+                                                env_names=env_names, gpus=gpus, now=now, allow_cpu=allow_cpu,
+                                                recheck=recheck, down_after_run=down_after), progress)
         run = result.run
     if as_json and not wait:
         return render.emit_json(result if result is not None else run)

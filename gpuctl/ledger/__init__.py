@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from gpuctl import retry
 from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFoundError
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
@@ -24,6 +25,8 @@ from gpuctl.model.specs import ClusterSpec, parse_spec
 
 
 F = TypeVar("F", bound=Callable[..., None])
+
+BUSY_S = 30  # how long a command waits for another gpuctl's write before it says the ledger is held
 
 
 def _skippable(method: F) -> F:
@@ -81,14 +84,15 @@ class Ledger:
     def _open(self, exclusive: bool) -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write
         # lock up front and waits (busy_timeout) instead of failing on upgrade.
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
         try:
             if exclusive:
                 db.execute("PRAGMA locking_mode = EXCLUSIVE")
-            db.execute("PRAGMA busy_timeout = 30000")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA foreign_keys = ON")
+            db.execute(f"PRAGMA busy_timeout = {BUSY_S * 1000}")
             db.execute("PRAGMA user_version").fetchone()  # the first read: WAL's index is made here
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                _into_wal(db)  # a new ledger (the read above made the mode known: before it, "delete")
+            db.execute("PRAGMA foreign_keys = ON")
         except BaseException:
             db.close()
             raise
@@ -124,6 +128,13 @@ class Ledger:
                 outer.extend(self._missed)
             self._missed = outer
 
+    def _all(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Every row at once. A cursor left part-read (its rows parsed one by one, and a record
+        that fails validation raising out of the loop while a traceback keeps the cursor) holds
+        this connection's read snapshot open: after another gpuctl writes, this one's next
+        BEGIN IMMEDIATE then fails at once with "database is locked", whatever busy_timeout says."""
+        return self._db.execute(query, args).fetchall()
+
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         try:
@@ -149,7 +160,7 @@ class Ledger:
         another gpuctl): one line that names it, with what to do. Nothing of it is lost: SQLite
         rolled the write back, and what was written before reads as it was."""
         if "locked" in str(exc) or "busy" in str(exc):
-            return ConflictError(f"the ledger {self.path} stayed locked by another gpuctl for 30 s ({exc})",
+            return ConflictError(f"the ledger {self.path} stayed locked by another gpuctl for {BUSY_S} s ({exc})",
                                  "Let the other gpuctl command finish (or end it), then run this one again.")
         return LedgerUnwritable(f"the ledger {self.path} cannot be written: {_why(exc, self.home)}", _WRITABLE_HINT)
 
@@ -233,7 +244,7 @@ class Ledger:
                        (cluster_id, inst.id, inst.model_dump_json()))
 
     def instances(self, cluster_id: int) -> list[InstanceRecord]:
-        rows = self._db.execute("SELECT record_json FROM instances WHERE cluster_id = ? ORDER BY rowid", (cluster_id,))
+        rows = self._all("SELECT record_json FROM instances WHERE cluster_id = ? ORDER BY rowid", (cluster_id,))
         return [InstanceRecord.model_validate_json(r[0]) for r in rows]
 
     # --- runs and epochs ------------------------------------------------------------------------
@@ -267,7 +278,7 @@ class Ledger:
             raise NotFoundError("no run named ''", hint)
         if self.run(text) is not None:
             return text  # an exact id wins over any prefix
-        ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs ORDER BY rowid")]
+        ids = [r[0] for r in self._all("SELECT run_id FROM runs ORDER BY rowid")]
         found = [i for i in ids if i.startswith(text) or i.endswith(text)]
         if not found:
             raise NotFoundError(f"no run named {text!r}", hint)
@@ -282,7 +293,7 @@ class Ledger:
         if cluster_id is not None:
             q += " WHERE cluster_id = ?"
             args = (cluster_id,)
-        return [self._run_from_row(r) for r in self._db.execute(q + " ORDER BY rowid", args)]
+        return [self._run_from_row(r) for r in self._all(q + " ORDER BY rowid", args)]
 
     @_skippable
     def put_epochs(self, reports: list[EpochReport]) -> None:
@@ -296,7 +307,7 @@ class Ledger:
             )
 
     def epochs(self, run_id: str) -> list[EpochReport]:
-        rows = self._db.execute("SELECT report_json FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))
+        rows = self._all("SELECT report_json FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))
         return [r for r in map(self._epoch_or_none, rows) if r is not None]
 
     @staticmethod
@@ -339,7 +350,7 @@ class Ledger:
         if cluster_id is not None:
             q += " WHERE cluster_id = ?"
             args = (cluster_id,)
-        return list(self._db.execute(q + " ORDER BY id", args))
+        return self._all(q + " ORDER BY id", args)
 
     # --- images ---------------------------------------------------------------------------------
 
@@ -359,8 +370,27 @@ class Ledger:
     def images(self, include_removed: bool = True) -> list[tuple[BakedImage, float | None]]:
         """(image, when it was removed or None), oldest first."""
         where = "" if include_removed else "WHERE removed_at IS NULL"
-        rows = self._db.execute(f"SELECT record_json, removed_at FROM images {where} ORDER BY created_at, id")
+        rows = self._all(f"SELECT record_json, removed_at FROM images {where} ORDER BY created_at, id")
         return [(BakedImage.model_validate_json(record), removed) for record, removed in rows]
+
+
+def _into_wal(db: sqlite3.Connection) -> None:
+    """Switch a new ledger to WAL. The switch needs the file to itself and SQLite answers "database
+    is locked" at once, without its busy wait, when another connection is there: the first command
+    of a new home opening a session per thread (`plan`'s probes) lost one of them that way. Retried
+    within the busy timeout, as any other lock would be waited for."""
+    def attempt() -> bool | None:
+        try:
+            db.execute("PRAGMA journal_mode = WAL").fetchone()
+            return True
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return None
+            raise
+    try:
+        retry.poll(attempt, BUSY_S, first_delay_s=0.01, max_delay_s=0.2)
+    except retry.TimedOut:
+        raise sqlite3.OperationalError("database is locked") from None
 
 
 _WRITABLE_HINT = ("Free space on that disk, or make the gpuctl home writable (a read-only disk, an immutable file); "

@@ -111,15 +111,17 @@ def tensorboard(s: Session, cluster: str | None, port: int) -> tuple[list[str] |
         jobs.stop_job(host, "tensorboard", paths, grace_s=3)
         pane = None
     if pane is None:
-        probe = host.run([host.python, "-c", "import tensorboard"], check=False)
+        facts = s.facts(host)
+        python = facts.python_of(host)
+        probe = host.run([python, "-c", "import tensorboard"], check=False)
         if probe.returncode != 0:
-            raise RemoteError(f"TensorBoard is not installed for {host.python} on {host.label}",
-                              f"Install it there: `{host.python} -m pip install tensorboard`.")
+            raise RemoteError(f"TensorBoard is not installed for {python} on {host.label}",
+                              f"Install it there: `{python} -m pip install tensorboard`.")
         host.remove_tree(paths.run_dir)  # its last log and exit code are not this start's
         jobs.private_dir(host, paths.run_dir)  # the token's file is written in a directory of the owner's alone
         token = secrets.token_urlsafe(24)
         host.write_text(_token_file(paths), token, mode=0o600)
-        cmd = [host.python, posixpath.join(guards.push_payload(host), TENSORBOARD_PAYLOAD),
+        cmd = [python, posixpath.join(guards.push_payload(host, facts), TENSORBOARD_PAYLOAD),
                posixpath.join(host.root, "runs"), str(remote_port), _token_file(paths)]
         jobs.start_job(host, "tensorboard", host.root, cmd, {}, paths)
         host.write_text(port_file, str(remote_port))

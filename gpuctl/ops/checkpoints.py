@@ -102,7 +102,7 @@ def remove_question(s: Session, run_id: str) -> str:
 def remove(s: Session, run_id: str, progress: Progress = quiet) -> RunRemoved:
     """Delete a finished run's checkpoints from its store (under every cluster that holds a copy)
     and its directory on its cluster's host if that is up. A running run is refused."""
-    run = run_state.refresh_or_keep(s, s.find_run(run_id))
+    run = run_state.settle_or_keep(s, s.find_run(run_id))
     if run.state in ("starting", "queued", "running"):
         raise ConflictError(f"run {run.run_id} is {run.state}: its checkpoints are in use",
                             f"Wait for it to end (`gpuctl logs -f {run.run_id}`), or stop it with "

@@ -15,6 +15,7 @@ from typing import Callable
 from gpuctl.config import tf_releases
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, PriceQuote
+from gpuctl.model.requests import UpRequest
 from gpuctl.model.results import TfEnv, UpResult
 from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import guards, setup, workdirs
@@ -86,19 +87,21 @@ def _told_nothing(_: InstanceRecord) -> None:
     pass
 
 
-def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_hour: float | None = None,
-       make_default: bool = True, launched_for: str = "", told: Told = _told_nothing) -> UpResult:
+def up(s: Session, req: UpRequest | None = None, progress: Progress = quiet, told: Told = _told_nothing) -> UpResult:
     """Create the cluster named by the `cluster` setting (or find and reuse it) and make it the
-    default (unless `make_default` is False: an image bake's cluster is nobody's default).
-    `launched_for`: the use case launching it for itself (ClusterSpec.launched_for).
+    default (unless `req.make_default` is False: an image bake's cluster is nobody's default).
+    `req.launched_for`: the use case launching it for itself (ClusterSpec.launched_for). The
+    settings `req`'s flags set are the Session's (`UpRequest.flags`, given when it was opened).
 
     Each instance is in the ledger from the moment its provider gave its id, so a failed or
     interrupted `up` leaves nothing billing that `status`, `cost` and `down` do not see. `told`
     hears every instance of the cluster as `up` comes to hold it (created, reused, set up again),
     and again as its record changes: what a failure says still runs (the CLI's last lines)."""
-    spec = _asked(s, usd_per_hour, take=True)
-    if launched_for:
-        spec = spec.model_copy(update={"launched_for": launched_for})
+    req = req or UpRequest()
+    wait_ssh = req.wait_ssh
+    spec = _asked(s, req.usd_per_hour, take=True)
+    if req.launched_for:
+        spec = spec.model_copy(update={"launched_for": req.launched_for})
     guards.check_settings(s.settings())
     live = s.ledger.live_cluster(spec.name)
     why = setup.failed(s, live) if live is not None else None
@@ -114,7 +117,7 @@ def up(s: Session, progress: Progress = quiet, wait_ssh: bool = True, usd_per_ho
         s.provider(spec).check()
         try:
             # Recorded before launching, so a launch killed half-way is still known locally too.
-            cluster = s.ledger.add_cluster(spec, make_default=make_default)
+            cluster = s.ledger.add_cluster(spec, make_default=req.make_default)
         except sqlite3.IntegrityError:
             raise ConflictError(f"a cluster named {spec.name!r} is already up") from None
     provider = s.provider(spec)

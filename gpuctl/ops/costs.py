@@ -25,7 +25,7 @@ from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE
 from gpuctl.ops.segments import segment_costs
-from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
+from gpuctl.ops.session import Session
 from gpuctl.provision import PROVIDERS
 
 
@@ -78,7 +78,7 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
     """Every cluster and run (or one run and its cluster, or one cluster's name and its runs):
     state, epoch k of N, last metrics, elapsed, cost so far. Clusters released over a week ago
     (and their runs) are left out and counted, unless `everything` or one is named."""
-    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+    s.connect_quickly()
     only_run = s.find_run(run_id) if run_id is not None else None  # before any host is asked
     records = s.ledger.clusters()
     hidden = 0
@@ -212,7 +212,7 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
 def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more)."""
-    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+    s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
     clusters.reconcile_live(s)

@@ -21,7 +21,7 @@ from gpuctl.payloads.gpuctl_protocol import WATCHDOG_FILES, GuardConfig
 from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat, sync
 from gpuctl.remote.guard_files import DryLook
-from gpuctl.remote.host import Host, once, output_tail
+from gpuctl.remote.host import Host, NodeFacts, output_tail
 from gpuctl.retry import TimedOut, poll
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
@@ -31,12 +31,15 @@ def payload_dir(host: Host) -> str:
     return posixpath.join(host.root, "payload")
 
 
-def push_payload(host: Host) -> str:
-    """The payload files on the host, pushed once per connection (they do not change while a
-    command runs; each push over SSH is an rsync connection, and a `train` pushed them three times),
-    and not at all where the host has these very files already; their directory there."""
-    once(host, "payload", lambda: _push_payload(host))
-    return payload_dir(host)
+def push_payload(host: Host, facts: NodeFacts) -> str:
+    """The payload files on the host, pushed once per command (`facts`: what the host answered in
+    it; the files do not change while a command runs, and each push over SSH is an rsync
+    connection), and not at all where the host has these very files already; their directory there."""
+    with facts.lock:
+        if facts.payload_dir is None:
+            _push_payload(host)
+            facts.payload_dir = payload_dir(host)
+        return facts.payload_dir
 
 
 def _push_payload(host: Host) -> None:
@@ -142,8 +145,15 @@ def check_settings(loaded: LoadedSettings) -> None:
 def check_for(s: Session, loaded: LoadedSettings, cluster: ClusterRecord) -> None:
     """The limits `train` would put in force on the cluster's first host, checked before it pushes."""
     inst, host = s.host(cluster)
-    cfg = _config(loaded, s.provider(cluster.spec), cluster, inst, host, guard.read_config(host), armed_at=0.0)
+    cfg = _config(loaded, s.provider(cluster.spec), cluster, inst, host, _existing(host, s.facts(host)), armed_at=0.0)
     check_limits(cfg, f" in force on {cluster.name}")
+
+
+def _existing(host: Host, facts: NodeFacts) -> dict[str, Any]:
+    """The watchdog's config as the host has it, read once per command until this command writes it."""
+    if facts.guard_config is None:
+        facts.guard_config = guard.read_config(host)
+    return facts.guard_config
 
 
 def cluster_key(cluster: ClusterRecord) -> str:
@@ -184,9 +194,11 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
     pairs = s.hosts(cluster)
     rate = sum(inst.usd_per_hour for inst, _ in pairs)
     for inst, host in pairs:
-        push_payload(host)
+        facts = s.facts(host)
+        push_payload(host, facts)
         before = guard.state(host)
-        cfg = _config(loaded, provider, cluster, inst, host, guard.read_config(host), down_after_run, armed_at, rate)
+        cfg = _config(loaded, provider, cluster, inst, host, _existing(host, facts), down_after_run, armed_at, rate)
+        facts.guard_config = None  # written below: a later look reads it afresh
         pid = before.get("pid")
         alive = _alive(host, pid)
         if alive and before.get("code") == code_version():
@@ -195,7 +207,7 @@ def install(s: Session, loaded: LoadedSettings, cluster: ClusterRecord, down_aft
             guard.write_config(host, cfg)
             how.append(f"running (pid {pid}), limits updated")
             continue
-        how.append(guard.install(host, cfg, host.python, payload_dir(host)))
+        how.append(guard.install(host, cfg, facts.python_of(host), payload_dir(host)))
         if alive:
             # Older code (gpuctl was upgraded): it would read the new config but not act on it (a
             # watchdog from before heartbeats takes a push for idleness). Its restart loop or
@@ -242,7 +254,7 @@ def show(s: Session, cluster: str | None = None, check: bool = False) -> GuardRe
     """Each guard's limit and what the watchdog last saw; with `check`, also one dry look on every
     instance, taken now by the watchdog's own code (nothing written, nothing fired)."""
     record = s.resolve_cluster(cluster)
-    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S  # a host that does not answer: said at once
+    s.connect_quickly()  # a host that does not answer: said at once
     _, host = s.host(record)
     checks = tuple(GuardCheck(host=h.label, result=_dry_look(h, s.notes)) for _, h in s.hosts(record)) if check else ()
     return GuardReport(cluster=record.name, config=guard.read_config(host, s.notes), state=guard.state(host, s.notes),

@@ -20,6 +20,7 @@ from gpuctl.errors import RemoteError
 from gpuctl.model import billing
 from gpuctl.model.images import BakeContents, BakedImage
 from gpuctl.model.records import ClusterRecord, InstanceRecord
+from gpuctl.model.requests import UpRequest
 from gpuctl.ops import clusters, release
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import TF_VERSION, ImageStore, tf_matches
@@ -141,7 +142,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     ok = False
     try:
         # Nobody's default: a `train` in another terminal must not land on the bake's instance.
-        up = clusters.up(bs, progress, make_default=False, launched_for="bake")
+        up = clusters.up(bs, UpRequest(make_default=False, launched_for="bake"), progress)
         image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, progress)
         ok = True
     finally:

@@ -4,7 +4,8 @@ node's address and a port free there, this node's index) and follows them as one
 
 Node 0 is the chief: its epoch reports (global batches, so its examples count every node's) and
 its checkpoint are the run's. A node that fails ends the run on all of them: TensorFlow's own
-health check fails the others' collectives within seconds, and gpuctl stops whatever is left, so
+health check fails the others' collectives within seconds; what is left is stopped by the command
+that follows the run (run_state.settle) or, with nobody following, by each node's stall guard, so
 no node waits, billed, for a peer that is gone.
 """
 
@@ -13,14 +14,14 @@ from __future__ import annotations
 import json
 import posixpath
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
-from gpuctl.ops import push, setup
-from gpuctl.ops.session import Progress, Session, each, quiet, serialized
+from gpuctl.ops.session import Progress, Session, each
+from gpuctl.ops.verdicts import RUNNING, NodeState
 from gpuctl.payloads.gpuctl_protocol import NOTICE_FILE, PREEMPTED_EXIT, PREEMPTED_MARK, STOPPED_EXIT
 from gpuctl.remote import guard, jobs
 from gpuctl.remote.host import Host
@@ -76,39 +77,6 @@ def rate(group: list[Node]) -> float:
 
 def label(node: Node, nodes: list[Node]) -> str:
     return f"node {node.rank}: " if len(nodes) > 1 else ""
-
-
-def prepare(s: Session, record: ClusterRecord, project: Path, data: Path | None, progress: Progress,
-            asked: str | None = None, check: bool = False, recheck: bool = False) -> list[Node]:
-    """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
-    `check`: the preflight too (`recheck`: not the answer kept from an earlier one)."""
-    nodes = of(s, record)
-    missing = sorted(set(range(max(record.spec.nodes, len(nodes)))) - {n.rank for n in nodes})
-    if missing:  # its machine ended (an interruption nobody followed, a guard): a run needs them all
-        raise RemoteError(f"cluster {record.name!r} lacks node {missing[0]}: its machine has ended",
-                          f"Release it and start again: `gpuctl down {record.name} -y`, then `gpuctl up`.")
-
-    def pushed(node: Node) -> Node:
-        code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
-                                                        lambda line: progress(label(node, nodes) + line))
-        return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
-
-    # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the
-    # preflight looks: on a new environment that is seconds of TensorFlow import (or the wait for
-    # the one `up` started), which the push no longer adds to.
-    found = setup.ensure(s, record, progress, asked, check=False)
-    if not check:
-        return [replace(node, env=env_of(found, node)) for node in each(nodes, pushed)]
-    progress = serialized(progress)  # the pushes' lines and the preflight's come from two threads
-    with setup.looking(s, record, found, progress, recheck) as looked:
-        nodes = each(nodes, pushed)
-        envs = looked()
-    return [replace(node, env=env_of(envs, node)) for node in nodes]
-
-
-def env_of(envs: tuple[TfEnv, ...], node: Node) -> TfEnv:
-    """The node's own (envs are by host label)."""
-    return next(e for e in envs if e.host == node.host.label)
 
 
 def keras_for(setting: str, nodes: int) -> str:
@@ -192,26 +160,14 @@ def checkpoint_dir(paths: jobs.JobPaths) -> str:
 
 # --- following a multi-node run ------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class NodeState:
-    rank: int
-    state: str
-    code: int | None
-    ended_at: float | None
-
-
 def notice_file(host: Host) -> str:
     """Where the node's watchdog records a spot interruption notice (the launcher reads it)."""
     return posixpath.join(guard.guard_dir(host), NOTICE_FILE)
 
 
-RUNNING = ("running", "starting")  # "starting": its job runs, but has not started as this node yet
-NOT_STARTED = "not started"
-
-
 def _look(node: Node, run: RunRecord) -> NodeState:
     paths = node.paths(run)
-    state, code = jobs.job_state(node.host, run.run_id, paths)
+    state, code = jobs.job_state(node.host, run.run_id, paths, record=False)  # a look writes nothing there
     if state == "running" and _unconfirmed(run, node.rank):
         mark = node.host.read_bytes(paths.node_started, 0, 64)  # bytes of the instance's: compared, never shown
         state = "running" if (mark or b"").strip() == str(node.rank).encode() else "starting"
@@ -234,12 +190,10 @@ def states(nodes: list[Node], run: RunRecord) -> list[NodeState]:
     return each(nodes, lambda n: _look(n, run))
 
 
-def late(run: RunRecord, seen: list[NodeState], now: float) -> list[int]:
-    """The nodes whose job has not started as theirs `start_timeout_s` after the run started
-    (past the queue): the others wait for them, billed, until TensorFlow gives up, if ever."""
-    if not run.start_timeout_s or now - (run.resumed_at or run.started_at) < run.start_timeout_s:
-        return []
-    return [n.rank for n in seen if n.state == "starting"]
+def notices(group: list[Node]) -> set[int]:
+    """The ranks whose machine heard a spot interruption notice (its watchdog's file)."""
+    heard = each(group, lambda n: bool(n.host.read_bytes(notice_file(n.host), 0, 1)))
+    return {n.rank for n, h in zip(group, heard) if h}
 
 
 def did_not_start(run: RunRecord) -> RunFailedError | None:
@@ -253,41 +207,6 @@ def did_not_start(run: RunRecord) -> RunFailedError | None:
         "Nodes that share a work dir (one NFS home) start each other's jobs: `gpuctl down`, then `gpuctl up` gives "
         f"each its own (or set remote.workdir to a local disk); `gpuctl logs {run.run_id} --node "
         f"{run.not_started[0]}` shows what it printed.")
-
-
-def with_gone(seen: list[NodeState], gone: InstanceRecord | None) -> list[NodeState]:
-    """The nodes' states with the one whose machine ended (`gone`, which cannot be asked) counted
-    as lost then; as succeeded when every other node succeeded (its machine was powered off
-    after its job, as `down_after_run` does)."""
-    if gone is None:
-        return seen
-    state = "succeeded" if all(n.state == "succeeded" for n in seen) else "lost"
-    return sorted([*seen, NodeState(gone.node, state, None, gone.terminated_at)], key=lambda n: n.rank)
-
-
-def with_notices(group: list[Node], seen: list[NodeState]) -> list[NodeState]:
-    """A node whose machine heard a spot notice is preempted however its job ended (its peers'
-    failure may have ended it first), and `leaving` while its job still runs (it stops at a batch
-    end and saves): its machine is going, and a preempted run is resumed where a failed one is not."""
-    heard = dict(zip((n.rank for n in group), each(group, lambda n: bool(n.host.read_bytes(notice_file(n.host), 0, 1)))))
-    return [replace(n, state="leaving" if n.state in RUNNING else "preempted") if heard.get(n.rank) else n
-            for n in seen]
-
-
-def verdict(seen: list[NodeState]) -> tuple[str, int | None, int | None]:
-    """(the run's state, its exit code, the node that ended it) from its nodes' states: succeeded
-    when all did; else, once any ended otherwise, the one that ended first decides (the others
-    failed because it did). A node stopped by a spot notice decides whenever there is one: its
-    peers fail when it leaves, sometimes before it has finished leaving, and a preempted run is
-    resumed where a failed one is not."""
-    if all(n.state == "succeeded" for n in seen):
-        return "succeeded", 0, None
-    bad = [n for n in seen if n.state not in (*RUNNING, "leaving", "succeeded")]
-    preempted = [n for n in bad if n.state == "preempted"]
-    if not bad or (not preempted and any(n.state == "leaving" for n in seen)):
-        return "running", None, None  # a node leaving on a notice is waited for: it decides
-    first = min(preempted or bad, key=lambda n: (n.ended_at is None, n.ended_at or 0.0, n.rank))
-    return first.state, first.code, first.rank
 
 
 def stop(group: list[Node], run: RunRecord, grace_s: float = jobs.STOP_GRACE_S, must: bool = True) -> list[int | None]:
@@ -320,11 +239,10 @@ def gone(s: Session, record: ClusterRecord, run: RunRecord) -> InstanceRecord | 
     return next((i for i in run_instances(s, record.id, run) if i.state in ENDED_STATES), None)
 
 
-def stop_rest(group: list[Node], run: RunRecord, seen: list[NodeState]) -> set[int]:
-    """Stop the nodes still running a run that has ended elsewhere (not one leaving on a notice:
-    it is saving the run's checkpoint); the ranks whose tmux did not answer, passed over (the run
-    has ended all the same, and `down` ends what runs on there)."""
-    ranks = {m.rank for m in seen if m.state in RUNNING}
+def stop_rest(group: list[Node], run: RunRecord, ranks: tuple[int, ...]) -> set[int]:
+    """Stop the run's job on the nodes `ranks` (a Decision's `stop`: still running a run that has
+    ended elsewhere); the ranks whose tmux did not answer, passed over (the run has ended all the
+    same, and `down` ends what runs on there)."""
     running = [n for n in group if n.rank in ranks]
     ends = each(running, lambda n: _stop_one(n, run, jobs.STOP_GRACE_S, must=False))
     return {n.rank for n, end in zip(running, ends) if isinstance(end, Unconfirmed)}
@@ -336,16 +254,3 @@ def refuse_budget(group: list[Node], budget_usd: float) -> None:
     if len(group) > 1 and budget_usd:
         raise ConfigError("a run budget (train --budget / train.budget_usd) is for one-node clusters",
                           "On several nodes cap the cluster's spend instead: `gpuctl guard set --budget DOLLARS`.")
-
-
-def check_group(group: list[Node], keras: str, budget_usd: float, progress: Progress = quiet) -> None:
-    """What a run on these nodes needs before anything starts: no per-run budget on several,
-    tf_keras on every node where it runs Keras 2 (a warning where Keras 3 will fail)."""
-    refuse_budget(group, budget_usd)
-    if keras == "3" and len(group) > 1:
-        progress(f"warning: train.keras = \"3\" on {len(group)} nodes: Keras 3's fit fails under "
-                 "MultiWorkerMirroredStrategy (keras#20585); leave train.keras at \"auto\" (Keras 2 here) unless "
-                 "the script trains without Keras fit")
-    if keras == "2":
-        chief = group[0].env
-        require_keras2(group, chief.tensorflow if chief is not None else None)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuctl.errors import GpuctlError
+from gpuctl.model.requests import TrainRequest, UpRequest
 from gpuctl.model.records import FINAL_RUN_STATES, EpochReport, InstanceRecord, RunRecord
 from gpuctl.model.results import PlanRow, ProbeOutcome
 from gpuctl.ops import clusters, costs, release, run_state, runs
@@ -89,7 +90,7 @@ def _on_new_cluster(ps: Session, job: ProbeJob, row: PlanRow, started: float, pr
     left = None
     try:
         # Nobody's default, and never the one a command that names no cluster picks (launched_for).
-        up = clusters.up(ps, progress, make_default=False, launched_for="plan")
+        up = clusters.up(ps, UpRequest(make_default=False, launched_for="plan"), progress)
         row = _as_launched(row, up.instances)
         if cancel.is_set():
             return row.model_copy(update={"outcome": "cancelled"})
@@ -121,8 +122,9 @@ def _measure(ps: Session, job: ProbeJob, row: PlanRow, started: float, cluster: 
              cancel: threading.Event, down_after_run: bool | None) -> PlanRow:
     """Start the run, follow it to its end (or stop it), and read what it measured before its
     cluster goes."""
-    result = runs.train(ps, job.project, cluster=cluster, args=job.args, data=job.data, allow_cpu=job.allow_cpu,
-                        progress=progress, down_after_run=down_after_run, stop_after=job.probe_epochs)
+    result = runs.train(ps, TrainRequest(project=job.project, cluster=cluster, args=job.args, data=job.data,
+                                         allow_cpu=job.allow_cpu, down_after_run=down_after_run,
+                                         stop_after=job.probe_epochs), progress)
     run = result.run
     progress(f"run {run.run_id}: {job.probe_epochs} epoch(s) to measure")
     run, cut = _follow(ps, run, job.timeout_s, cancel)
@@ -172,7 +174,7 @@ def _follow(ps: Session, run: RunRecord, timeout_s: float, cancel: threading.Eve
     pause = FIRST_POLL_S  # a probe may end in a second (a small script): looked at soon, then every POLL_S
     while True:
         try:
-            run = run_state.refresh(ps, ps.ledger.run(run.run_id) or run)
+            run = run_state.settle(ps, ps.ledger.run(run.run_id) or run)
             answered = time.monotonic()
         except GpuctlError as exc:
             if time.monotonic() - answered > UNANSWERED_S:

@@ -12,7 +12,7 @@ from gpuctl.model import untrusted
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import guards
 from gpuctl.payloads.gpuctl_protocol import NVIDIA_SMI_S, QUEUE_FILE, QueueConfig
-from gpuctl.remote.host import PROBE_TIMED_OUT, Host, once
+from gpuctl.remote.host import PROBE_TIMED_OUT, Host, NodeFacts
 
 PAYLOAD = "gpuctl_queue.py"
 MAX_GPUS = 64  # more than any node has: a larger answer from the instance is not believed
@@ -28,11 +28,17 @@ def queue_dir(host: Host) -> str:
 PROBE_S = float(NVIDIA_SMI_S)
 
 
-def gpus_of(host: Host, note: Callable[[str], None] | None = None) -> int:
+def gpus_of(host: Host, note: Callable[[str], None] | None = None, facts: NodeFacts | None = None) -> int:
     """The node's GPUs as nvidia-smi lists them; 0 where there is none (or no nvidia-smi), or
-    where nvidia-smi does not answer within PROBE_S (then `note` hears so). Asked once per
-    connection: `train` needs it before the push and again for the run's config."""
-    count, why = once(host, "gpus", lambda: _gpus(host))
+    where nvidia-smi does not answer within PROBE_S (then `note` hears so). With `facts` (what the
+    host answered in this command), asked once per command."""
+    if facts is None:
+        count, why = _gpus(host)
+    else:
+        with facts.lock:
+            if facts.gpus is None:
+                facts.gpus = _gpus(host)
+            count, why = facts.gpus
     if why and note is not None:
         note(why)
     return count

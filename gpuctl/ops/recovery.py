@@ -19,7 +19,7 @@ from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
-from gpuctl.ops import guards, nodes, release, run_state, runs
+from gpuctl.ops import nodes, release, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, quiet
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
@@ -170,7 +170,7 @@ def _node_gone(s: Session, run: RunRecord, exc: GpuctlError) -> RunRecord:
     if run.nodes < 2 or nodes.gone(s, cluster, run) is None:
         raise exc
     s.forget_hosts(cluster)  # the connection that failed, and the host it was to
-    return run_state.refresh(s, s.find_run(run.run_id))
+    return run_state.settle(s, s.find_run(run.run_id))
 
 
 def replace_and_resume(s: Session, run: RunRecord, progress: Progress = quiet) -> RunRecord:
@@ -259,7 +259,7 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     s.forget_hosts(cluster)
     s.ledger.event("recover", f"{len(instances)} replacement instance(s): {', '.join(i.id for i in instances)}",
                    cluster=cluster)
-    progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
+    stages.arm_guards(s, s.settings(), cluster, progress)
     return instances
 
 
@@ -294,8 +294,10 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
     project, data, secret_env = ready
     loaded = s.settings(project_dir=project)
     with s.working(record, "train"):
-        each = nodes.prepare(s, record, project, data, progress)
-        nodes.check_group(each, nodes.keras_for(loaded.settings.train.keras, len(each)), run.budget_usd)
+        each = stages.group_of(s, record)
+        nodes.refuse_budget(each, run.budget_usd)
+        each = stages.push_and_check(s, record, each, project, data, progress)
+        stages.check_keras(each, nodes.keras_for(loaded.settings.train.keras, len(each)))
         inst, host = each[0].inst, each[0].host
         rate = nodes.rate(each)
         now = time.time()
@@ -304,8 +306,8 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
             "failed_node": None, "node_states": (), "not_started": (),
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
-            "segments": run.segments + (runs.segment_on([n.inst for n in each], now, rate),)})
-        run = runs.launch_job(s, loaded, record, run, each, secret_env, resumed=True)
+            "segments": run.segments + (stages.segment_on([n.inst for n in each], now, rate),)})
+        run = stages.launch(s, loaded, record, run, each, secret_env, resumed=True)
     s.ledger.event("resume", f"resumed on {inst.id} ({inst.zone or host.label})", cluster=record, run_id=run.run_id)
     progress(f"run {run.run_id} resumed on {inst.id}{f' in {inst.zone}' if inst.zone else ''}")
     return run

@@ -17,7 +17,7 @@ from gpuctl.model.results import DownResult
 from gpuctl.model.specs import parse_spec
 from gpuctl.ops import archive, run_state, runs
 from gpuctl.ops.clusters import reconcile
-from gpuctl.ops.session import BRAKE_LOCK_S, REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
+from gpuctl.ops.session import BRAKE_LOCK_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, foreign_error, provider_class
 
 
@@ -97,7 +97,7 @@ def down(s: Session, name: str | None = None, progress: Progress = quiet, force:
             s.ledger.event("down", f"released {len(leftovers)} resource(s) left", cluster=ended[-1])
             return DownResult(cluster=name, already_down=not leftovers, released=tuple(leftovers))
     # A host that does not answer costs one short wait: `down` refuses then, or with --force releases.
-    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+    s.connect_quickly()
     return _down_cluster(s, s.resolve_cluster(name), progress, must_stop_jobs=not force, pull_to=pull_to)
 
 
@@ -238,7 +238,7 @@ def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) ->
     released: list[Resource] = []
     stopped: list[str] = []
     failed: list[tuple[str, GpuctlError]] = []
-    s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S  # as `down`: one short wait a host
+    s.connect_quickly()  # as `down`: one short wait a host
     for c in live_in_ledger(s, progress):
         try:
             result = _down_cluster(s, c, progress, must_stop_jobs=False)

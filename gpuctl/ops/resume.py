@@ -20,7 +20,7 @@ from pathlib import Path
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.model import untrusted
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, RunRecord
-from gpuctl.ops import guards, nodes, push, recovery, run_state, runs
+from gpuctl.ops import nodes, push, recovery, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
@@ -31,7 +31,7 @@ RESUMABLE = ("failed", "stopped", "lost", "preempted")
 def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None = None) -> RunRecord:
     """Start the run again from its last checkpoint (on cluster `on`, else its own); the run as
     now recorded."""
-    run = run_state.refresh_or_keep(s, s.find_run(run_id))
+    run = run_state.settle_or_keep(s, s.find_run(run_id))
     if run.state not in RESUMABLE:
         what = {"succeeded": "it succeeded: there is nothing to resume"}.get(run.state, f"it is {run.state}")
         raise ConflictError(f"cannot resume run {run.run_id}: {what}",
@@ -77,10 +77,10 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
             inst = s.host(record)[0]
             run = run.model_copy(update={"state": "running", "exit_code": None, "ended_at": None, "resumed_at": now,
                                          "resumes": run.resumes + 1,
-                                         "segments": run.segments + (runs.segment_on([inst], now),)})
+                                         "segments": run.segments + (stages.segment_on([inst], now),)})
             jobs.restart_job(host, run.run_id, paths, secret_env)
             s.ledger.put_run(run)
-            progress(f"watchdog: {guards.install(s, s.settings(), record)}")
+            stages.arm_guards(s, s.settings(), record, progress)
     s.ledger.event("resume", f"resumed from {ckpt}", cluster=record, run_id=run.run_id)
     return run
 

@@ -8,7 +8,6 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -17,9 +16,9 @@ from pydantic import ValidationError
 from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout, Unconfirmed, UnreadableFile
 from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
-from gpuctl.ops import nodes, queue
+from gpuctl.ops import nodes, queue, verdicts
 from gpuctl.ops.log_filter import LineFilter
-from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Session
+from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
 from gpuctl.retry import Backoff
@@ -113,81 +112,124 @@ def _why(exc: ValidationError) -> str:
 
 
 def refresh(s: Session, run: RunRecord) -> RunRecord:
-    """Bring a live run's state and epochs from its instance into the ledger."""
-    if run.state in FINAL_RUN_STATES:
-        return run
+    """A look: the run's state and epochs from its instance into the ledger. It changes nothing
+    anywhere but the ledger (`status`, `cost`, `logs`, a dashboard); `settle` is the one that acts."""
+    return look(s, run)[0]
+
+
+def settle(s: Session, run: RunRecord) -> RunRecord:
+    """A look, then what it decided done: the nodes still running a run that ended elsewhere are
+    stopped. Only commands that act call it (`train --wait`, `logs -f`, `watch`, `stop`, `down`,
+    `train --resume`, `runs rm`, a plan's probe)."""
+    run, decision, each = look(s, run)
+    return apply(s, run, decision, each)
+
+
+def pending(run: RunRecord) -> bool:
+    """An ended run of several nodes with a node still seen running it (to stop, by settle or the
+    node's guards)."""
+    return run.state in FINAL_RUN_STATES and run.nodes > 1 and any(n in verdicts.RUNNING for n in run.node_states)
+
+
+Looked = tuple[RunRecord, verdicts.Decision | None, list[nodes.Node]]
+
+
+def look(s: Session, run: RunRecord) -> Looked:
+    """Observe the run's nodes (read only), decide (verdicts.decide) and record the state in the
+    ledger: (the run as recorded, the decision or None when nothing was asked, the nodes)."""
+    if run.state in FINAL_RUN_STATES and not pending(run):
+        return run, None, []
     cluster = s.live_cluster_of(run)
     if cluster is None:
         # Its machines ended (a guard's poweroff, an interruption) while nobody looked: the run
-        # cost nothing after that.
-        ended = s.ledger.cluster(run.cluster_id).terminated_at or time.time()
-        updated = ending(run, "lost", run.ended_at or min(ended, time.time()), run.exit_code)
-        s.ledger.put_run(updated)
-        return updated
+        # cost nothing after that, and nothing of it runs on.
+        if run.state in FINAL_RUN_STATES:
+            run = run.model_copy(update={"node_states": tuple("lost" if n in verdicts.RUNNING else n
+                                                              for n in run.node_states)})
+        else:
+            ended = s.ledger.cluster(run.cluster_id).terminated_at or time.time()
+            run = ending(run, "lost", run.ended_at or min(ended, time.time()), run.exit_code)
+        s.ledger.put_run(run)
+        return run, None, []
     if run.state == "starting" and time.time() - (run.resumed_at or run.started_at) < STARTING_S:
         # Its jobs are being started node after node: one not started yet is no lost node.
-        return run
+        return run, None, []
     each = nodes.of_run(s, cluster, run)
     # A node whose machine ended under the run is known by the ledger only (it cannot be asked).
     gone = nodes.gone(s, cluster, run)
-    seen = nodes.with_gone(nodes.states(each, run), gone)
-    unconfirmed: set[int] = set()  # nodes a stop below could not reach through tmux
-    state, code, failed = nodes.verdict(seen)
-    if state not in ("running", "succeeded") and run.nodes > 1:
+    seen = verdicts.with_gone(nodes.states(each, run), gone)
+    if verdicts.needs_notices(run, seen):
         # Before the run is called failed, or its nodes stopped: one whose machine heard a spot
         # notice is leaving anyway (and may be saving the checkpoint).
-        seen = nodes.with_notices(each, seen)
-        state, code, failed = nodes.verdict(seen)
-    if state != "running" and any(n.state in nodes.RUNNING for n in seen):
-        # One node ended the run: the others would wait for it (billed) until TensorFlow gives up.
-        unconfirmed = nodes.stop_rest(each, run, seen)
-        seen = [replace(n, state="stopped") if n.state in nodes.RUNNING and n.rank not in unconfirmed else n
-                for n in seen]
+        seen = verdicts.with_notices(seen, nodes.notices(each))
     host, paths = each[0].host, jobs.JobPaths(run.run_dir)
     # The chief's reports are the run's (a worker's own, where the chief is gone, are not).
     chief_here = each[0].rank == 0
-    if run.gpus and chief_here:  # its job waits in the cluster's queue first
+    place = None
+    if run.gpus and chief_here and run.state not in FINAL_RUN_STATES:  # its job waits in the cluster's queue first
         place = queue.look(host, run.run_dir)
         placed = queue.follow(run, place, time.time())
         if placed != run:
             run = placed
             s.ledger.put_run(run)
-        if state == "running" and (place is None or place["state"] == "queued"):
-            state = "queued"
-    late = nodes.late(run, seen, time.time()) if state == "running" else []
-    if late:  # past the queue, and still not started on some nodes: the others would wait for them, billed
-        unconfirmed = nodes.stop_rest(each, run, seen)
-        seen = [n if n.rank in unconfirmed else replace(n, state=nodes.NOT_STARTED if n.rank in late else "stopped")
-                for n in seen]
-        state, code, failed = "failed", None, late[0]
+    decision = verdicts.decide(run, seen, place, time.time(), chief=chief_here)
     epochs, run = ingest_epochs(s, each[0], run) if chief_here else ([], run)
     update: dict[str, Any] = {}
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
         update["epochs_planned"] = planned
-    if late:
-        update["not_started"] = tuple(late)
+    if decision.late and not run.not_started:
+        update["not_started"] = decision.late
     if run.nodes > 1:
         if tuple(n.state for n in seen) != run.node_states:
             update["node_states"] = tuple(n.state for n in seen)
-        if failed is not None and failed != run.failed_node:
-            update["failed_node"] = failed
-    if state != run.state:
-        update["state"] = state
-        update["exit_code"] = code
+        if decision.failed_node is not None and decision.failed_node != run.failed_node:
+            update["failed_node"] = decision.failed_node
+    ends = decision.state != run.state
+    if ends:
+        update["state"] = decision.state
+        update["exit_code"] = decision.exit_code
     if update:
         run = run.model_copy(update=update)
-        if state in FINAL_RUN_STATES and "state" in update:
+        if ends and decision.state in FINAL_RUN_STATES:
             gone_at = gone.terminated_at if gone is not None else None
             at = _ended_at(host, paths, run) if chief_here else min(time.time(), gone_at or time.time())
-            run = ending(run, state, at, code)
+            run = ending(run, decision.state, at, decision.exit_code)
         s.ledger.put_run(run)
-        if "state" in update and state in FINAL_RUN_STATES:
+        if ends and decision.state in FINAL_RUN_STATES:
             where = f" on node {run.failed_node}" if run.failed_node is not None else ""
-            s.ledger.event("run-" + state, f"exit code {code}{where}", cluster=cluster, run_id=run.run_id)
+            s.ledger.event("run-" + decision.state, f"exit code {decision.exit_code}{where}", cluster=cluster,
+                           run_id=run.run_id)
+            if decision.stop:
+                s.ledger.event("run-waiting", _waiting(s, cluster, run, decision), cluster=cluster, run_id=run.run_id)
+    return run, decision, each
+
+
+def _waiting(s: Session, cluster: ClusterRecord, run: RunRecord, decision: verdicts.Decision) -> str:
+    """What the look that found a run ended on one node says of the nodes still running it: they
+    wait for it, billed, until a command that acts stops them or their own guard does."""
+    waiting = ", ".join(str(r) for r in decision.stop if r not in decision.late)
+    why = (f"node(s) {', '.join(map(str, decision.late))} did not start" if decision.late
+           else f"node {run.failed_node} ended it")
+    return (f"{why}; node(s) {waiting or '-'} still run it and wait, billed: their stall guard ends them (GPU idle "
+            f"and log silent for guards.stall), a follower (`gpuctl logs -f`, `watch`) at once, or now: "
+            f"`gpuctl stop {run.run_id}`")
+
+
+def apply(s: Session, run: RunRecord, decision: verdicts.Decision | None, each: list[nodes.Node]) -> RunRecord:
+    """Do what a look decided: stop the nodes still running a run that ended (they would wait for
+    their peers, billed) and record them stopped (a node tmux did not confirm: said in an event)."""
+    if decision is None or not decision.stop:
+        return run
+    unconfirmed = nodes.stop_rest(each, run, decision.stop)
+    states = decision.after_stop(unconfirmed)
+    if states != run.node_states:
+        run = run.model_copy(update={"node_states": states})
+        s.ledger.put_run(run)
     if unconfirmed:
         s.ledger.event("run-unconfirmed", f"node(s) {', '.join(map(str, sorted(unconfirmed)))} not confirmed stopped "
-                       "(tmux does not answer there): `gpuctl down` ends what runs on", cluster=cluster, run_id=run.run_id)
+                       "(tmux does not answer there): `gpuctl down` ends what runs on", run_id=run.run_id,
+                       cluster=s.ledger.cluster(run.cluster_id))
     return run
 
 
@@ -201,10 +243,19 @@ def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
 
 
 def refresh_or_keep(s: Session, run: RunRecord) -> RunRecord:
-    """refresh(), or the ledger's view of the run when its host does not answer (status and cost
-    must answer anyway; status says which host did not)."""
+    """refresh() (a look), or the ledger's view of the run when its host does not answer (status
+    and cost must answer anyway; status says which host did not)."""
+    return _or_keep(refresh, s, run)
+
+
+def settle_or_keep(s: Session, run: RunRecord) -> RunRecord:
+    """settle() (a look that acts), or the ledger's view of the run when its host does not answer."""
+    return _or_keep(settle, s, run)
+
+
+def _or_keep(step: Callable[[Session, RunRecord], RunRecord], s: Session, run: RunRecord) -> RunRecord:
     try:
-        return refresh(s, run)
+        return step(s, run)
     except GpuctlError:
         return run
 
@@ -217,7 +268,7 @@ def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None =
     """Block until the run has ended; the final record."""
     pauses = Backoff(poll_s, timeout_s=math.inf if timeout_s is None else timeout_s, clock=s.clock)
     while True:
-        run = refresh(s, s.find_run(run_id))
+        run = settle(s, s.find_run(run_id))
         if run.state in FINAL_RUN_STATES:
             return run
         if pauses.expired():
@@ -267,7 +318,7 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
     run = s.find_run(run_id)
     check_node(run, node)
     if not follow:  # the archived log, or a clear error, rather than a long wait on a dead host
-        s.connect_timeout_s = s.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+        s.connect_quickly()
     quiet = LineFilter(0 if raw else run.tf_log_level)
     offset = 0
     cluster = s.live_cluster_of(run) if follow else None
@@ -294,7 +345,7 @@ def logs(s: Session, run_id: str | None = None, follow: bool = False, poll_s: fl
                 pauses.reset()
             else:
                 pauses.pause()
-            run = refresh(s, run)
+            run = settle(s, run)  # following acts: a node left waiting on its ended peers is stopped
             if check is not None:
                 check(run)
 
@@ -323,7 +374,7 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str],
             # Before any run is stopped: one stopped must not let a queued one start on a cluster going down.
             nodes.each(nodes.of(s, cluster), lambda n: queue.close(n.host))
         for run in s.ledger.runs(cluster.id):
-            run = refresh(s, run)
+            run = settle(s, run)
             if run.state not in FINAL_RUN_STATES:
                 run = stop_run(s, cluster, run)
                 stopped.append(run.run_id)

@@ -32,7 +32,7 @@ from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, Ru
 from gpuctl.model.specs import ClusterSpec
 from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
-from gpuctl.remote.host import QUICK_CONNECT_S, Host
+from gpuctl.remote.host import QUICK_CONNECT_S, Host, NodeFacts
 from gpuctl.retry import REAL_CLOCK, Clock, TimedOut, poll
 
 Progress = Callable[[str], None]
@@ -84,13 +84,12 @@ class Session:
         self.env = os.environ if env is None else env
         self._ledger: Ledger | None = None
         self._hosts: dict[tuple[int, str], Host] = {}
+        self._facts: dict[Host, NodeFacts] = {}  # what each host answered in this command
         self._settings: dict[str, LoadedSettings] = {}
         self._providers: dict[str, tuple[float, Provider]] = {}
         self.launch_specs: dict[float | None, ClusterSpec] = {}  # `up`'s, by the rate asked (ops/clusters.py)
         self._providers_lock = threading.Lock()
-        # How long a first connection may take in this command (None: the cluster's
-        # remote.connect_timeout_s, which allows for an instance still booting). Commands that only
-        # report (status, cost, logs) set a short one: they answer from the ledger otherwise.
+        # A first connection's wait (None: remote.connect_timeout_s); set by `connect_quickly` alone.
         self.connect_timeout_s: float | None = None
         self._unreachable: dict[int, GpuctlError] = {}  # cluster id -> why: asked once per command
         self.unreachable_ids: set[str] = set()  # instances that did not answer: not waited for again (down)
@@ -102,6 +101,15 @@ class Session:
         # Hears, once, what the project's gpuctl.toml asked for and did not get (the CLI prints it on stderr).
         self.on_ignored: Progress | None = None
         self._ignored_said: set[Ignored] = set()
+
+    def connect_quickly(self) -> None:
+        """A command that reports or ends (status, cost, logs, guard show, pull, down): a host
+        silent for REPORT_CONNECT_TIMEOUT_S is said at once, not waited minutes for."""
+        self.connect_timeout_s = self.connect_timeout_s or REPORT_CONNECT_TIMEOUT_S
+
+    def facts(self, host: Host) -> NodeFacts:
+        """What `host` answered in this command (its Python, GPUs, payload): asked once each."""
+        return self._facts.setdefault(host, NodeFacts())  # one per host: setdefault is atomic (the GIL)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -188,8 +196,9 @@ class Session:
     def forget_hosts(self, cluster: ClusterRecord) -> None:
         """Drop this command's connections to the cluster and what it learnt of unreachable hosts
         (its instances were replaced)."""
-        for key in [k for k in self._hosts if k[0] == cluster.id]:
-            self._hosts.pop(key).close()
+        for host in [self._hosts.pop(k) for k in list(self._hosts) if k[0] == cluster.id]:
+            self._facts.pop(host, None)
+            host.close()
         self._unreachable.pop(cluster.id, None)
 
     def working(self, cluster: ClusterRecord, what: str) -> Heartbeat:
@@ -202,6 +211,7 @@ class Session:
         for host in self._hosts.values():
             host.close()
         self._hosts.clear()
+        self._facts.clear()
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
@@ -248,7 +258,6 @@ class Session:
         except KeyError:
             return None
         return cluster if cluster.state == "up" else None
-
 
     @contextmanager
     def cluster_lock(self, cluster: ClusterRecord, progress: Progress = quiet,

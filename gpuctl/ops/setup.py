@@ -18,14 +18,14 @@ from typing import Callable, Iterator, TypeVar
 
 from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.model.records import ClusterRecord
+from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.model.results import TfEnv
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.payloads.gpuctl_setup import matches
 from gpuctl.provision import TF_VERSION
 from gpuctl.remote import preflight, tf_env
-from gpuctl.remote.host import Host
+from gpuctl.remote.host import Host, NodeFacts
 
 T = TypeVar("T")
 NO_NETWORK = "no network to the package index"  # how the setup payload starts that error
@@ -41,16 +41,17 @@ def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
 
 def ensure(s: Session, cluster: ClusterRecord, progress: Progress = quiet, version: str | None = None,
            check: bool = True, install: bool = True, recheck: bool = False) -> tuple[TfEnv, ...]:
-    """Every host of the cluster gets a Python with TensorFlow `version` (set as its `python`);
+    """Every host of the cluster gets a Python with TensorFlow `version` (its `python` in this
+    command's facts, `Session.facts`);
     with `check`, the preflight payload then reports what that Python sees (GPU, CUDA): kept on
     the host per environment, looked at anew when the environment changed or with `recheck`.
     Without `install`, a host that has none is an error instead of a setup step."""
     version = version_of(cluster, version)
     pairs = s.hosts(cluster)
     envs = _recorded(s, cluster, install, lambda: tuple(each(
-        pairs, lambda p: _one(cluster, p[1], version, install, progress))))
+        pairs, lambda p: _one(cluster, p[1], s.facts(p[1]), version, install, progress))))
     if check:
-        envs = _recorded(s, cluster, install, lambda: _preflights(cluster, pairs, envs, progress, recheck))
+        envs = _recorded(s, cluster, install, lambda: _preflights(s, cluster, pairs, envs, progress, recheck))
     if install and failed(s, cluster) is not None:
         s.ledger.event(DONE, ", ".join(f"{e.host}: {e.how}" for e in envs), cluster=cluster)
     return envs
@@ -67,7 +68,7 @@ def looking(s: Session, cluster: ClusterRecord, envs: tuple[TfEnv, ...], progres
     preflight's wait at once (its host process only keeps an answer)."""
     pairs = s.hosts(cluster)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuctl-preflight")
-    job = pool.submit(_preflights, cluster, pairs, envs, progress, recheck)
+    job = pool.submit(_preflights, s, cluster, pairs, envs, progress, recheck)
     try:
         yield lambda: _recorded(s, cluster, True, job.result)
     except Exception:
@@ -84,10 +85,11 @@ def looking(s: Session, cluster: ClusterRecord, envs: tuple[TfEnv, ...], progres
         pool.shutdown(wait=False)
 
 
-def _preflights(cluster: ClusterRecord, pairs: list, envs: tuple[TfEnv, ...], progress: Progress,
-                recheck: bool) -> tuple[TfEnv, ...]:
+def _preflights(s: Session, cluster: ClusterRecord, pairs: list[tuple[InstanceRecord, Host]], envs: tuple[TfEnv, ...],
+                progress: Progress, recheck: bool) -> tuple[TfEnv, ...]:
     by_label = {e.host: e for e in envs}
-    return tuple(each(pairs, lambda p: _preflight(cluster, p[1], by_label[p[1].label], progress, recheck)))
+    return tuple(each(pairs, lambda p: _preflight(cluster, p[1], s.facts(p[1]), by_label[p[1].label], progress,
+                                                  recheck)))
 
 
 def _recorded(s: Session, cluster: ClusterRecord, install: bool, step: Callable[[], T]) -> T:
@@ -116,7 +118,8 @@ def done_by_remote_python(s: Session, cluster: ClusterRecord) -> None:
         s.ledger.event(DONE, f"remote.python = {cluster.spec.remote.python}", cluster=cluster)
 
 
-def _one(cluster: ClusterRecord, host: Host, version: str, install: bool, progress: Progress) -> TfEnv:
+def _one(cluster: ClusterRecord, host: Host, facts: NodeFacts, version: str, install: bool,
+         progress: Progress) -> TfEnv:
     if host.local:  # this machine is what it is: the Python running gpuctl
         have = _local_tensorflow()
         if not matches(have, version):
@@ -125,17 +128,19 @@ def _one(cluster: ClusterRecord, host: Host, version: str, install: bool, progre
                      "nothing here (install it, or use an ssh or aws cluster)")
         return TfEnv(host=host.label, python=host.python, how="local", tensorflow=have)
     remote = cluster.spec.remote
-    env = _choose(host, guards.push_payload(host), remote.workdir, remote.wheelhouse if install else None,
+    env = _choose(host, guards.push_payload(host, facts), remote.workdir, remote.wheelhouse if install else None,
                   remote.python, version, progress)
-    host.python = env.python
+    facts.python = env.python
     return env
 
 
-def _preflight(cluster: ClusterRecord, host: Host, env: TfEnv, progress: Progress, recheck: bool) -> TfEnv:
+def _preflight(cluster: ClusterRecord, host: Host, facts: NodeFacts, env: TfEnv, progress: Progress,
+               recheck: bool) -> TfEnv:
     if host.local:  # no preflight: the local provider is this very Python
         return env
     progress(f"preflight on {host.label}: checking Python, TensorFlow and the GPU")
-    report = preflight.preflight(host, guards.push_payload(host), cluster.spec.remote.workdir, recheck)
+    report = preflight.preflight(host, guards.push_payload(host, facts), cluster.spec.remote.workdir, recheck,
+                                 facts.python_of(host))
     progress(f"preflight on {host.label}: {preflight.summary(report)}")
     return env.model_copy(update={"report": report, "tensorflow": report.get("tensorflow") or env.tensorflow})
 
@@ -146,10 +151,11 @@ def warm(s: Session, cluster: ClusterRecord) -> None:
     python = cluster.spec.remote.python
     for _, host in s.hosts(cluster):
         if not host.local:
-            if python:
-                host.python = python
+            facts = s.facts(host)
+            facts.python = python or facts.python
             try:
-                preflight.start(host, guards.push_payload(host), cluster.spec.remote.workdir)
+                preflight.start(host, guards.push_payload(host, facts), cluster.spec.remote.workdir,
+                                facts.python_of(host))
             except GpuctlError:
                 pass  # only a head start: the first train looks itself
 
@@ -214,6 +220,6 @@ def setup_log(s: Session, cluster: ClusterRecord, version: str | None = None) ->
     for _, host in s.hosts(cluster):
         if host.local:
             raise RemoteError("a local cluster has no setup step", "It runs with the Python that runs gpuctl.")
-        payload_dir = guards.push_payload(host)
+        payload_dir = guards.push_payload(host, s.facts(host))
         out.append((host.label, tf_env.setup_log(host, payload_dir, cluster.spec.remote.workdir, version)))
     return out

@@ -30,7 +30,7 @@ def stop(s: Session, run_id: str | None = None, cluster: str | None = None, ever
     with s.cluster_lock(record, progress, wait_s=BRAKE_LOCK_S) as record:
         if record.state != "up":
             raise NotFoundError(f"cluster {record.name!r} was released while this command waited for it")
-        live = [r for r in (run_state.refresh(s, r) for r in s.ledger.runs(record.id)) if r.state not in FINAL_RUN_STATES]
+        live = [r for r in (run_state.settle(s, r) for r in s.ledger.runs(record.id)) if r.state not in FINAL_RUN_STATES]
         targets = live if every else live[-1:]
         stopped = tuple(run_state.stop_run(s, record, r, grace_s) for r in targets)
     return _result(s, record, targets, stopped, grace_s)
@@ -47,7 +47,7 @@ def _stop_named(s: Session, run_id: str, cluster: str | None, grace_s: float, pr
     with s.cluster_lock(record, progress, wait_s=BRAKE_LOCK_S) as record:
         if record.state != "up":
             raise _released(run)
-        run = run_state.refresh(s, s.ledger.run(run.run_id) or run)
+        run = run_state.settle(s, s.ledger.run(run.run_id) or run)
         if run.state in FINAL_RUN_STATES:
             return StopResult(cluster=record.name, grace_s=grace_s, already_ended=run)
         stopped = (run_state.stop_run(s, record, run, grace_s),)

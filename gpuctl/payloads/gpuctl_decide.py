@@ -8,7 +8,8 @@ heartbeat, a notice during a poweroff, a neighbour's job) is a test in milliseco
   budget    $/h x uptime reaches `budget_usd`
   run-done  `down_after_run`: a run ended (success or failure) after it was armed, `grace_s` ago
   hard-cap  `hard_cap_at` passed (the boot-time timer is the guard that needs no watchdog)
-  stall     a started job, GPU idle, its log silent for `stall_s`: warn once (or fire)
+  stall     a started job, GPU idle, its log silent for `stall_s`: warn once (or fire); a node of
+            several always fires (it waits for a peer that is gone: nobody's look stops it)
   idle      no job, GPU idle, no gpuctl command at work, no input on a counted login, for `idle_s`
   notice    a spot interruption notice came: a poweroff becomes stop-jobs (EC2 ends the instance
             itself, and bills none of a first hour then); so does a neighbour cluster at work
@@ -27,7 +28,8 @@ import gpuctl_protocol
 Observation = namedtuple("Observation", "runs gpu logins heartbeats fired notice neighbours")
 # One gpuctl run on this host: its pane lives (`running`), the instance's time its exit code was
 # written (`ended_at`, else None), it waits in the cluster's queue (`queued`), its log's mtime (None: no log).
-Run = namedtuple("Run", "name running ended_at queued log_mtime")
+# `peers`: a job of several nodes (its node-started mark is there): stalled, it waits on a peer.
+Run = namedtuple("Run", "name running ended_at queued log_mtime peers", defaults=(False,))
 # What the watchdog carries from tick to tick: when the idle stretch began, whether idle fired in
 # it (not again until something happens), the runs already warned of a stall.
 Memory = namedtuple("Memory", "idle_since idle_fired warned")
@@ -185,11 +187,15 @@ def decide(cfg, seen, now, memory=FRESH):
         if detail:
             found.append((name, detail))
     stalled = stalls(cfg, seen.runs, gpu_idle, now)
+    peers = {r.name for r in seen.runs if r.peers}
     for name, quiet in stalled:
         if name not in memory.warned:
             notes.append("WARN stall: %s: GPU idle and log silent for %.0fs" % (name, quiet))
-        if cfg.on_stall == "fire":
-            found.append(("stall", "%s hung: GPU idle, log silent %.0fs" % (name, quiet)))
+        if cfg.on_stall == "fire" or name in peers:
+            # A node of several, stalled, waits for a peer that is gone or hung (TensorFlow's collective
+            # waits on): nobody's look ends it, so it fires whatever on_stall says.
+            found.append(("stall", "%s hung: GPU idle, log silent %.0fs%s" % (
+                name, quiet, " (a node of several: it waits for a peer)" if name in peers else "")))
     memory = memory._replace(warned=memory.warned | frozenset(n for n, _ in stalled))
     since, idle_at, idle_now, memory = idle(cfg, bool(running or fresh), gpu_idle, counted, now, memory)
     if idle_at is not None:

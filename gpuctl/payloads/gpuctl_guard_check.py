@@ -10,7 +10,11 @@ import os
 import sys
 import time
 
-from gpuctl_watchdog import Watchdog, read_json, sh  # beside this file on the instance
+# A look writes nothing on the instance: not even the bytecode of the watchdog's module, which
+# only this check imports (the watchdog runs it as its main script).
+sys.dont_write_bytecode = True
+
+from gpuctl_watchdog import Watchdog, read_json, sh  # noqa: E402  (beside this file on the instance)
 
 
 def check(config_path):

@@ -144,7 +144,7 @@ class StoreConfig(Record):
 
 @dataclass
 class RunConfig(Record):
-    """RUN_DIR/run.json (gpuctl.ops.runs.launch_job); the defaults are a run off gpuctl."""
+    """RUN_DIR/run.json (gpuctl.ops.stages.configure); the defaults are a run off gpuctl."""
 
     run_id: str = "local"
     entry: str = ""

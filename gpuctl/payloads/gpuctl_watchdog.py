@@ -135,7 +135,8 @@ class Watchdog(object):
             # A run waiting in the cluster's queue (payloads/gpuctl_queue.py) is work, as a job is
             # (its pane lives), but neither hung nor stalled: it has not started.
             queued = running and (read_json(os.path.join(run_dir, gpuctl_protocol.QUEUE_FILE)) or {}).get("state") == "queued"
-            out.append(Run(name, running, None, queued, mtime(os.path.join(run_dir, "output.log"))))
+            peers = os.path.exists(os.path.join(run_dir, gpuctl_protocol.NODE_STARTED_FILE))  # one node of several
+            out.append(Run(name, running, None, queued, mtime(os.path.join(run_dir, "output.log")), peers))
         return out
 
     def pane(self, cfg, name):

@@ -9,9 +9,10 @@ remote host joins them with shlex.quote, so no user-controlled string reaches a 
 from __future__ import annotations
 
 import math
-import weakref
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence
 
 from gpuctl.errors import RemoteError, RemoteTimeout
 from gpuctl.model.endpoint import Endpoint
@@ -85,8 +86,6 @@ class Tail:
 def shown(argv: Sequence[str]) -> str:
     """How an error names a command: its first words."""
     return f"`{' '.join(argv[:3])}{' ...' if len(argv) > 3 else ''}`"
-
-T = TypeVar("T")
 
 
 class Host(Protocol):
@@ -201,14 +200,20 @@ def check_result(res: CommandResult, label: str) -> CommandResult:
     return res
 
 
-_ONCE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+@dataclass
+class NodeFacts:
+    """What one host answered in one gpuctl command: the Python its runs use (setup chose it), its
+    GPUs, where its payload was pushed, its watchdog's config as read. Held by the command's
+    Session (`Session.facts`), one per host, and gone with it: never by the connection or the
+    process, so what a command does never depends on which command asked first. `lock`: the
+    threads of one command (a node's push beside its preflight) ask one at a time."""
 
+    python: str | None = None
+    gpus: tuple[int, str | None] | None = None  # (count, why it is unknown)
+    payload_dir: str | None = None
+    guard_config: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-def once(host: Host, what: str, compute: Callable[[], T]) -> T:
-    """`compute()` the first time `what` is asked of this host connection; the same answer after.
-    For what cannot change while one command runs (its pushed payload, its GPUs): a `train`
-    asked each two or three times, each an SSH round trip."""
-    facts = _ONCE.setdefault(host, {})
-    if what not in facts:
-        facts[what] = compute()
-    return facts[what]
+    def python_of(self, host: Host) -> str:
+        """The Python the host's runs use: the one setup chose in this command, else the host's own."""
+        return self.python or host.python

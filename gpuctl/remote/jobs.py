@@ -225,11 +225,13 @@ REAP_WAIT_S = 3.0  # how long tmux may take to learn a dead pane's exit status
 REAP_PAUSE_S = 0.2  # between looks at it
 
 
-def job_state(host: Host, session: str, paths: JobPaths, clock: Clock = REAL_CLOCK) -> tuple[str, int | None]:
+def job_state(host: Host, session: str, paths: JobPaths, record: bool = True,
+              clock: Clock = REAL_CLOCK) -> tuple[str, int | None]:
     """('running' | 'succeeded' | 'failed' | 'lost', exit code or None). A dead pane whose code
     nobody knows is 'failed' with None: over, not running. Lost only on tmux's word that the
     session is gone: a look tmux did not answer says 'running', the one state that ends nothing
-    (the next look, or the exit code once written, decides)."""
+    (the next look, or the exit code once written, decides). `record` False (a look): tmux's code
+    of a dead pane is read, not written on the instance (its watchdog writes it at its next tick)."""
     p = tmux.look_pane(host, session)  # looked at first: a pane dead now has written its code (if it could)
     code = read_exit_code(host, paths)
     if isinstance(p, tmux.Unanswered):
@@ -243,7 +245,7 @@ def job_state(host: Host, session: str, paths: JobPaths, clock: Clock = REAL_CLO
         while tmux.exit_code(p) is None and not reap.expired():
             reap.pause()
             p = tmux.pane(host, session) or p
-        code = record_exit_from_pane(host, paths, p)
+        code = record_exit_from_pane(host, paths, p) if record else tmux.exit_code(p)
         if code is None:
             return "failed", None
     if code is not None:

@@ -20,30 +20,34 @@ MAX_LINE = 65536  # one report line; a longer answer is not the payload's
 MAX_ITEMS = 64  # GPUs on one host
 
 
-def preflight(host: Host, payload_dir: str, cache_root: str | None = None, recheck: bool = False) -> dict[str, Any]:
-    """Run the preflight payload with the host's Python; its JSON report, checked. `cache_root`:
-    the host's work dir, where the answer is kept (None: always the full look)."""
-    report, said = _ask(host, payload_dir, cache_root, recheck)
+def preflight(host: Host, payload_dir: str, cache_root: str | None = None, recheck: bool = False,
+              python: str | None = None) -> dict[str, Any]:
+    """Run the preflight payload with `python` (the host's own by default); its JSON report,
+    checked. `cache_root`: the host's work dir, where the answer is kept (None: always the full look)."""
+    python = python or host.python
+    report, said = _ask(host, python, payload_dir, cache_root, recheck)
     if report is None and cache_root is not None and not recheck:
-        report, said = _ask(host, payload_dir, cache_root, True)  # a cache gone bad: the full look, kept anew
+        report, said = _ask(host, python, payload_dir, cache_root, True)  # a cache gone bad: the full look, kept anew
     if report is None:
         raise RemoteError(
-            f"preflight failed on {host.label} with {shlex.quote(host.python)}: {_printable(said[-300:]) or 'no answer'}",
+            f"preflight failed on {host.label} with {shlex.quote(python)}: {_printable(said[-300:]) or 'no answer'}",
             "Check that `remote.python` (or python3) runs there.",
         )
     return report
 
 
-def start(host: Host, payload_dir: str, cache_root: str) -> int:
-    """The preflight in the background (`up`), so that the answer is kept before the first `train`
-    asks (a `train` that comes sooner waits for it on the host, and TensorFlow is imported once)."""
-    return start_detached(host, [host.python, f"{payload_dir}/gpuctl_preflight.py", "--cache", cache_root],
+def start(host: Host, payload_dir: str, cache_root: str, python: str | None = None) -> int:
+    """The preflight in the background (`up`) with `python` (the host's own by default), so that
+    the answer is kept before the first `train` asks (a `train` that comes sooner waits for it on
+    the host, and TensorFlow is imported once)."""
+    return start_detached(host, [python or host.python, f"{payload_dir}/gpuctl_preflight.py", "--cache", cache_root],
                           "the preflight")
 
 
-def _ask(host: Host, payload_dir: str, cache_root: str | None, recheck: bool) -> tuple[dict[str, Any] | None, str]:
+def _ask(host: Host, python: str, payload_dir: str, cache_root: str | None,
+         recheck: bool) -> tuple[dict[str, Any] | None, str]:
     """(the checked report or None, what the payload said last)."""
-    argv = [host.python, f"{payload_dir}/gpuctl_preflight.py"]
+    argv = [python, f"{payload_dir}/gpuctl_preflight.py"]
     if cache_root is not None:
         argv += ["--cache", cache_root] + (["--recheck"] if recheck else [])
     res = host.run(output_tail(argv), check=False, timeout=300)  # only its end comes back: bounded

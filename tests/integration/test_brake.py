@@ -38,12 +38,12 @@ def _stopped(pid: int) -> bool:
 # before it pushes the project.
 HELD_TRAIN = textwrap.dedent("""
     import os, signal, sys
-    from gpuctl.ops import nodes
-    real = nodes.prepare
+    from gpuctl.ops import stages
+    real = stages.push_and_check
     def held(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGSTOP)
         return real(*args, **kwargs)
-    nodes.prepare = held
+    stages.push_and_check = held
     from gpuctl.cli import main
     sys.argv = ["gpuctl", "train", sys.argv[1]]
     main()

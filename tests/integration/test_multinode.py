@@ -294,12 +294,56 @@ def test_a_start_that_fails_on_one_node_stops_every_node(gpuctl, monkeypatch, ma
             raise RemoteError("connection to node 1 lost", "simulated")
 
     monkeypatch.setattr(jobs, "start_job", start_then_drop)
+    _fails_leaving_nothing(gpuctl, make_project, "connection to node 1 lost")
+
+
+def _fails_leaving_nothing(gpuctl, make_project, error: str) -> None:
+    """A train whose start fails as `error` says: the run failed, and no node left running it, billed
+    (its command line names the run: its run.json is under the run's dir)."""
     err = gpuctl("train", make_project("sleeper", {"train.py": SLEEPER}), code=7).stderr
-    assert "connection to node 1 lost" in err
+    assert error in err
     run, = json.loads(gpuctl("status", "--json").stdout)["runs"]
     assert run["state"] == "failed"
-    wait_for(lambda: not subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True).stdout.strip(),
-             10, "no node running the failed run")
+    ps = subprocess.run(["pgrep", "-f", run["run_id"]], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", "a node still runs the failed run"
+
+
+def test_the_nodes_start_at_once(gpuctl, monkeypatch, make_project):
+    """Each node's start waits, in the test, until the other's has begun: one after the other,
+    the first would wait for the second in vain (and the train fail)."""
+    from gpuctl.remote import jobs
+
+    _local_two(gpuctl)
+    real, both = jobs.start_job, threading.Barrier(2, timeout=10)
+
+    def start_together(host, session, *args, **kw):
+        both.wait()
+        real(host, session, *args, **kw)
+
+    monkeypatch.setattr(jobs, "start_job", start_together)
+    run_id = _run_id(gpuctl("train", make_project("env", {"train.py": SHOW_ENV}), "--wait"))
+    assert _status(gpuctl, run_id)["state"] == "succeeded"
+
+
+def test_a_chief_whose_start_fails_while_a_worker_starts_leaves_nothing_running(gpuctl, monkeypatch, make_project):
+    """Started at once, node 1's job may be up when node 0's start fails: it is stopped too, the run
+    failed, and the error is node 0's."""
+    from gpuctl.errors import RemoteError
+    from gpuctl.remote import jobs
+
+    _local_two(gpuctl)
+    real, worker_started = jobs.start_job, threading.Event()
+
+    def chief_fails(host, session, *args, **kw):
+        if host.root.endswith("/nodes/1"):
+            real(host, session, *args, **kw)
+            worker_started.set()
+            return
+        assert worker_started.wait(10)
+        raise RemoteError("connection to node 0 lost", "simulated")
+
+    monkeypatch.setattr(jobs, "start_job", chief_fails)
+    _fails_leaving_nothing(gpuctl, make_project, "connection to node 0 lost")
 
 
 def test_status_while_nodes_start_leaves_the_run_alone(gpuctl, make_project):

@@ -67,7 +67,7 @@ class _Looks:
     def live_cluster_of(self, run: object) -> None:
         return None
 
-    def refresh(self, s: object, run: SimpleNamespace) -> SimpleNamespace:
+    def refresh(self, s: object, run: SimpleNamespace) -> SimpleNamespace:  # run_state.settle, scripted
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         self.run = SimpleNamespace(**{**vars(run), "state": state})
         return self.run
@@ -75,12 +75,12 @@ class _Looks:
 
 def test_wait_gives_up_after_its_timeout_on_the_sessions_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     s = _Looks(["running"])
-    monkeypatch.setattr(run_state, "refresh", s.refresh)
+    monkeypatch.setattr(run_state, "settle", s.refresh)
     with pytest.raises(RemoteError, match="run r1 still running after 60s"):
         run_state.wait(s, "r1", poll_s=1.0, timeout_s=60)  # type: ignore[arg-type]
     assert s.clock.slept == [1.0] * 60
     ends = _Looks(["running", "running", "succeeded"])
-    monkeypatch.setattr(run_state, "refresh", ends.refresh)
+    monkeypatch.setattr(run_state, "settle", ends.refresh)
     assert run_state.wait(ends, "r1").state == "succeeded"  # type: ignore[arg-type]
     assert ends.clock.slept == [1.0, 1.0]
 
@@ -88,7 +88,7 @@ def test_wait_gives_up_after_its_timeout_on_the_sessions_clock(monkeypatch: pyte
 def test_a_followed_log_is_looked_at_soon_after_output_then_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
     chunks = [b"a\n", b"", b"", b"", b"", b"", b"b\n", b"", b"", b""]
     s = _Looks(["running"] * 8 + ["succeeded"])  # a refresh after each look but the last
-    monkeypatch.setattr(run_state, "refresh", s.refresh)
+    monkeypatch.setattr(run_state, "settle", s.refresh)
     monkeypatch.setattr(run_state, "_read_log", lambda *_: chunks.pop(0) if chunks else b"")
     assert "".join(run_state.logs(s, "r1", follow=True, poll_s=0.5)) == "a\nb\n"  # type: ignore[arg-type]
     assert s.clock.slept == [0.1, 0.2, 0.4, 0.5, 0.5, 0.1, 0.2]

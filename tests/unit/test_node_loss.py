@@ -11,7 +11,7 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.model.records import RunRecord
-from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs
+from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages
 from gpuctl.ops.session import Session
 from tests.fakes import FakeHost, FakeProvider
 
@@ -31,7 +31,7 @@ def two_nodes(tmp_path):
     s.ledger.put_instance(c.id, worker)
     run = RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py", state="running",
                     started_at=time.time() - 60, usd_per_hour=72.0, run_dir="/fake/runs/r", nodes=2,
-                    segments=(runs.segment_on([chief, worker], time.time() - 60, 72.0),))
+                    segments=(stages.segment_on([chief, worker], time.time() - 60, 72.0),))
     s.ledger.put_run(run)
     return s, c, chief, worker
 
@@ -62,10 +62,16 @@ def test_a_worker_whose_machine_ended_ends_the_run_lost_however_the_chief_looks(
     assert (shown.state, shown.failed_node) == ("lost", 1)
     run = s.ledger.run("r")
     assert run.ended_at == pytest.approx(fake["ended"][worker.id])
+    assert run.node_states == ("running", "lost")  # the chief still waits: a look stops nothing
     assert any("run-lost" in e[3] and "node 1" in e[4] for e in s.ledger.events(c.id))
-    # The chief was told to stop (its peer is gone: it would wait, billed): its pane's process
-    # group had the SIGTERM (any tmux command would not do: every look runs one).
+    (waiting,) = [e[4] for e in s.ledger.events(c.id) if e[3] == "run-waiting"]
+    assert "node 1 ended it; node(s) 0 still run it" in waiting and "gpuctl stop r" in waiting
+    assert not [cmd for cmd in host.commands if cmd[0] == "kill"]
+    # A command that acts stops the chief (its peer is gone: it would wait, billed): its pane's
+    # process group had the SIGTERM (any tmux command would not do: every look runs one).
+    settled = run_state.settle(s, run)
     assert ("kill", "-TERM", "--", "-4242") in [tuple(cmd) for cmd in host.commands]
+    assert (settled.state, settled.node_states) == ("lost", ("stopped", "lost"))
     assert nodes.gone(s, c, run).id == worker.id
 
 
@@ -102,7 +108,7 @@ def test_a_cluster_missing_a_node_runs_nothing(fake, tmp_path):
     fake["ended"][worker.id] = time.time()
     clusters.reconcile_live(s)
     with pytest.raises(RemoteError, match="lacks node 1"):
-        nodes.prepare(s, c, tmp_path, None, lambda line: None)
+        stages.group_of(s, c)
     assert [n.rank for n in nodes.of(s, c)] == [0, 2]  # not renumbered: node 2 is still node 2
 
 
@@ -153,7 +159,7 @@ def test_a_node_whose_tmux_gives_no_answer_is_not_lost_and_its_peers_train_on(fa
     s, c, chief, worker = two_nodes(tmp_path)
     tmux_says(fake, chief, 0, "4242|0|||\n")  # a live pane: the chief trains
     tmux_says(fake, worker, rc, "", stderr)
-    run = run_state.refresh(s, s.ledger.run("r"))
+    run = run_state.settle(s, s.ledger.run("r"))  # even the look that acts
     assert (run.state, run.failed_node) == ("running", None)
     assert not [cmd for cmd in fake["hosts"][chief.id].commands if cmd[0] == "kill"]  # the chief trains on
     # The worker's exit code, once there, decides whatever tmux says.
@@ -170,6 +176,8 @@ def test_a_node_whose_tmux_says_the_session_is_gone_is_lost_and_its_peers_are_st
     tmux_says(fake, worker, 1, "", stderr)
     run = run_state.refresh(s, s.ledger.run("r"))
     assert (run.state, run.failed_node, run.exit_code) == ("lost", 1, None)
+    assert not [cmd for cmd in fake["hosts"][chief.id].commands if cmd[0] == "kill"]  # a look stops nothing
+    run_state.settle(s, run)
     assert ("kill", "-TERM", "--", "-4242") in fake["hosts"][chief.id].commands  # it would wait for its peer, billed
 
 
@@ -198,7 +206,7 @@ def test_a_run_lost_on_one_node_is_recorded_where_a_peers_tmux_cannot_be_asked_t
     s, c, chief, worker = two_nodes(tmp_path)
     tmux_says(fake, chief, 1, "", "server exited unexpectedly")
     tmux_says(fake, worker, 1, "", "can't find session: r")
-    run = run_state.refresh(s, s.ledger.run("r"))  # the chief's stop was tried: it could not be confirmed
+    run = run_state.settle(s, s.ledger.run("r"))  # the chief's stop was tried: it could not be confirmed
     assert (run.state, run.failed_node) == ("lost", 1)
     assert run.node_states == ("running", "lost")  # not "stopped": nothing reached it
     assert any(e[3] == "run-unconfirmed" and "node(s) 0 not confirmed stopped" in e[4] for e in s.ledger.events(c.id))

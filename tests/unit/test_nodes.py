@@ -53,58 +53,19 @@ def test_a_port_the_node_answers_is_checked(tmp_path, monkeypatch):
         nodes.free_port(node, set())
 
 
-def S(rank, state, code=None, at=None):
-    return nodes.NodeState(rank, state, code, at)
-
-
-def test_the_run_succeeds_when_every_node_did():
-    assert nodes.verdict([S(0, "succeeded", 0, 5.0), S(1, "succeeded", 0, 4.0)]) == ("succeeded", 0, None)
-    # The chief done, a worker still finishing: still running.
-    assert nodes.verdict([S(0, "succeeded", 0, 5.0), S(1, "running")]) == ("running", None, None)
-
-
-def test_the_node_that_ended_first_decides():
-    # Worker 1 was killed at t=10; the chief failed at t=14 because its peer was gone.
-    seen = [S(0, "failed", 1, 14.0), S(1, "failed", 137, 10.0), S(2, "running")]
-    assert nodes.verdict(seen) == ("failed", 137, 1)
-    assert nodes.verdict([S(0, "running"), S(1, "lost")]) == ("lost", None, 1)
-    assert nodes.verdict([S(0, "preempted", 75, 3.0), S(1, "stopped", 143, 4.0)]) == ("preempted", 75, 0)
-
-
-def test_a_node_stopped_by_a_spot_notice_decides_even_after_its_peer_failed():
-    # The worker heard the notice and left at a batch end; the chief's collective failed (t=12)
-    # before the worker's launcher had finished leaving (t=13): the run is preempted (resumed).
-    seen = [S(0, "failed", 1, 12.0), S(1, "preempted", 75, 13.0)]
-    assert nodes.verdict(seen) == ("preempted", 75, 1)
-
-
-def test_a_node_leaving_on_a_notice_is_waited_for_and_never_stopped(tmp_path, monkeypatch):
-    # The chief failed for want of its peer; the worker heard the notice and is still saving.
+def test_the_nodes_that_heard_a_spot_notice_are_read_from_their_watchdogs_file(tmp_path):
     group = [_node(tmp_path, r) for r in (0, 1)]
+    assert nodes.notices(group) == set()
     notice = Path(nodes.notice_file(group[1].host))
     notice.parent.mkdir(parents=True)
     notice.write_text('{"action": "terminate"}')
-    seen = nodes.with_notices(group, [S(0, "failed", 1, 12.0), S(1, "running")])
-    assert [n.state for n in seen] == ["failed", "leaving"]
-    assert nodes.verdict(seen) == ("running", None, None)  # not failed: it decides when it ends
-    # It ended, whatever its exit: its machine is going, so the run is preempted on it.
-    ended = nodes.with_notices(group, [S(0, "failed", 1, 12.0), S(1, "failed", 1, 14.0)])
-    assert nodes.verdict(ended) == ("preempted", 1, 1)
-    # A node leaving on its notice is never stopped by gpuctl (it may be saving the checkpoint).
+    assert nodes.notices(group) == {1}
+
+
+def test_stop_rest_stops_the_ranks_it_is_given_and_no_other(tmp_path, monkeypatch):
+    group = [_node(tmp_path, r) for r in (0, 1, 2)]
     stopped = []
     monkeypatch.setattr(nodes.jobs, "stop_job", lambda host, *a, **kw: stopped.append(host.root))
     run = SimpleNamespace(run_id="r", run_dir=str(tmp_path / "runs" / "r"))
-    nodes.stop_rest(group, run, [S(0, "leaving"), S(1, "preempted", 75, 3.0)])
-    nodes.stop_rest(group, run, [S(0, "running"), S(1, "preempted", 75, 3.0)])
-    assert stopped == [group[0].host.root]
-
-
-def test_a_node_whose_machine_ended_counts_as_lost_unless_the_rest_succeeded():
-    from gpuctl.model.records import InstanceRecord
-
-    gone = InstanceRecord(id="i-1", node=1, cluster="c", state="terminated", launched_at=0.0, terminated_at=9.0,
-                          workdir="/w")
-    assert nodes.verdict(nodes.with_gone([S(0, "failed", 1, 12.0)], gone)) == ("lost", None, 1)
-    # Each node powered its machine off after its job (down_after_run): the run succeeded.
-    assert nodes.verdict(nodes.with_gone([S(0, "succeeded", 0, 8.0)], gone)) == ("succeeded", 0, None)
-    assert nodes.with_gone([S(0, "running")], None) == [S(0, "running")]
+    assert nodes.stop_rest(group, run, (0, 2)) == set()
+    assert sorted(stopped) == sorted([group[0].host.root, group[2].host.root])

@@ -11,6 +11,7 @@ import pytest
 from gpuctl import provision
 from gpuctl.errors import CloudError, ConfigError
 from gpuctl.model.records import RunRecord
+from gpuctl.model.requests import UpRequest
 from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import clusters, costs, release, run_state
 from gpuctl.ops.session import Session
@@ -32,11 +33,11 @@ def session(tmp_path, **env) -> Session:
 
 def test_each_up_of_a_name_is_its_own_cluster_with_its_own_dollars(fake, tmp_path):
     s = session(tmp_path)
-    first = clusters.up(s, usd_per_hour=36.0).cluster
+    first = clusters.up(s, UpRequest(usd_per_hour=36.0)).cluster
     (i1,) = s.ledger.instances(first.id)
     fake["ended"][i1.id] = i1.launched_at + 100  # ran 100 s at $36/h = $1
     release.down(s, "default")
-    second = clusters.up(s, usd_per_hour=3600.0).cluster
+    second = clusters.up(s, UpRequest(usd_per_hour=3600.0)).cluster
     (i2,) = s.ledger.instances(second.id)
     fake["ended"][i2.id] = i2.launched_at + 10  # 10 s at $3600/h = $10
     release.down(s, "default")
@@ -50,10 +51,10 @@ def test_the_question_and_its_launch_share_one_spec_and_the_next_up_of_the_sessi
     s = session(tmp_path)
     assert clusters.launch_question(s, 36.0) is not None
     asked = s.launch_specs[36.0]
-    first = clusters.up(s, usd_per_hour=36.0).cluster
+    first = clusters.up(s, UpRequest(usd_per_hour=36.0)).cluster
     assert first.spec.launch_token == asked.launch_token and s.launch_specs == {}
     release.down(s, "default")
-    second = clusters.up(s, usd_per_hour=36.0).cluster  # no question: a spec of its own
+    second = clusters.up(s, UpRequest(usd_per_hour=36.0)).cluster  # no question: a spec of its own
     assert second.spec.launch_token not in (first.spec.launch_token, "")
 
 
@@ -148,7 +149,7 @@ def test_launch_question_and_bad_prices(fake, tmp_path):
     assert "fake machine" in clusters.launch_question(s, 2.0)
     for bad in (-1.0, float("inf"), float("nan"), 1e9):
         with pytest.raises(ConfigError):
-            clusters.up(s, usd_per_hour=bad)
+            clusters.up(s, UpRequest(usd_per_hour=bad))
     assert s.ledger.clusters() == []
 
 
@@ -267,13 +268,13 @@ def test_a_cluster_a_use_case_launched_for_itself_is_never_the_only_one_picked(f
     from gpuctl.errors import NoClusterError
 
     s = session(tmp_path, GPUCTL_CLUSTER="plan-1a2b-g5-xlarge")
-    probe = clusters.up(s, make_default=False, launched_for="plan").cluster
+    probe = clusters.up(s, UpRequest(make_default=False, launched_for="plan")).cluster
     assert probe.spec.launched_for == "plan" and s.ledger.default_cluster() is None
     mine = session(tmp_path)
     with pytest.raises(NoClusterError):
         mine.resolve_cluster(None)
     assert mine.resolve_cluster("plan-1a2b-g5-xlarge").id == probe.id  # by its name, still
-    own = clusters.up(session(tmp_path, GPUCTL_CLUSTER="lab"), make_default=False).cluster
+    own = clusters.up(session(tmp_path, GPUCTL_CLUSTER="lab"), UpRequest(make_default=False)).cluster
     assert mine.resolve_cluster(None).id == own.id  # the user's one, not the probe
 
 

@@ -1,4 +1,4 @@
-"""`train` pushes the code while the preflight looks (ops/nodes.py `prepare`, ops/setup.py
+"""`train` pushes the code while the preflight looks (ops/stages.py `push_and_check`, ops/setup.py
 `looking`): on a new environment the preflight is seconds of TensorFlow import, or the wait for the
 one `up` started, which the push no longer adds to. Driven with the fake provider, whose host here
 answers the preflight's command itself. Bad cases tried: a preflight that fails (the cluster's
@@ -18,7 +18,7 @@ import pytest
 from gpuctl import provision
 from gpuctl.errors import RemoteError
 from gpuctl.model.records import CommandResult
-from gpuctl.ops import clusters, nodes, setup
+from gpuctl.ops import clusters, nodes, setup, stages
 from gpuctl.ops.session import Session
 from tests.fakes import FakeHost, FakeProvider
 
@@ -83,7 +83,7 @@ def cluster(monkeypatch, tmp_path):
 
 def test_the_code_is_pushed_while_the_preflight_looks(cluster):
     s, record, host, project = cluster
-    (node,) = nodes.prepare(s, record, project, None, lambda line: None, check=True)
+    (node,) = stages.push_and_check(s, record, nodes.of(s, record), project, None, lambda line: None, check=True)
     # Each began before the other ended (in turn, the first would wait for the second in vain).
     assert host.looked_during_push is True and host.pushed_during_look is True
     assert node.env.report["tensorflow"] == "2.21.0" and node.code is not None
@@ -96,7 +96,7 @@ def test_a_failed_preflight_marks_the_setup_failed_even_beside_a_failed_push(clu
     if push_fails:  # the push's error is the one raised; the preflight's is still recorded
         host.push_error = RemoteError("disk full on fake-host", "Free some space.")
     with pytest.raises(RemoteError, match="disk full" if push_fails else "preflight failed on fake-host"):
-        nodes.prepare(s, record, project, None, lambda line: None, check=True)
+        stages.push_and_check(s, record, nodes.of(s, record), project, None, lambda line: None, check=True)
     assert setup.failed(s, record).startswith("preflight failed on fake-host")
 
 
@@ -114,7 +114,7 @@ def test_a_failed_push_waits_for_the_preflight_before_its_error(cluster):
 
     host.run = run
     with pytest.raises(RemoteError, match="disk full"):
-        nodes.prepare(s, record, project, None, lambda line: None, check=True)
+        stages.push_and_check(s, record, nodes.of(s, record), project, None, lambda line: None, check=True)
     assert host.preflight_done.is_set()  # nothing uses the connection after prepare is left
 
 
@@ -133,6 +133,6 @@ def test_ctrl_c_during_the_push_closes_the_connection_instead_of_waiting_for_the
     host.push = push
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        nodes.prepare(s, record, project, None, lambda line: None, check=True)
+        stages.push_and_check(s, record, nodes.of(s, record), project, None, lambda line: None, check=True)
     assert time.monotonic() - started < 5 and host.hung_up.is_set()
     assert host.preflight_done.wait(5)  # its wait ended with the connection

@@ -24,8 +24,8 @@ def seen(runs=(), gpu=None, logins=NO_LOGINS, heartbeats=None, fired=None, notic
     return d.Observation(list(runs), gpu, logins, heartbeats or {}, fired, notice, neighbours or {})
 
 
-def job(name="r1", running=True, ended_at=None, queued=False, log_mtime=None):
-    return d.Run(name, running, ended_at, queued, log_mtime)
+def job(name="r1", running=True, ended_at=None, queued=False, log_mtime=None, peers=False):
+    return d.Run(name, running, ended_at, queued, log_mtime, peers)
 
 
 def cfg(**kw):
@@ -112,6 +112,17 @@ def test_stall_warns_once_at_its_limit_and_fires_only_when_asked():
     assert again.notes == [] and again.state["stalled"] == ["r1"]  # warned once
     fire = d.decide(cfg(stall_s=300, on_stall="fire"), quiet, T0 + 300)
     assert fire.reason == "stall" and fire.detail == "r1 hung: GPU idle, log silent 300s"
+
+
+def test_a_stalled_node_of_several_fires_whatever_on_stall_says():
+    """Its peer ended (or hung): it waits on the collective, billed, and nobody's look stops it."""
+    quiet = seen(runs=[job(log_mtime=T0, peers=True)], gpu=0)
+    out = d.decide(cfg(stall_s=300), quiet, T0 + 300)
+    assert out.reason == "stall" and out.detail == "r1 hung: GPU idle, log silent 300s (a node of several: it waits for a peer)"
+    assert d.decide(cfg(stall_s=300), quiet, T0 + 299.9).reason is None
+    assert d.decide(cfg(stall_s=0), quiet, T0 + 10_000).reason is None  # stall off: the user's call
+    busy = seen(runs=[job(log_mtime=T0, peers=True)], gpu=90)
+    assert d.decide(cfg(stall_s=300), busy, T0 + 1000).reason is None  # training: no stall
 
 
 @pytest.mark.parametrize("case", [
