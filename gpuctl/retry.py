@@ -8,6 +8,7 @@ of sleeping through it."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Callable, Optional, Protocol, TypeVar
 
@@ -31,6 +32,16 @@ class RealClock:
 
 
 REAL_CLOCK: Clock = RealClock()
+
+
+class EventClock(RealClock):
+    """The real clock, whose sleep ends early once `event` is set (a wait that a cancel ends)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def sleep(self, seconds: float) -> None:
+        self.event.wait(seconds)
 
 
 class TimedOut(Exception):

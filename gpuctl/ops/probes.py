@@ -28,6 +28,7 @@ from gpuctl.ops import stop as stop_ops
 from gpuctl.ops.projection import Measured, bounded, one_line, project
 from gpuctl.ops.session import Progress, Session
 from gpuctl.remote import jobs
+from gpuctl.retry import Backoff, EventClock
 
 POLL_S = 1.0
 FIRST_POLL_S = 0.1
@@ -169,25 +170,24 @@ def _follow(ps: Session, run: RunRecord, timeout_s: float, cancel: threading.Eve
     """The run once it ended by itself, or stopped: (the run, None | "timed out" | "cancelled").
     A host that does not answer one look is asked again (a hiccup must not throw away a paid
     probe); one silent for UNANSWERED_S ends the probe, its run stopped where it can be."""
-    deadline = time.monotonic() + timeout_s
-    answered = time.monotonic()
-    pause = FIRST_POLL_S  # a probe may end in a second (a small script): looked at soon, then every POLL_S
+    # A probe may end in a second (a small script): looked at soon, then every POLL_S; a cancel ends a pause.
+    pauses = Backoff(FIRST_POLL_S, POLL_S, timeout_s, EventClock(cancel))
+    answered = pauses.elapsed()
     while True:
         try:
             run = run_state.settle(ps, ps.ledger.run(run.run_id) or run)
-            answered = time.monotonic()
+            answered = pauses.elapsed()
         except GpuctlError as exc:
-            if time.monotonic() - answered > UNANSWERED_S:
+            if pauses.elapsed() - answered > UNANSWERED_S:
                 _stop_quietly(ps, run.run_id)
                 raise GpuctlError(f"the probe's host did not answer for {UNANSWERED_S:g} s: {exc.message}") from None
         if run.state in FINAL_RUN_STATES:
             return run, None
-        cut = "cancelled" if cancel.is_set() else "timed out" if time.monotonic() > deadline else None
+        cut = "cancelled" if cancel.is_set() else "timed out" if pauses.expired() else None
         if cut:
             _stop_quietly(ps, run.run_id)
             return ps.ledger.run(run.run_id) or run, cut
-        cancel.wait(pause)
-        pause = min(pause * 2, POLL_S)
+        pauses.pause()
 
 
 def _stop_quietly(ps: Session, run_id: str) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
 
-from gpuctl.retry import REAL_CLOCK, Backoff, TimedOut, poll
+from gpuctl.retry import REAL_CLOCK, Backoff, EventClock, TimedOut, poll
 from tests.waits import FakeClock, wait_for
 
 
@@ -103,6 +104,15 @@ def test_the_real_clock_sleeps_really() -> None:
     start = time.monotonic()
     REAL_CLOCK.sleep(0.01)
     assert REAL_CLOCK.monotonic() - start >= 0.01
+
+
+def test_an_event_clock_s_pause_ends_when_its_event_is_set() -> None:
+    cancel = threading.Event()
+    pausing = threading.Thread(target=EventClock(cancel).sleep, args=(3600,), daemon=True)
+    pausing.start()
+    cancel.set()  # a probe cancelled: its pause ends now, not at the hour
+    pausing.join(30)
+    assert not pausing.is_alive()
 
 
 def test_wait_for_returns_the_condition_s_answer_at_once_or_names_what_it_waited_for() -> None:
