@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
-from gpuctl.config.providers import PROVIDERS, unknown_provider
+from gpuctl.config.providers import PROVIDERS as PROVIDERS, unknown_provider  # PROVIDERS: re-exported
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
 from gpuctl.model.specs import RemoteSpec
@@ -220,7 +220,7 @@ def ignore_launched(_: "InstanceRecord") -> None:
     """The default `launched` of Provider.launch: a caller that records nothing as it goes."""
 
 
-def provider_class(name: str) -> Any:
+def provider_class(name: str) -> type[Provider]:
     """The class registered under `name` (imports its module only now)."""
     try:
         target = PROVIDERS[name]
@@ -229,7 +229,8 @@ def provider_class(name: str) -> Any:
             unknown_provider(name), f"Known providers: {', '.join(sorted(PROVIDERS))}."
         ) from None
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    # cast: the registry (config/providers.py) names only classes that implement Provider.
+    return cast("type[Provider]", getattr(importlib.import_module(module), attr))
 
 
 def foreign_error(exc: BaseException) -> GpuctlError | None:
@@ -239,7 +240,7 @@ def foreign_error(exc: BaseException) -> GpuctlError | None:
     for name, target in PROVIDERS.items():
         if target.partition(":")[0] in sys.modules:
             known = getattr(provider_class(name), "foreign_error", None)
-            said = known(exc) if known is not None else None
+            said: GpuctlError | None = known(exc) if known is not None else None
             if said is not None:
                 return said
     return None

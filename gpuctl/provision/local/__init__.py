@@ -149,7 +149,7 @@ class LocalProvider(MachinesThatStay):
                 if survivors:
                     raise RemoteError(f"processes of cluster {r.cluster} survived SIGKILL: {'; '.join(survivors[:3])}",
                                       "Look at them with `ps`; run `gpuctl down` again once they are gone.")
-                if Path(r.id) == self._clusters_dir() / r.cluster:  # node 0's (the chief's) work dir
+                if r.cluster is not None and Path(r.id) == self._clusters_dir() / r.cluster:  # node 0's (the chief's) work dir
                     self._keep_runs(Path(r.id), progress)
                 shutil.rmtree(r.id, ignore_errors=True)
                 progress(f"removed {r.id}")
