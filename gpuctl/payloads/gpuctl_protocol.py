@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import Field, asdict, dataclass, field, fields
-from typing import Any, Callable, Dict, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, Final, Optional, Type, TypeVar
 
 # "schema" of each line of a run's epochs.jsonl (gpuctl.model.records.EpochReport).
 EPOCH_SCHEMA_VERSION = 1
@@ -38,7 +38,9 @@ PREEMPTED_EXIT = 75
 PREEMPTED_MARK = "preempted.json"
 STOPPED_EXIT = 143  # 128 + SIGTERM: stopped gracefully (by `stop`, `down` or a guard), or dequeued
 
-POWEROFF, STOP_JOBS = "poweroff", "stop-jobs"  # what a guard's firing does (`on_fire`)
+# What a guard's firing does (`on_fire`); Final: their types are these very strings.
+POWEROFF: Final = "poweroff"
+STOP_JOBS: Final = "stop-jobs"
 
 # The watchdog's code, entry point first: in the aws user data (it runs from boot), and hashed by
 # both sides (a changed hash restarts it).

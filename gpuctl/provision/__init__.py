@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NoReturn, Protocol, cast
 
 from gpuctl.config.providers import PROVIDERS as PROVIDERS, unknown_provider  # PROVIDERS: re-exported
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
-from gpuctl.model.specs import RemoteSpec
+from gpuctl.model.specs import Capabilities, RemoteSpec
 from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
@@ -32,19 +32,8 @@ if TYPE_CHECKING:
 
 
 class Provider(Protocol):
-    name: str
-    # True: `up` on a live cluster finds its instances (by tag) and reuses them. False: a conflict.
-    reuses_live_clusters: bool
-    # True: `up` arms the watchdog as soon as SSH works (it pays by the hour from now on);
-    # False: the first `train` arms it.
-    arms_guard_at_up: bool
-    # What the watchdog does when a guard fires, unless `guards.on_fire` says otherwise.
-    default_on_fire: str
-    # True: the instance powers itself off `max_hours` after boot (armed by the provider at launch).
-    boot_hard_cap: bool
-    # True: it launches machines of the type asked for (`aws.instance_type`, `plan --type`); False:
-    # its machines are what they are.
-    picks_instance_types: bool
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]  # what the use cases decide by (model/specs.py)
 
     def __init__(self, home: "Path", spec: "ClusterSpec") -> None: ...
 
@@ -183,14 +172,40 @@ def no_image_store(provider: str) -> ConfigError:
                        "Run it with --provider aws (or `provider = \"aws\"` in the settings).")
 
 
-class MachinesThatStay:
+class ProviderBase:
+    """The class-level half of the Provider contract, declared once for every provider."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+
+class _Flag:
+    """One of `capabilities`' flags read as the provider's own attribute, on the class or an instance."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type) -> Any:
+        return getattr(owner.capabilities, self.name)  # type: ignore[attr-defined]  # the owner is a Provider
+
+
+class FlatFlags(ProviderBase):
+    """TEMP: the flat flags ops/clusters.py and ops/guards.py still read (`provider.arms_guard_at_up`;
+    both files are being rewritten on other branches). The lead points them at `.capabilities` after
+    merging and deletes this class."""
+
+    reuses_live_clusters = _Flag()
+    arms_guard_at_up = _Flag()
+    default_on_fire = _Flag()
+    boot_hard_cap = _Flag()
+    picks_instance_types = _Flag()
+
+
+class MachinesThatStay(FlatFlags):
     """What local and ssh providers answer alike: machines that are there before gpuctl and after
     it, which nobody takes away with a warning, and which have no machine images."""
 
-    name: str
-    picks_instance_types = False
-
-    def image_store(self) -> None:
+    def image_store(self) -> NoReturn:
         raise no_image_store(self.name)
 
     def remember(self, instances: "list[InstanceRecord]") -> None:

@@ -39,8 +39,11 @@ def test_a_type_error_fails_the_check():
         fh.write("\n\ndef _broken() -> int:\n    return 'one'\n")
     with open(tree / "gpuctl" / "payloads" / "gpuctl_decide.py", "a") as fh:
         fh.write("\n\ndef _newer():\n    return 'gpuctl-x'.removeprefix('gpuctl-')\n")
+    fakes = tree / "tests" / "fakes.py"
+    fakes.write_text(fakes.read_text().replace("def pull_tree(", "def pull_files("))
     res = typecheck(tree, REPO / ".mypy_cache" / "mutated")
     assert res.returncode != 0
     assert 'gpuctl/ops/costs.py' in res.stdout and "Incompatible return value type (got \"str\", expected \"int\")" \
         in res.stdout, res.stdout[-4000:]
     assert 'gpuctl_decide.py' in res.stdout and '"str" has no attribute "removeprefix"' in res.stdout, res.stdout[-4000:]
+    assert 'tests/fakes.py' in res.stdout and '"FakeHost", variable has type "Host"' in res.stdout, res.stdout[-4000:]
