@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gpuctl.model.records import CommandResult, InstanceRecord, PriceQuote, Resource, SyncStats
-from gpuctl.model.specs import Capabilities, ClusterSpec, RemoteSpec
+from gpuctl.model.specs import Capabilities, ClusterSpec, RemoteSpec, RunFiles
 from gpuctl.model.untrusted import MAX_READ
 from gpuctl.provision import MachinesThatStay, Provider, ignore_launched
 from gpuctl.remote.host import MAX_OUTPUT, Deadlines, Host, check_result
@@ -221,8 +221,8 @@ class FakeProvider(MachinesThatStay):
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
 
-    def after_release(self) -> str:
-        return "the fake's machines go with it"
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="on_hosts")  # as before: the tests here are not about runs lost with a machine
 
     def was_interrupted(self, instance: InstanceRecord) -> bool:
         return instance.id in self.world["interrupted"] and instance.state == "terminated"

@@ -13,6 +13,7 @@ from gpuctl.errors import ConfirmationRequired, ExitCode, RemoteError
 
 if TYPE_CHECKING:
     from gpuctl.cli.render import Progress
+    from gpuctl.model.results import DownQuestion
     from gpuctl.ops.session import Session
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -47,11 +48,16 @@ def progress_sink() -> Progress:
     return Progress()
 
 
-def confirm(yes: bool, question: str) -> None:
+def confirm(yes: bool, question: str | DownQuestion) -> None:
     """The one place gpuctl asks before it spends or destroys; "n" (or Ctrl-D, Ctrl-C at the
-    question) says so and exits 11 (ExitCode.DECLINED)."""
+    question) says so and exits 11 (ExitCode.DECLINED). A question a use case states as a record
+    is said by cli/render/questions.py."""
     if yes:
         return
+    if not isinstance(question, str):
+        from gpuctl.cli.render import questions
+
+        question = questions.down(question)
     if not sys.stdin.isatty():
         raise ConfirmationRequired(f"refusing to {question} without confirmation")
     try:

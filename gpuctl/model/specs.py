@@ -39,6 +39,15 @@ class Capabilities(Frozen):
     picks_instance_types: bool = False
 
 
+class RunFiles(Frozen):
+    """What becomes of a cluster's runs' files when it is released, as its provider keeps them."""
+
+    # here: moved under the gpuctl home (`where`); on_hosts: left on the user's machines; in_store:
+    # in the checkpoint store (S3); on_instance: on the instance's disk only, gone with it.
+    kept: Literal["here", "on_hosts", "in_store", "on_instance"]
+    where: Optional[str] = None
+
+
 class RemoteSpec(Frozen):
     """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, NoReturn, Protocol, c
 from gpuctl.config.providers import PROVIDERS as PROVIDERS, unknown_provider  # PROVIDERS: re-exported
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
-from gpuctl.model.specs import Capabilities, RemoteSpec
+from gpuctl.model.specs import Capabilities, RemoteSpec, RunFiles
 from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
@@ -108,12 +108,9 @@ class Provider(Protocol):
         and `runs rm`; None where nothing of it is kept by gpuctl (local keeps each run's under
         the gpuctl home; aws keeps checkpoints in its store, see checkpoint_store)."""
 
-    def after_release(self) -> str:
-        """What becomes of the runs' files when the cluster is released, for `down` to say."""
-
-    def loses_run_files(self) -> bool:
-        """Whether releasing deletes the runs' files (they exist only on the instances): `down`
-        then lists those runs and offers `down --pull`."""
+    def run_files(self) -> RunFiles:
+        """What becomes of the runs' files when the cluster is released (`down` says it; where they
+        exist only on the instances, it lists those runs and offers `down --pull`)."""
 
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
@@ -219,9 +216,6 @@ class MachinesThatStay(FlatFlags):
 
     def kept_run(self, run_id: str) -> "tuple[Host, str] | None":
         return None
-
-    def loses_run_files(self) -> bool:
-        return False  # kept by gpuctl (local) or left on the host (ssh)
 
     def interruption_notice(self) -> None:
         return None

@@ -16,7 +16,7 @@ from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError,
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
-from gpuctl.model.specs import AwsSpec, Capabilities
+from gpuctl.model.specs import AwsSpec, Capabilities, RunFiles
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
 from gpuctl.provision import FlatFlags, ignore_launched, remote_spec
 from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records
@@ -308,14 +308,8 @@ class AwsProvider(FlatFlags):
     def kept_run(self, run_id: str) -> tuple[Host, str] | None:
         return None  # what outlives the instance is in the checkpoint store
 
-    def loses_run_files(self) -> bool:
-        return self.spec.checkpoints != "s3"
-
-    def after_release(self) -> str:
-        if self.spec.checkpoints == "s3":
-            return "its runs' checkpoints, outputs, reports and logs stay in the S3 checkpoint store"
-        return ("its runs' outputs and checkpoints are on the instance's disk only and go with it "
-                "(`gpuctl pull RUN` first)")
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="in_store" if self.spec.checkpoints == "s3" else "on_instance")
 
     def was_interrupted(self, instance: InstanceRecord) -> bool:
         """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination). Not a user's

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
-from gpuctl.model.specs import Capabilities, LocalSpec
+from gpuctl.model.specs import Capabilities, LocalSpec, RunFiles
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote.host import Host
@@ -104,9 +104,8 @@ class LocalProvider(MachinesThatStay):
             return None
         return LocalHost(self._kept_dir(), self.spec.remote.command_timeout_s), str(path)
 
-    def after_release(self) -> str:
-        return (f"its runs' outputs, checkpoints and logs are kept in {self._kept_dir()} (`gpuctl pull RUN` "
-                "still works; `gpuctl runs rm RUN` deletes one)")
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="here", where=str(self._kept_dir()))
 
     def _keep_runs(self, workdir: Path, progress: Callable[[str], None]) -> None:
         """Move the chief's run directories out of a work dir about to go (the other nodes'

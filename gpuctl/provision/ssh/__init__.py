@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import InstanceRecord, Resource
-from gpuctl.model.specs import Capabilities, SshSpec
+from gpuctl.model.specs import Capabilities, RunFiles, SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote import guard
@@ -101,8 +101,8 @@ class SshProvider(MachinesThatStay):
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
 
-    def after_release(self) -> str:
-        return "its runs' files stay on the hosts, in remote.workdir (gpuctl leaves them there)"
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="on_hosts")
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
