@@ -176,29 +176,7 @@ class ProviderBase:
     capabilities: ClassVar[Capabilities]
 
 
-class _Flag:
-    """One of `capabilities`' flags read as the provider's own attribute, on the class or an instance."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: object, owner: type) -> Any:
-        return getattr(owner.capabilities, self.name)  # type: ignore[attr-defined]  # the owner is a Provider
-
-
-class FlatFlags(ProviderBase):
-    """TEMP: the flat flags ops/clusters.py and ops/guards.py still read (`provider.arms_guard_at_up`;
-    both files are being rewritten on other branches). The lead points them at `.capabilities` after
-    merging and deletes this class."""
-
-    reuses_live_clusters = _Flag()
-    arms_guard_at_up = _Flag()
-    default_on_fire = _Flag()
-    boot_hard_cap = _Flag()
-    picks_instance_types = _Flag()
-
-
-class MachinesThatStay(FlatFlags):
+class MachinesThatStay(ProviderBase):
     """What local and ssh providers answer alike: machines that are there before gpuctl and after
     it, which nobody takes away with a warning, and which have no machine images."""
 

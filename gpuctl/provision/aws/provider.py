@@ -18,7 +18,7 @@ from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import AwsSpec, Capabilities, RunFiles
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
-from gpuctl.provision import FlatFlags, ignore_launched, remote_spec
+from gpuctl.provision import ProviderBase, ignore_launched, remote_spec
 from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
@@ -46,7 +46,7 @@ def _from_botocore(exc: BaseException) -> bool:
     return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("botocore.", "boto3."))
 
 
-class AwsProvider(FlatFlags):
+class AwsProvider(ProviderBase):
     name = "aws"
 
     @staticmethod
