@@ -225,7 +225,7 @@ def guard_show(ctx: click.Context, cluster: str | None, check: bool, as_json: bo
 @click.option("--on-fire", type=click.Choice(["poweroff", "stop-jobs"]))
 @json_option
 @click.pass_context
-def guard_set(ctx: click.Context, cluster: str | None, as_json: bool, **values: Any) -> None:
+def guard_set(ctx: click.Context, /, cluster: str | None, as_json: bool, **values: Any) -> None:
     """Change the limits of a live cluster: gpuctl guard set --idle 30m --max-hours 6 --budget 20
 
     On every instance of the cluster; a watchdog that stopped is started again (with no flag too).

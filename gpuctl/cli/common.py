@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from gpuctl.errors import ConfirmationRequired, ExitCode, RemoteError
 
+if TYPE_CHECKING:
+    from gpuctl.cli.render import Progress
+    from gpuctl.model.results import DownQuestion
+    from gpuctl.ops.session import Session
+
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-def session(ctx: click.Context, **flags: Any):
+def session(ctx: click.Context, **flags: Any) -> Session:
     """The use cases' Session for this command, closed (SSH connections end) with the command."""
     from gpuctl.model.untrusted import one_line
     from gpuctl.ops.session import open_session
@@ -30,24 +35,29 @@ def session(ctx: click.Context, **flags: Any):
 AFTER_FAILURE = "gpuctl.after_failure"  # ctx.meta key: what a failed command adds (cli/__init__.py)
 
 
-def after_failure(ctx: click.Context, lines: Any) -> None:
+def after_failure(ctx: click.Context, lines: Callable[[], list[str]]) -> None:
     """`lines()` (a list of str) goes to stderr if the command fails or is interrupted, after its
     `Error:`/`Hint:` or `Interrupted.` line: what it leaves running, and how to end it."""
     ctx.meta.setdefault(AFTER_FAILURE, []).append(lines)
 
 
-def progress_sink():
+def progress_sink() -> Progress:
     """The sink for a use case's progress lines (render.Progress); use it in a `with`."""
     from gpuctl.cli.render import Progress
 
     return Progress()
 
 
-def confirm(yes: bool, question: str) -> None:
+def confirm(yes: bool, question: str | DownQuestion) -> None:
     """The one place gpuctl asks before it spends or destroys; "n" (or Ctrl-D, Ctrl-C at the
-    question) says so and exits 11 (ExitCode.DECLINED)."""
+    question) says so and exits 11 (ExitCode.DECLINED). A question a use case states as a record
+    is said by cli/render/questions.py."""
     if yes:
         return
+    if not isinstance(question, str):
+        from gpuctl.cli.render import questions
+
+        question = questions.down(question)
     if not sys.stdin.isatty():
         raise ConfirmationRequired(f"refusing to {question} without confirmation")
     try:
@@ -82,7 +92,7 @@ def run_child(argv: list[str], cwd: str | None = None) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128+N, as shells say
 
 
-class PositiveFloat(click.ParamType):
+class PositiveFloat(click.ParamType[float]):
     name = "number"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:

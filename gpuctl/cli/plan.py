@@ -17,7 +17,7 @@ def _term_as_interrupt() -> Iterator[None]:
     clusters are released; only SIGKILL leaves them, to `status --all` and `down --all`."""
     import signal
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     before = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from gpuctl.cli.common import CONTEXT, ScriptArgsCommand, json_option, progress_sink, session
 from gpuctl.errors import GpuctlError, RunFailedError
+
+if TYPE_CHECKING:  # the ops are imported when a command runs: `--help` stays fast
+    from gpuctl.model.records import RunRecord
+    from gpuctl.ops.session import Session
 
 
 @click.command(cls=ScriptArgsCommand, context_settings=CONTEXT)
@@ -159,13 +163,10 @@ def logs(ctx: click.Context, run: str | None, follow: bool, guard_log: bool, set
     it): colours and progress bars work, and so would any escape sequence the instance wrote.
     --plain strips them. Every other command shows what came from an instance without them.
     """
-    if plain:
-        from gpuctl.model.untrusted import clean
+    from gpuctl.model.untrusted import clean
 
-        def echo(text: str, nl: bool = True, err: bool = False) -> None:
-            click.echo(clean(text), nl=nl, err=err)
-    else:
-        echo = click.echo
+    def echo(text: str, nl: bool = True, err: bool = False) -> None:
+        click.echo(clean(text) if plain else text, nl=nl, err=err)
     if guard_log and setup_log:
         raise click.UsageError("--guard and --setup are two different logs: pass one")
     if node and (guard_log or setup_log):
@@ -224,7 +225,7 @@ def watch(ctx: click.Context, run: str | None, detach: bool) -> None:
 
 
 @contextmanager
-def _detach_on_ctrl_c(ctx: click.Context, s, run_id: str) -> Iterator[None]:
+def _detach_on_ctrl_c(ctx: click.Context, s: Session, run_id: str) -> Iterator[None]:
     """Ctrl-C while following a run only stops following (as `sky logs` does): say that the run
     goes on billing, where, and how to stop it; exit 130."""
     try:
@@ -263,7 +264,7 @@ def stop(ctx: click.Context, run: str | None, cluster: str | None, every: bool, 
     render_commands.stopped(result)
 
 
-def _ended_badly(s, final, more: str = "") -> RunFailedError:
+def _ended_badly(s: Session, final: RunRecord, more: str = "") -> RunFailedError:
     """The error for a run that did not succeed; a multi-node run's failing node (not the chief)
     shows its last lines first, since only the chief's log was followed."""
     from gpuctl.ops import nodes, runs

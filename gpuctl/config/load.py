@@ -26,7 +26,7 @@ from gpuctl.model.records import SettingValue
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]  # installed on 3.10 only
 
 ENV_PREFIX = "GPUCTL_"
 # Env vars gpuctl itself reads or sets for jobs; they are not settings.
@@ -96,7 +96,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         if len(raw) > MAX_FILE:
             raise ConfigError(f"{path} is larger than {MAX_FILE >> 20} MiB: not a settings file",
                               "Check the file (or the link) of that name.")
-        return tomllib.loads(raw.decode("utf-8"))
+        data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        return data
     except UnicodeDecodeError:
         raise ConfigError(f"malformed TOML in {path}: not UTF-8", "Fix the file; TOML syntax: https://toml.io") from None
     except tomllib.TOMLDecodeError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -133,7 +133,8 @@ class GuardSettings(_Section):
     )
     idle: str = Field("30m", description="Shut down after this long with no job, an idle GPU and no SSH session; 0 = never.")
     stall: str = Field("30m", description="A job whose GPU is idle and log silent this long is hung; 0 = never.")
-    on_stall: Literal["warn", "fire"] = Field(_OnInstance.on_stall, description="warn: say so in the log and status; fire: shut down.")
+    on_stall: Literal["warn", "fire"] = Field(cast(Literal["warn", "fire"], _OnInstance.on_stall),  # one of its choices
+                                              description="warn: say so in the log and status; fire: shut down.")
     down_after_run: bool = Field(_OnInstance.down_after_run, description="Shut down a grace period after the run ends, success or failure.")
     grace: str = Field(_spelled(_OnInstance.grace_s), description="Time a stopped job gets to checkpoint, and the wait after a run before --down fires.")
     check_interval: str = Field(_spelled(_OnInstance.check_interval_s), description="How often the watchdog looks.")
@@ -283,7 +284,7 @@ def _known_keys() -> dict[str, str]:
     """Dotted key -> description, for every leaf setting."""
     keys: dict[str, str] = {}
     for name, field in Settings.model_fields.items():
-        ann = field.annotation
+        ann: object = field.annotation  # typed TypeForm (PEP 747), which this mypy reads as None
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             for sub, subfield in ann.model_fields.items():
                 keys[f"{name}.{sub}"] = subfield.description or ""

@@ -155,7 +155,7 @@ class Ledger:
             except sqlite3.OperationalError as exc:
                 raise self._unwritable(exc) from None
 
-    def _unwritable(self, exc: sqlite3.OperationalError) -> Exception:
+    def _unwritable(self, exc: sqlite3.DatabaseError) -> Exception:
         """A ledger that cannot take a write (read-only file or disk, full disk, held too long by
         another gpuctl): one line that names it, with what to do. Nothing of it is lost: SQLite
         rolled the write back, and what was written before reads as it was."""
@@ -179,16 +179,17 @@ class Ledger:
                 (spec.name, spec.provider, time.time(), int(make_default), spec.model_dump_json()),
             )
             cid = cur.lastrowid
+            assert cid is not None  # an INSERT's row has one
         return self.cluster(cid)
 
     @staticmethod
-    def _cluster_from_row(row: tuple) -> ClusterRecord:
+    def _cluster_from_row(row: tuple[Any, ...]) -> ClusterRecord:
         cid, name, provider, state, created, terminated, is_default, spec_json = row
         return ClusterRecord(id=cid, name=name, provider=provider, state=state, created_at=created,
                              terminated_at=terminated, is_default=bool(is_default),
                              spec=parse_spec(spec_json))
 
-    def _one(self, where: str, args: tuple) -> ClusterRecord | None:
+    def _one(self, where: str, args: tuple[Any, ...]) -> ClusterRecord | None:
         row = self._db.execute(f"SELECT {self._CLUSTER_COLS} FROM clusters WHERE {where}", args).fetchone()
         return self._cluster_from_row(row) if row else None
 
@@ -260,7 +261,7 @@ class Ledger:
                        (run.run_id, run.cluster_id, run.model_dump_json()))
 
     @staticmethod
-    def _run_from_row(row: tuple) -> RunRecord:
+    def _run_from_row(row: tuple[Any, ...]) -> RunRecord:
         # The column is the truth: records written by version 1 carry no cluster id.
         return RunRecord.model_validate_json(row[0]).model_copy(update={"cluster_id": row[1]})
 
@@ -278,7 +279,7 @@ class Ledger:
             raise NotFoundError("no run named ''", hint)
         if self.run(text) is not None:
             return text  # an exact id wins over any prefix
-        ids = [r[0] for r in self._all("SELECT run_id FROM runs ORDER BY rowid")]
+        ids: list[str] = [r[0] for r in self._all("SELECT run_id FROM runs ORDER BY rowid")]
         found = [i for i in ids if i.startswith(text) or i.endswith(text)]
         if not found:
             raise NotFoundError(f"no run named {text!r}", hint)
@@ -289,7 +290,7 @@ class Ledger:
 
     def runs(self, cluster_id: int | None = None) -> list[RunRecord]:
         q = "SELECT record_json, cluster_id FROM runs"
-        args: tuple = ()
+        args: tuple[Any, ...] = ()
         if cluster_id is not None:
             q += " WHERE cluster_id = ?"
             args = (cluster_id,)
@@ -311,7 +312,7 @@ class Ledger:
         return [r for r in map(self._epoch_or_none, rows) if r is not None]
 
     @staticmethod
-    def _epoch_or_none(row: tuple) -> EpochReport | None:
+    def _epoch_or_none(row: tuple[Any, ...]) -> EpochReport | None:
         """A stored report, unless it fails today's bounds (a `start` of 1e308 that a gpuctl
         before them let in): then it is left out, as it would be at ingestion now."""
         try:
@@ -346,7 +347,7 @@ class Ledger:
 
     def events(self, cluster_id: int | None = None) -> list[tuple[float, str | None, str | None, str, str]]:
         q = "SELECT ts, cluster, run_id, kind, message FROM events"
-        args: tuple = ()
+        args: tuple[Any, ...] = ()
         if cluster_id is not None:
             q += " WHERE cluster_id = ?"
             args = (cluster_id,)

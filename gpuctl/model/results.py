@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 from gpuctl.model.records import ClusterRecord, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
-from gpuctl.model.specs import Frozen
+from gpuctl.model.specs import Frozen, RunFiles
 
 
 class TfEnv(Frozen):
@@ -179,6 +179,14 @@ class StopResult(Frozen):
     stopped: tuple[RunRecord, ...] = ()
     already_ended: Optional[RunRecord] = None
     dequeued: tuple[str, ...] = ()  # of the stopped runs, those taken out of the queue before they started
+
+
+class DownQuestion(Frozen):
+    """What `down` asks before it releases a live cluster (cli/render/questions.py says it)."""
+
+    cluster: str
+    files: Optional[RunFiles] = None  # None: no live cluster of that name
+    unpulled: tuple[str, ...] = ()  # runs whose files exist only on the instance (oldest first)
 
 
 class DownResult(Frozen):

@@ -21,6 +21,33 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
+class Capabilities(Frozen):
+    """What a provider does that the use cases decide by, stated once by each provider (its class's
+    `capabilities`); the words a user reads about them are cli/render's."""
+
+    # `up` on a live cluster finds its instances (by tag) and reuses them; False: a conflict.
+    reuses_live_clusters: bool = False
+    # `up` arms the watchdog as soon as SSH works (it pays by the hour from then on); False: the
+    # first `train` arms it.
+    arms_guard_at_up: bool = False
+    # What the watchdog does when a guard fires, unless `guards.on_fire` says otherwise.
+    default_on_fire: Literal["poweroff", "stop-jobs"] = "stop-jobs"
+    # The instance powers itself off `max_hours` after boot (armed by the provider at launch).
+    boot_hard_cap: bool = False
+    # It launches machines of the type asked for (`aws.instance_type`, `plan --type`); False: its
+    # machines are what they are.
+    picks_instance_types: bool = False
+
+
+class RunFiles(Frozen):
+    """What becomes of a cluster's runs' files when it is released, as its provider keeps them."""
+
+    # here: moved under the gpuctl home (`where`); on_hosts: left on the user's machines; in_store:
+    # in the checkpoint store (S3); on_instance: on the instance's disk only, gone with it.
+    kept: Literal["here", "on_hosts", "in_store", "on_instance"]
+    where: Optional[str] = None
+
+
 class RemoteSpec(Frozen):
     """How gpuctl works on a remote host (from the `remote.*` settings at `up`)."""
 

@@ -276,16 +276,19 @@ def reads(host: Readable, path: str) -> Callable[[int, int], bytes | None]:
     return lambda offset, size: host.read_bytes(path, offset, size)
 
 
-def number(text: str | bytes | None, kind: type = float, low: float = -1e15, high: float = 1e15) -> Any:
+N = TypeVar("N", int, float)  # a number read from the instance
+
+
+def number(text: str | bytes | None, kind: type[N], low: float = -1e15, high: float = 1e15) -> N | None:
     """A number the instance wrote as text (`ended`, `exitcode`): a `kind` within [low, high], else None."""
     try:
         value = kind(text.decode("ascii") if isinstance(text, bytes) else text) if text else None
     except (ValueError, UnicodeDecodeError):
         return None
-    return optional(value, kind, low, high)
+    return value if optional(value, kind, low, high) is not None else None
 
 
-def optional(value: Any, kind: type, low: float, high: float) -> Any:
+def optional(value: Any, kind: type | tuple[type, ...], low: float, high: float) -> Any:
     """`value` if it is a `kind` (no bool for a number) within [low, high] and finite, else None."""
     if isinstance(value, bool) or not isinstance(value, kind):
         return None

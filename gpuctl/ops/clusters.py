@@ -47,7 +47,7 @@ def _asked(s: Session, usd_per_hour: float | None, take: bool = False) -> Cluste
 def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None:
     """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
     spec = _asked(s, usd_per_hour)
-    if s.ledger.live_cluster(spec.name) is not None and provider_class(spec.provider).reuses_live_clusters:
+    if s.ledger.live_cluster(spec.name) is not None and provider_class(spec.provider).capabilities.reuses_live_clusters:
         return None  # reusing what runs already costs nothing new
     provider = s.provider(spec)
     what = provider.launch_question()
@@ -157,9 +157,9 @@ def _armed_and_set_up(s: Session, cluster: ClusterRecord, provider: Provider, in
         # The Python is known: its preflight (seconds of TensorFlow import) starts before the
         # watchdog's install and first look, not after, so a train right after `up` waits less.
         setup.warm(s, cluster)
-    if provider.arms_guard_at_up and wait_ssh:
+    if provider.capabilities.arms_guard_at_up and wait_ssh:
         progress(f"watchdog: {guards.install(s, s.settings(), cluster)}")
-    elif provider.arms_guard_at_up:
+    elif provider.capabilities.arms_guard_at_up:
         progress("watchdog: armed by the first `gpuctl train` (the boot-time hard cap is armed already)")
     envs: tuple[TfEnv, ...] = ()
     if given:
@@ -194,7 +194,7 @@ def _setup_again(s: Session, live: ClusterRecord, asked: ClusterSpec, why: str, 
 def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpec:
     """The live cluster's own spec, if `up` may reuse it as asked (same launch token: a retried
     launch cannot start a second instance)."""
-    if not provider_class(asked.provider).reuses_live_clusters or live.provider != asked.provider:
+    if not provider_class(asked.provider).capabilities.reuses_live_clusters or live.provider != asked.provider:
         raise ConflictError(
             f"a cluster named {asked.name!r} is already up",
             f"Use it (`gpuctl train --cluster {asked.name} ...`), pick another --name, or `gpuctl down {asked.name}`.",

@@ -22,6 +22,7 @@ from gpuctl.provision import Provider
 from gpuctl.remote import guard, heartbeat, sync
 from gpuctl.remote.guard_files import DryLook
 from gpuctl.remote.host import Host, NodeFacts, output_tail
+from gpuctl.remote.sync.ignore import IgnoreRules
 from gpuctl.retry import TimedOut, poll
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
@@ -61,7 +62,7 @@ def _push_payload(host: Host) -> None:
 def _payload_files() -> tuple[tuple[str, ...], str]:
     """What a push of the payload sends (its file names, sorted) and the sha1 of their contents in
     that order, as `cat names | sha1sum` gives it."""
-    names = tuple(sorted(sync.scan(PAYLOAD_DIR, sync.IgnoreRules.for_project(PAYLOAD_DIR))))
+    names = tuple(sorted(sync.scan(PAYLOAD_DIR, IgnoreRules.for_project(PAYLOAD_DIR))))
     return names, _sha1_of(names)
 
 
@@ -88,10 +89,10 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
         "gpu_idle_percent": ("guards.gpu_idle_percent", g.gpu_idle_percent),
         "budget_usd": ("guards.budget_usd", g.budget_usd),
         "down_after_run": ("guards.down_after_run", g.down_after_run),
-        "on_fire": ("guards.on_fire", g.on_fire or provider.default_on_fire),
+        "on_fire": ("guards.on_fire", g.on_fire or provider.capabilities.default_on_fire),
         "poweroff_command": ("guards.poweroff_command", g.poweroff_command),
         "hard_cap_at": ("guards.max_hours", inst.launched_at + _cap_hours(loaded, cluster) * 3600
-                        if provider.boot_hard_cap else None),
+                        if provider.capabilities.boot_hard_cap else None),
     }
     # What the host has counts only if this very cluster wrote it: a host used before by another
     # cluster must not lend it its limits (a 10 s idle guard carried over would fire at once).
@@ -293,7 +294,7 @@ def apply(s: Session, cluster: str | None = None) -> GuardReport:
     # The boot-time timer moves for the user's own value; a project's stricter one the watchdog
     # enforces (it may not push the timer out past a cap the user lowered since).
     if (loaded.sources.get("guards.max_hours", "default") != "default" and not loaded.from_project("guards.max_hours")
-            and provider.boot_hard_cap):
+            and provider.capabilities.boot_hard_cap):
         for _, each in s.hosts(record):
             if not provider.set_hard_cap(each, loaded.settings.guards.max_hours):
                 s.ledger.event("guard", f"{each.label}: boot-time hard cap timer not found; the watchdog enforces "

@@ -129,7 +129,7 @@ def _cluster_target(s: Session, name: str, timeout_s: float) -> Target:
 
 def _type_targets(s: Session, types: tuple[str, ...], spot: bool | None, timeout_s: float) -> list[Target]:
     settings = s.settings().settings
-    if not provider_class(settings.provider).picks_instance_types:
+    if not provider_class(settings.provider).capabilities.picks_instance_types:
         raise ConfigError(f"--type launches machines of a type; the {settings.provider} provider's machines are what "
                           "they are", "Probe clusters that are up with --cluster NAME, or launch on aws "
                                       "(--provider aws, or GPUCTL_PROVIDER=aws).")

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from gpuctl.errors import GpuctlError
 from gpuctl.model.requests import TrainRequest, UpRequest
@@ -52,7 +52,7 @@ class ProbeJob:
 class Target:
     """One machine to probe, named and priced before anything starts."""
 
-    source: str  # "type": a probe cluster is launched; "cluster": one that is up
+    source: Literal["type", "cluster"]  # "type": a probe cluster is launched; "cluster": one that is up
     label: str
     cluster: str  # the probe cluster's name, or the cluster that is up
     provider: str

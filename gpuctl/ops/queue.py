@@ -5,7 +5,7 @@ queue itself runs on the instance (payloads/gpuctl_queue.py), so a closed laptop
 from __future__ import annotations
 
 import posixpath
-from typing import Callable
+from typing import Any, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model import untrusted
@@ -84,7 +84,7 @@ def config(host: Host, want: int, node_gpus: int, node_usd_per_hour: float, now:
                        node_usd_per_hour=node_usd_per_hour)
 
 
-def look(host: Host, run_dir: str) -> dict | None:
+def look(host: Host, run_dir: str) -> dict[str, Any] | None:
     """The run's place in the queue as the instance wrote it (RUN_DIR/queue.json), checked: state,
     position, share and times within bounds; None when absent or not believable."""
     raw = host.read_bytes(posixpath.join(run_dir, QUEUE_FILE), 0, 65537)
@@ -96,7 +96,7 @@ def look(host: Host, run_dir: str) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("state") not in ("queued", "running", "dequeued", "cancelled"):
         return None
-    out: dict = {"state": data["state"]}
+    out: dict[str, Any] = {"state": data["state"]}
     pos = data.get("position")
     if isinstance(pos, int) and not isinstance(pos, bool) and 1 <= pos <= 10000:
         out["position"] = pos
@@ -113,7 +113,7 @@ def look(host: Host, run_dir: str) -> dict | None:
     return out
 
 
-def follow(run: RunRecord, place: dict | None, now: float) -> RunRecord:
+def follow(run: RunRecord, place: dict[str, Any] | None, now: float) -> RunRecord:
     """The run as its place in the queue says: its position while queued; once it started, its
     start moved past the wait (its time, and dollars, count from there), once per job (a resume's
     or recovery's segment waits anew). What this machine saw bounds it: the start is never moved
@@ -122,7 +122,7 @@ def follow(run: RunRecord, place: dict | None, now: float) -> RunRecord:
     counts only for a `--now` run that holds no GPU (it runs beside the others: $0)."""
     if place is None:
         return run
-    update: dict = {}
+    update: dict[str, Any] = {}
     if place["state"] == "queued" and run.queue_position != place.get("position"):
         update["queue_position"] = place.get("position")
     started = place.get("started_at")

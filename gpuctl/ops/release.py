@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
-from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, Resource, RunRecord
-from gpuctl.model.results import DownResult
+from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, Resource
+from gpuctl.model.results import DownQuestion, DownResult
 from gpuctl.model.specs import parse_spec
 from gpuctl.ops import archive, run_state, runs
 from gpuctl.ops.clusters import reconcile
@@ -47,27 +47,17 @@ def down_target(s: Session, name: str | None) -> str | None:
     return s.resolve_cluster(name).name
 
 
-def down_question(s: Session, target: str) -> str:
-    """What `down` asks before it releases the live cluster `target`: with what becomes of its
-    runs' files (kept, left on the hosts, or gone with the instance), as its provider says, and
-    the runs whose files exist only on the instance (asked of the ledger: nothing is dialled)."""
+def down_question(s: Session, target: str) -> DownQuestion:
+    """What `down` asks before it releases the live cluster `target`: what becomes of its runs'
+    files (kept, left on the hosts, or gone with the instance), as its provider says, and the runs
+    whose files exist only on the instance (asked of the ledger: nothing is dialled)."""
     cluster = s.ledger.live_cluster(target)
     if cluster is None:
-        return f"release cluster {target!r} and stop its jobs"
-    question = f"release cluster {target!r} and stop its jobs ({s.provider(cluster.spec).after_release()})"
-    lost = unpulled_runs(s, cluster)
-    if lost:
-        ids = ", ".join(r.run_id for r in lost[:5]) + (", ..." if len(lost) > 5 else "")
-        question += (f"; {len(lost)} run(s) have outputs only on the instance ({ids}): `gpuctl down {target} "
-                     "--pull` brings them back first")
-    return question
-
-
-def unpulled_runs(s: Session, cluster: ClusterRecord) -> list[RunRecord]:
-    """The cluster's runs whose files its release would delete (its provider keeps none)."""
-    if not s.provider(cluster.spec).loses_run_files():
-        return []
-    return s.ledger.runs(cluster.id)
+        return DownQuestion(cluster=target)
+    files = s.provider(cluster.spec).run_files()
+    # Where the release deletes the runs' files (its provider keeps none), every run of the cluster.
+    lost = s.ledger.runs(cluster.id) if files.kept == "on_instance" else []
+    return DownQuestion(cluster=target, files=files, unpulled=tuple(r.run_id for r in lost))
 
 
 def down(s: Session, name: str | None = None, progress: Progress = quiet, force: bool = False,

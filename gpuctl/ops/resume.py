@@ -21,7 +21,7 @@ from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.model import untrusted
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, RunRecord
 from gpuctl.ops import nodes, push, recovery, run_state, runs, stages
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 
@@ -103,7 +103,7 @@ def _resume_nodes(s: Session, run: RunRecord, cluster: ClusterRecord, progress: 
         with s.working(record, "train"):
             # Every worker restores from the chief's checkpoint (Keras reads CHECKPOINT/chief on each).
             nodes.share_checkpoint(group, run, progress)
-            nodes.each(group, lambda n: jobs.clear_ends(n.host, run.run_id, n.paths(run)))
+            each(group, lambda n: jobs.clear_ends(n.host, run.run_id, n.paths(run)))
             run = recovery.resume_here(s, record, run, ready, progress)
     s.ledger.event("resume", f"resumed from {ckpt} on {len(group)} nodes", cluster=record, run_id=run.run_id)
     return run
@@ -143,7 +143,7 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     with tempfile.TemporaryDirectory(prefix="gpuctl-resume-") as tmp:
         old.pull_tree(paths.outputs, Path(tmp) / "outputs")
         # Every node of the target restores the same checkpoint (Keras reads CHECKPOINT/chief on each).
-        nodes.each(group, lambda n: n.host.push(Path(tmp) / "outputs", n.paths(moved).outputs, progress=lambda line:
+        each(group, lambda n: n.host.push(Path(tmp) / "outputs", n.paths(moved).outputs, progress=lambda line:
                                                 progress(f"{nodes.label(n, group)}checkpoint: {line}")))
     new = group[0].host
     new.write_text(jobs.JobPaths(moved.run_dir).epochs, (old.read_bytes(paths.epochs) or b"").decode("utf-8", "replace"))
@@ -184,7 +184,7 @@ def _instance_ended(s: Session, run: RunRecord) -> bool:
     return bool(fresh) and (any(ended) if run.nodes > 1 else all(ended))
 
 
-def _host_answers(s: Session, cluster) -> bool:
+def _host_answers(s: Session, cluster: ClusterRecord) -> bool:
     try:
         s.host(cluster)
         return True

@@ -18,7 +18,7 @@ from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue, verdicts
 from gpuctl.ops.log_filter import LineFilter
-from gpuctl.ops.session import Session
+from gpuctl.ops.session import Session, each
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
 from gpuctl.retry import Backoff
@@ -121,8 +121,8 @@ def settle(s: Session, run: RunRecord) -> RunRecord:
     """A look, then what it decided done: the nodes still running a run that ended elsewhere are
     stopped. Only commands that act call it (`train --wait`, `logs -f`, `watch`, `stop`, `down`,
     `train --resume`, `runs rm`, a plan's probe)."""
-    run, decision, each = look(s, run)
-    return apply(s, run, decision, each)
+    run, decision, group = look(s, run)
+    return apply(s, run, decision, group)
 
 
 def pending(run: RunRecord) -> bool:
@@ -154,17 +154,17 @@ def look(s: Session, run: RunRecord) -> Looked:
     if run.state == "starting" and time.time() - (run.resumed_at or run.started_at) < STARTING_S:
         # Its jobs are being started node after node: one not started yet is no lost node.
         return run, None, []
-    each = nodes.of_run(s, cluster, run)
+    group = nodes.of_run(s, cluster, run)
     # A node whose machine ended under the run is known by the ledger only (it cannot be asked).
     gone = nodes.gone(s, cluster, run)
-    seen = verdicts.with_gone(nodes.states(each, run), gone)
+    seen = verdicts.with_gone(nodes.states(group, run), gone)
     if verdicts.needs_notices(run, seen):
         # Before the run is called failed, or its nodes stopped: one whose machine heard a spot
         # notice is leaving anyway (and may be saving the checkpoint).
-        seen = verdicts.with_notices(seen, nodes.notices(each))
-    host, paths = each[0].host, jobs.JobPaths(run.run_dir)
+        seen = verdicts.with_notices(seen, nodes.notices(group))
+    host, paths = group[0].host, jobs.JobPaths(run.run_dir)
     # The chief's reports are the run's (a worker's own, where the chief is gone, are not).
-    chief_here = each[0].rank == 0
+    chief_here = group[0].rank == 0
     place = None
     if run.gpus and chief_here and run.state not in FINAL_RUN_STATES:  # its job waits in the cluster's queue first
         place = queue.look(host, run.run_dir)
@@ -173,7 +173,7 @@ def look(s: Session, run: RunRecord) -> Looked:
             run = placed
             s.ledger.put_run(run)
     decision = verdicts.decide(run, seen, place, time.time(), chief=chief_here)
-    epochs, run = ingest_epochs(s, each[0], run) if chief_here else ([], run)
+    epochs, run = ingest_epochs(s, group[0], run) if chief_here else ([], run)
     update: dict[str, Any] = {}
     planned = next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     if planned and planned != run.epochs_planned:
@@ -202,7 +202,7 @@ def look(s: Session, run: RunRecord) -> Looked:
                            run_id=run.run_id)
             if decision.stop:
                 s.ledger.event("run-waiting", _waiting(s, cluster, run, decision), cluster=cluster, run_id=run.run_id)
-    return run, decision, each
+    return run, decision, group
 
 
 def _waiting(s: Session, cluster: ClusterRecord, run: RunRecord, decision: verdicts.Decision) -> str:
@@ -216,12 +216,12 @@ def _waiting(s: Session, cluster: ClusterRecord, run: RunRecord, decision: verdi
             f"`gpuctl stop {run.run_id}`")
 
 
-def apply(s: Session, run: RunRecord, decision: verdicts.Decision | None, each: list[nodes.Node]) -> RunRecord:
+def apply(s: Session, run: RunRecord, decision: verdicts.Decision | None, group: list[nodes.Node]) -> RunRecord:
     """Do what a look decided: stop the nodes still running a run that ended (they would wait for
     their peers, billed) and record them stopped (a node tmux did not confirm: said in an event)."""
     if decision is None or not decision.stop:
         return run
-    unconfirmed = nodes.stop_rest(each, run, decision.stop)
+    unconfirmed = nodes.stop_rest(group, run, decision.stop)
     states = decision.after_stop(unconfirmed)
     if states != run.node_states:
         run = run.model_copy(update={"node_states": states})
@@ -372,7 +372,7 @@ def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str],
     try:
         if any(r.gpus and r.state not in FINAL_RUN_STATES for r in s.ledger.runs(cluster.id)):
             # Before any run is stopped: one stopped must not let a queued one start on a cluster going down.
-            nodes.each(nodes.of(s, cluster), lambda n: queue.close(n.host))
+            each(nodes.of(s, cluster), lambda n: queue.close(n.host))
         for run in s.ledger.runs(cluster.id):
             run = settle(s, run)
             if run.state not in FINAL_RUN_STATES:
@@ -388,17 +388,17 @@ def stop_run(s: Session, cluster: ClusterRecord, run: RunRecord, grace_s: float 
     """Stop one live run on every node of it (SIGTERM, SIGKILL after `grace_s`): `stopped` in the
     ledger with its last epochs; its files and checkpoint stay for `train --resume`. The one
     per-run stop: `down` and `gpuctl stop` both end runs here."""
-    each = nodes.of_run(s, cluster, run)
-    host, paths = each[0].host, jobs.JobPaths(run.run_dir)
+    group = nodes.of_run(s, cluster, run)
+    host, paths = group[0].host, jobs.JobPaths(run.run_dir)
     # It was running when this machine looked a moment ago: it ran until now at least, whatever
     # its own `started` and `ended` files say (a job that wrote them would make itself free).
     ran_until = time.time() if run.state == "running" else 0.0
     # Out of the queue first, so it cannot start while it is stopped; one taken out never ran: no exit code.
-    taken = run.state == "queued" and any(nodes.each(each, lambda n: queue.dequeue(n.host, run.run_id)))
-    codes = nodes.stop(each, run, grace_s)
-    _, run = ingest_epochs(s, each[0], run)
+    taken = run.state == "queued" and any(each(group, lambda n: queue.dequeue(n.host, run.run_id)))
+    codes = nodes.stop(group, run, grace_s)
+    _, run = ingest_epochs(s, group[0], run)
     run = ending(run, "stopped", max(_ended_at(host, paths, run), ran_until), None if taken else codes[0])
     if run.nodes > 1:
-        run = run.model_copy(update={"node_states": ("stopped",) * len(each)})
+        run = run.model_copy(update={"node_states": ("stopped",) * len(group)})
     s.ledger.put_run(run)
     return run

@@ -8,11 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, RemoteError
+from gpuctl.model.records import ClusterRecord
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.ops import guards, nodes, push, stages
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
-from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.remote.host import NO_DEADLINE, Host
 
 
@@ -24,7 +25,7 @@ def sync(s: Session, project: Path, cluster: str | None = None, data: Path | Non
     record = s.resolve_cluster(cluster)
     group = nodes.of(s, record)
     with s.working(record, "push"):
-        pushed = nodes.each(group, lambda n: push.push_all(n.host, project, data,
+        pushed = each(group, lambda n: push.push_all(n.host, project, data,
                                                       lambda line: progress(nodes.label(n, group) + line)))
     code, data_stats, code_dir, data_dir = pushed[0]
     return SyncResult(code=code, data=data_stats, code_dir=code_dir, data_dir=data_dir)
@@ -69,7 +70,8 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     cluster's provider kept them (local: the gpuctl home)."""
     run = s.find_run(run_id)
     kept = s.kept_run(run) if s.live_cluster_of(run) is None else None
-    cluster = None if kept else s.run_on_live_cluster(run.run_id)[1]
+    # Where its files are: where its released cluster's provider kept them, or its live cluster.
+    where: tuple[Host, str] | ClusterRecord = kept if kept is not None else s.run_on_live_cluster(run.run_id)[1]
     target = Path(dest) / run.run_id
     if target.resolve().is_relative_to(s.home.resolve()):
         raise ConfigError(f"--dest {str(dest)!r} is inside gpuctl's home ({s.home})",
@@ -79,12 +81,12 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     except OSError as exc:
         raise ConfigError(f"cannot write to --dest {str(dest)!r}: {exc.strerror}",
                           "Pass a directory you can write to (it is created if missing).") from None
-    if kept is not None:
-        files, skipped = kept[0].pull_tree(kept[1], target)
+    if not isinstance(where, ClusterRecord):
+        files, skipped = where[0].pull_tree(where[1], target)
         return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
     s.connect_quickly()  # a live run's host answers, or we say so
-    _, host = s.host(cluster)
-    with s.working(cluster, "pull"):
+    _, host = s.host(where)
+    with s.working(where, "pull"):
         files, skipped = host.pull_tree(run.run_dir, target)
     return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
 

@@ -223,9 +223,9 @@ class Session:
         if name:
             found = self.ledger.live_cluster(name)
             if found is None:
-                live = [c.name for c in self.ledger.clusters(include_down=False)]
+                names = [c.name for c in self.ledger.clusters(include_down=False)]
                 raise NotFoundError(f"no cluster named {name!r} is up",
-                                    f"Clusters up: {', '.join(live)}." if live else "Start one with `gpuctl up`.")
+                                    f"Clusters up: {', '.join(names)}." if names else "Start one with `gpuctl up`.")
             return found
         default = self.ledger.default_cluster()
         if default:

@@ -14,7 +14,7 @@ import time
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Literal, TypeVar
 
 from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
@@ -195,7 +195,7 @@ def _choose(host: Host, payload_dir: str, root: str, wheelhouse: str | None, pyt
         raise RemoteError(f"the setup step failed on {host.label}: {result['error']}",
                           "`gpuctl logs --setup` shows pip's output. Check the version exists (--tf), the host "
                           "reaches PyPI (or set remote.wheelhouse), or set remote.python; then `gpuctl up` again.")
-    how = "ready" if result["skipped"] else "installed"
+    how: Literal["ready", "installed"] = "ready" if result["skipped"] else "installed"
     python = result["python"] if how == "ready" and result["python"] else where["python"]
     return TfEnv(host=host.label, python=python, how=how, tensorflow=result["tensorflow"],
                  seconds=round(time.monotonic() - started, 1))

@@ -90,6 +90,7 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     run = place(s, chief.host, run)
     s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(group)} nodes" if len(group) > 1 else ""),
                    cluster=record, run_id=run_id)
+    assert chief.code is not None  # push_and_check pushed the code to every node
     return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label,
                        node_gpus=node_gpus)
 

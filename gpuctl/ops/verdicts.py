@@ -10,6 +10,8 @@ instance's watchdog's: gpuctl_decide's stall guard fires for a job of several no
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass, replace
 
 from gpuctl.model.records import FINAL_RUN_STATES, InstanceRecord, RunRecord
@@ -99,7 +101,7 @@ def needs_notices(run: RunRecord, seen: list[NodeState]) -> bool:
     return run.nodes > 1 and run.state not in FINAL_RUN_STATES and verdict(seen)[0] not in ("running", "succeeded")
 
 
-def decide(run: RunRecord, seen: list[NodeState], place: dict | None, now: float, chief: bool = True) -> Decision:
+def decide(run: RunRecord, seen: list[NodeState], place: dict[str, Any] | None, now: float, chief: bool = True) -> Decision:
     """The run's state from its nodes (`seen`, the gone and notices counted in), its place in the
     cluster's queue (`place`: queue.look's answer on the chief, None when it has none; `chief`
     False: the chief's machine is gone, nothing of it was asked) and the time; and which nodes

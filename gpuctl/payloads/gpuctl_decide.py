@@ -17,6 +17,7 @@ The first that fires, in that order, is the tick's reason.
 """
 
 from collections import namedtuple
+from typing import List
 
 import gpuctl_logins  # beside this file on the instance
 import gpuctl_protocol
@@ -71,7 +72,8 @@ def heartbeats(cfg, beats, now):
     clock was set back after it was written, and a file that stays in the future would otherwise
     count as work (and keep the bill running) until the clock caught up."""
     stale_s = cfg.heartbeat_stale_s
-    fresh, stale = [], []
+    fresh: List[str] = []
+    stale: List[str] = []
     for name, mtime in sorted(beats.items()):
         (fresh if -stale_s < now - mtime < stale_s else stale).append(name)
     return fresh, stale

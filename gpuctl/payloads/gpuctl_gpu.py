@@ -13,6 +13,7 @@ import os
 import subprocess
 import threading
 import time
+from typing import Any, Deque, Dict, Tuple
 
 QUERY = "--query-gpu=utilization.gpu,memory.used,memory.total"
 CALL_TIMEOUT_S = 10.0
@@ -66,7 +67,7 @@ class Sampler(object):
         gpus = visible_gpus()
         if gpus and command is None:
             self.command = self.command + ["-i", gpus]
-        self.samples = collections.deque(maxlen=MAX_SAMPLES)  # (time, util, used, total)
+        self.samples: Deque[Tuple[float, ...]] = collections.deque(maxlen=MAX_SAMPLES)  # (time, util, used, total)
         self.failed = False
         self._thread = None
 
@@ -141,7 +142,7 @@ def configure_tensorflow(tf, log, mixed_precision="auto", memory_growth=True):
     """The seed articles' GPU practice: memory growth on; mixed_float16 on compute capability >= 7.0.
     `log` writes gpuctl's lines to the run's log (the launcher's)."""
     gpus = tf.config.list_physical_devices("GPU")
-    info = {"gpus": [], "mixed_precision": False}
+    info: Dict[str, Any] = {"gpus": [], "mixed_precision": False}
     for gpu in gpus:
         if memory_growth:
             tf.config.experimental.set_memory_growth(gpu, True)

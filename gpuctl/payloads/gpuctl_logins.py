@@ -8,6 +8,7 @@ import platform
 import re
 import stat
 import struct
+from typing import Dict
 
 # The login records, read directly: `who` output differs between coreutils versions and locales,
 # and it hides the record's pid, which tells a live login from a stale record.
@@ -87,7 +88,7 @@ def process_younger_than(pid, since):
 
 def summarize(ignored):
     """"2 tmux pane, 1 no input for 12s": why utmp records were not counted, for the log."""
-    counts = {}
+    counts: Dict[str, int] = {}
     for entry in ignored:
         counts[entry["why"]] = counts.get(entry["why"], 0) + 1
     return ", ".join("%d %s" % (n, why) for why, n in sorted(counts.items()))

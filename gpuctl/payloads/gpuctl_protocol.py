@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any, Callable, Dict, Final, Optional, Type, TypeVar
 
 # "schema" of each line of a run's epochs.jsonl (gpuctl.model.records.EpochReport).
 EPOCH_SCHEMA_VERSION = 1
@@ -38,7 +38,9 @@ PREEMPTED_EXIT = 75
 PREEMPTED_MARK = "preempted.json"
 STOPPED_EXIT = 143  # 128 + SIGTERM: stopped gracefully (by `stop`, `down` or a guard), or dequeued
 
-POWEROFF, STOP_JOBS = "poweroff", "stop-jobs"  # what a guard's firing does (`on_fire`)
+# What a guard's firing does (`on_fire`); Final: their types are these very strings.
+POWEROFF: Final = "poweroff"
+STOP_JOBS: Final = "stop-jobs"
 
 # The watchdog's code, entry point first: in the aws user data (it runs from boot), and hashed by
 # both sides (a changed hash restarts it).
@@ -46,9 +48,10 @@ WATCHDOG_FILES = ("gpuctl_watchdog.py", "gpuctl_decide.py", "gpuctl_logins.py", 
                   "gpuctl_protocol.py")
 
 _BAD = object()
+Json = Any  # a value json.loads returned: read with the checks below
 
 
-def _number(value):
+def _number(value: Json) -> Json:
     if isinstance(value, bool):  # an int to Python, never a number here
         return _BAD
     try:
@@ -58,20 +61,21 @@ def _number(value):
     return f if math.isfinite(f) else _BAD
 
 
-def _integer(value):
+def _integer(value: Json) -> Json:
     f = _number(value)
     return _BAD if f is _BAD or f != int(f) else int(f)
 
 
-def _of(kind):
+def _of(kind: type) -> Callable[[Json], Json]:
     return lambda value: value if isinstance(value, kind) else _BAD
 
 
-_KINDS = {"float": _number, "int": _integer, "bool": _of(bool), "str": _of(str), "dict": _of(dict)}
+_KINDS: Dict[str, Callable[[Json], Json]] = {
+    "float": _number, "int": _integer, "bool": _of(bool), "str": _of(str), "Dict[str, Any]": _of(dict)}
 
 
-def _accept(f, value):
-    kind = f.type  # a string (`from __future__ import annotations`)
+def _accept(f: Field[Any], value: Json) -> Json:
+    kind = str(f.type)  # a string (`from __future__ import annotations`)
     if kind.startswith("Optional["):
         if value is None:
             return None
@@ -86,13 +90,17 @@ def _accept(f, value):
     return got
 
 
+R = TypeVar("R", bound="Record")
+
+
+@dataclass
 class Record(object):
     """Read leniently, written whole."""
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls: Type[R], data: Json) -> R:
         """The record from parsed JSON: defaults for what is missing or bad."""
-        values = {}
+        values: Dict[str, Json] = {}
         if isinstance(data, dict):
             for f in fields(cls):
                 if f.name in data:
@@ -104,7 +112,7 @@ class Record(object):
         return cls(**values)
 
     @classmethod
-    def load(cls, path):
+    def load(cls: Type[R], path: str) -> R:
         """The record in a JSON file; all defaults if it is missing or no JSON."""
         try:
             with open(path) as fh:
@@ -113,10 +121,10 @@ class Record(object):
             data = None
         return cls.from_dict(data)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Json]:
         return asdict(self)
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
@@ -136,7 +144,7 @@ class QueueConfig(Record):
 class StoreConfig(Record):
     """run.json's `store`: where the run's files outlive the instance (gpuctl_store checks target)."""
 
-    target: Optional[dict] = None
+    target: Optional[Dict[str, Any]] = None
     key_prefix: str = ""
     imds_endpoint: Optional[str] = None
     read_only: bool = False  # a node other than the chief: restores, never writes
@@ -186,8 +194,8 @@ class GuardConfig(Record):
     cluster: Optional[str] = None
     cluster_key: Optional[str] = None  # this very `up`
     heartbeat_stale_s: float = 20.0
-    notice: Optional[dict] = None  # {"endpoint", "interval_s"} of spot notices
+    notice: Optional[Dict[str, Any]] = None  # {"endpoint", "interval_s"} of spot notices
     boot_guard: bool = False
 
 
-_RECORDS = {"QueueConfig": QueueConfig, "StoreConfig": StoreConfig}
+_RECORDS: Dict[str, Type[Record]] = {"QueueConfig": QueueConfig, "StoreConfig": StoreConfig}

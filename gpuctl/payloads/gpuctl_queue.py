@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import types
+from typing import Set
 
 from gpuctl_protocol import NODE_STARTED_FILE, QUEUE_FILE, STOPPED_EXIT, RunConfig  # beside this file on the instance
 
@@ -141,7 +142,7 @@ def entries(qdir, said=None):
     return out
 
 
-def ordinal(n):
+def ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, 11th...: a queued run's place, as `gpuctl status` and `train` say it."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return "%d%s" % (n, suffix)
@@ -161,7 +162,7 @@ def position(queue, me):
 
 def decide(queue, me, slots):
     """(held, visible) when the run may start now, else None."""
-    held = set()
+    held: Set[int] = set()
     for e in queue:
         if e["state"] == "running":
             held.update(e.get("held") or [])
@@ -197,7 +198,7 @@ def wait_turn(cfg, run_dir, poll_s=POLL_S):
         path = os.path.join(qdir, "%012d-%s.json" % (me["seq"], cfg.run_id))
         _write(path, me)
     last = None
-    said = set()  # the queue entries this run skipped and named: once each
+    said: Set[str] = set()  # the queue entries this run skipped and named: once each
     while True:
         with Locked(qdir):
             closed = closed_since(qdir)
@@ -270,7 +271,7 @@ def run_as_main(path, args):
     command line for the whole run.)"""
     main = types.ModuleType("__main__")
     main.__file__ = path
-    main.__builtins__ = builtins
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # a module's own, which typeshed does not list
     sys.argv = [path] + list(args)
     sys.path[0] = os.path.dirname(os.path.abspath(path))
     sys.modules["__main__"] = main

@@ -19,13 +19,14 @@ import math
 import os
 import sys
 import time
+from typing import Any, Dict, Tuple
 
 import gpuctl_protocol  # beside this file (copied into a project, it needs this one beside it too)
 
 try:  # now, while the payload's directory is on sys.path (the user's script's replaces it later)
     import gpuctl_gpu
 except ImportError:  # this file copied into a project, off gpuctl: no sampling (nor reports) there
-    gpuctl_gpu = None
+    gpuctl_gpu = None  # type: ignore[assignment]  # the module or None: checked before each use
 
 # Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for; it came with a
 # spot interruption notice (the epoch it cut short is not a finished one: no report for it).
@@ -79,7 +80,7 @@ LOADED_AT = time.time()
 class ReportWriter(object):
     """Turns epoch timings into report lines and appends them; one per report file per process."""
 
-    _by_path = {}
+    _by_path: Dict[Tuple[Any, ...], "ReportWriter"] = {}
 
     def __init__(self, path, run_id, usd_per_hour, budget_usd=0.0, stop_after=None):
         cfg = settings()
@@ -230,7 +231,7 @@ def _dataset_counts(ds):
     return None, None
 
 
-_classes = {}
+_classes: Dict[type, type] = {}
 
 
 def reporter_class(callback_base):
@@ -238,7 +239,7 @@ def reporter_class(callback_base):
     if callback_base in _classes:
         return _classes[callback_base]
 
-    class EpochReporter(callback_base):
+    class EpochReporter(callback_base):  # type: ignore[valid-type,misc]  # Keras's base, known at run time
         _gpuctl_reporter = True
 
         def __init__(self, path=None, run_id=None, usd_per_hour=None, budget_usd=None):

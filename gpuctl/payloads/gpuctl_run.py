@@ -14,6 +14,8 @@ import os
 import runpy
 import sys
 import traceback
+import types
+from typing import Any, Dict, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -82,7 +84,7 @@ def whole_epochs_only(backup_cls):
     if backup_cls is None:
         return None
     if backup_cls not in _WHOLE:
-        class Backup(backup_cls):
+        class Backup(backup_cls):  # type: ignore[valid-type,misc]  # Keras's class, known at run time
             def on_epoch_end(self, epoch, logs=None):
                 if gpuctl_report.STATE.get("preempted"):
                     return
@@ -92,7 +94,7 @@ def whole_epochs_only(backup_cls):
     return _WHOLE[backup_cls]
 
 
-_WHOLE = {}
+_WHOLE: Dict[type, type] = {}
 
 
 class RunStore(object):
@@ -100,7 +102,9 @@ class RunStore(object):
     that they outlive the instance; without a store they stay on the host."""
 
     def __init__(self):
-        self.target = self.prefix = self.run_dir = self.store = None
+        self.target: Optional[Dict[str, Any]] = None
+        self.prefix = self.run_dir = ""
+        self.store: Optional[types.ModuleType] = None  # gpuctl_store, once there is a target
         self.read_only = False
 
     def configure(self, cfg, run_dir):
@@ -118,7 +122,7 @@ class RunStore(object):
             os.environ.setdefault("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
 
     def save(self, why):
-        if not self.target or self.read_only:
+        if not self.target or self.read_only or self.store is None:
             return
         try:
             self.store.push(self.run_dir, self.target, self.prefix)
@@ -127,7 +131,7 @@ class RunStore(object):
 
     def restore(self, checkpoint_dir):
         """On a replacement instance: the checkpoint and the reports, before the script starts."""
-        if not self.target or (checkpoint_dir and os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir)):
+        if not self.target or self.store is None or (checkpoint_dir and os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir)):
             return
         import shutil
 
@@ -156,7 +160,7 @@ STORE = RunStore()
 
 def durable_class(callback_base):
     """A callback that hands the run's files to the store after each epoch (after the checkpoint)."""
-    class Durable(callback_base):
+    class Durable(callback_base):  # type: ignore[valid-type,misc]  # Keras's base, known at run time
         def on_epoch_end(self, epoch, logs=None):
             if not gpuctl_report.STATE.get("preempted"):
                 STORE.save("epoch %d" % (epoch + 1))
@@ -234,7 +238,7 @@ def install_fit_hook(tf, checkpoint_dir=None):
                     raise Preempted(PREEMPTED_EXIT)
                 return history
 
-            fit._gpuctl_wrapped = True
+            fit._gpuctl_wrapped = True  # type: ignore[attr-defined]  # marks the wrapper (not wrapped twice)
             return fit
 
         model_cls.fit = make(original, reporter_cls, backup_cls, callback_base)
@@ -266,7 +270,7 @@ def install_sigterm(notice_file=None):
     signal.signal(signal.SIGTERM, on_term)
 
 
-_SIGTERM = {"handler": None}
+_SIGTERM: Dict[str, Any] = {"handler": None}
 
 
 def reassert_sigterm():

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Dict, List, Optional
 
 MARKER = ".gpuctl-ready"
 # Where the Deep Learning AMIs keep TensorFlow: a venv on current ones, conda envs on older ones.
@@ -53,7 +54,7 @@ def paths(root, version):
             "lock": env + ".lock", "result": env + ".result.%d.json" % os.getpid(), "marker": os.path.join(env, MARKER)}
 
 
-def matches(found, asked):
+def matches(found: Optional[str], asked: str) -> bool:
     """'2.21' asks for any 2.21.x; '2.21.0' for exactly that."""
     if not found:
         return False
@@ -100,7 +101,7 @@ def ready_env(p, asked):
 def probe(args):
     p = paths(args.root, args.tensorflow)
     env, marker = ready_env(p, args.tensorflow)
-    found = []
+    found: List[Dict[str, Optional[str]]] = []
     if not env:
         # An image's own TensorFlow, or the host's python3 (a lab machine with TF installed).
         for cand in CANDIDATES + tuple(filter(None, [shutil.which("python3")])):

@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NoReturn, Protocol, cast
 
-from gpuctl.config.providers import PROVIDERS, unknown_provider
+from gpuctl.config.providers import PROVIDERS as PROVIDERS, unknown_provider  # PROVIDERS: re-exported
 from gpuctl.errors import ConfigError, GpuctlError
 from gpuctl.model.images import BakeContents, BakedImage, StoreTarget
-from gpuctl.model.specs import RemoteSpec
+from gpuctl.model.specs import Capabilities, RemoteSpec, RunFiles
 from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
@@ -32,19 +32,8 @@ if TYPE_CHECKING:
 
 
 class Provider(Protocol):
-    name: str
-    # True: `up` on a live cluster finds its instances (by tag) and reuses them. False: a conflict.
-    reuses_live_clusters: bool
-    # True: `up` arms the watchdog as soon as SSH works (it pays by the hour from now on);
-    # False: the first `train` arms it.
-    arms_guard_at_up: bool
-    # What the watchdog does when a guard fires, unless `guards.on_fire` says otherwise.
-    default_on_fire: str
-    # True: the instance powers itself off `max_hours` after boot (armed by the provider at launch).
-    boot_hard_cap: bool
-    # True: it launches machines of the type asked for (`aws.instance_type`, `plan --type`); False:
-    # its machines are what they are.
-    picks_instance_types: bool
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]  # what the use cases decide by (model/specs.py)
 
     def __init__(self, home: "Path", spec: "ClusterSpec") -> None: ...
 
@@ -119,12 +108,9 @@ class Provider(Protocol):
         and `runs rm`; None where nothing of it is kept by gpuctl (local keeps each run's under
         the gpuctl home; aws keeps checkpoints in its store, see checkpoint_store)."""
 
-    def after_release(self) -> str:
-        """What becomes of the runs' files when the cluster is released, for `down` to say."""
-
-    def loses_run_files(self) -> bool:
-        """Whether releasing deletes the runs' files (they exist only on the instances): `down`
-        then lists those runs and offers `down --pull`."""
+    def run_files(self) -> RunFiles:
+        """What becomes of the runs' files when the cluster is released (`down` says it; where they
+        exist only on the instances, it lists those runs and offers `down --pull`)."""
 
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
@@ -183,14 +169,18 @@ def no_image_store(provider: str) -> ConfigError:
                        "Run it with --provider aws (or `provider = \"aws\"` in the settings).")
 
 
-class MachinesThatStay:
+class ProviderBase:
+    """The class-level half of the Provider contract, declared once for every provider."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+
+class MachinesThatStay(ProviderBase):
     """What local and ssh providers answer alike: machines that are there before gpuctl and after
     it, which nobody takes away with a warning, and which have no machine images."""
 
-    name: str
-    picks_instance_types = False
-
-    def image_store(self) -> None:
+    def image_store(self) -> NoReturn:
         raise no_image_store(self.name)
 
     def remember(self, instances: "list[InstanceRecord]") -> None:
@@ -205,9 +195,6 @@ class MachinesThatStay:
     def kept_run(self, run_id: str) -> "tuple[Host, str] | None":
         return None
 
-    def loses_run_files(self) -> bool:
-        return False  # kept by gpuctl (local) or left on the host (ssh)
-
     def interruption_notice(self) -> None:
         return None
 
@@ -220,7 +207,7 @@ def ignore_launched(_: "InstanceRecord") -> None:
     """The default `launched` of Provider.launch: a caller that records nothing as it goes."""
 
 
-def provider_class(name: str) -> Any:
+def provider_class(name: str) -> type[Provider]:
     """The class registered under `name` (imports its module only now)."""
     try:
         target = PROVIDERS[name]
@@ -229,7 +216,8 @@ def provider_class(name: str) -> Any:
             unknown_provider(name), f"Known providers: {', '.join(sorted(PROVIDERS))}."
         ) from None
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    # cast: the registry (config/providers.py) names only classes that implement Provider.
+    return cast("type[Provider]", getattr(importlib.import_module(module), attr))
 
 
 def foreign_error(exc: BaseException) -> GpuctlError | None:
@@ -239,7 +227,7 @@ def foreign_error(exc: BaseException) -> GpuctlError | None:
     for name, target in PROVIDERS.items():
         if target.partition(":")[0] in sys.modules:
             known = getattr(provider_class(name), "foreign_error", None)
-            said = known(exc) if known is not None else None
+            said: GpuctlError | None = known(exc) if known is not None else None
             if said is not None:
                 return said
     return None

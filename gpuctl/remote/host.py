@@ -178,7 +178,8 @@ def read_part(fh: Any, offset: int, limit: int, size: int) -> bytes:
     start = max(0, size + offset) if offset < 0 else offset
     if start:
         fh.seek(start)
-    return fh.read(max(0, limit))
+    data: bytes = fh.read(max(0, limit))
+    return data
 
 
 PROBE_TIMED_OUT = 124

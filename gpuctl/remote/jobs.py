@@ -13,10 +13,10 @@ from __future__ import annotations
 import posixpath
 import shlex
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from gpuctl.errors import RemoteError, RemoteTimeout, Unconfirmed, UnreadableFile
-from gpuctl.model.untrusted import EARLIEST, LATEST, number
+from gpuctl.model.untrusted import EARLIEST, LATEST, N, number
 from gpuctl.payloads.gpuctl_protocol import EXIT_CODE_FILE, NODE_STARTED_FILE, STOP_FILE
 from gpuctl.remote import tmux
 from gpuctl.remote.host import COMMAND_TIMEOUT_S, Host
@@ -191,7 +191,7 @@ def read_exit_code(host: Host, paths: JobPaths) -> int | None:
     return _number(host, paths.exitcode, int, -1024, 1024)
 
 
-def _number(host: Host, path: str, kind: type, low: float, high: float) -> Any:
+def _number(host: Host, path: str, kind: type[N], low: float, high: float) -> N | None:
     """A number the instance wrote into a small file; None when absent, not a number, out of
     bounds, or not readable as a file (a link loop the job made: it must not hold `stop` or `down`)."""
     try:
@@ -268,15 +268,17 @@ def _pane_to_stop(host: Host, session: str, paths: JobPaths, clock: Clock) -> tm
     there (it is over); Unconfirmed when tmux never answers: without the pane's process group
     nothing can be signalled, and the job may run on."""
     pauses = Backoff(LOOK_PAUSE_S, clock=clock)
+    why = ""
     for look in range(STOP_LOOKS):
         p = tmux.look_pane(host, session)
         if not isinstance(p, tmux.Unanswered):
             return p
+        why = p.why
         if read_exit_code(host, paths) is not None:
             return None
         if look + 1 < STOP_LOOKS:
             pauses.pause()
-    raise Unconfirmed(f"could not stop {session} on {host.label}: {p.why}",
+    raise Unconfirmed(f"could not stop {session} on {host.label}: {why}",
                       "`gpuctl down` ends it anyway, with every process of the cluster there (without tmux).")
 
 

@@ -24,24 +24,26 @@ from gpuctl.remote.sync import push_local, unique_suffix
 from gpuctl.remote.sync.pull import LocalFiles, pull_walk
 
 
-def _drain(proc: subprocess.Popen, out: Tail, err: Tail, limit: float | None) -> bool:
+def _drain(proc: subprocess.Popen[bytes], out: Tail, err: Tail, limit: float | None) -> bool:
     """Read both pipes as they come until the command ends (True), or until `limit` seconds have
     passed (False); each Tail keeps what it may, so memory stays flat whatever is printed."""
     deadline = None if limit is None else time.monotonic() + limit
     with selectors.DefaultSelector() as sel:
         for pipe, tail in ((proc.stdout, out), (proc.stderr, err)):
-            sel.register(pipe, selectors.EVENT_READ, tail)
+            assert pipe is not None  # both are PIPEs
+            sel.register(pipe, selectors.EVENT_READ, (tail, pipe))
         while sel.get_map():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             for key, _ in sel.select(left):
                 data = os.read(key.fd, 1 << 16)
+                tail, pipe = key.data
                 if data:
-                    key.data.add(data)
+                    tail.add(data)
                 else:
-                    sel.unregister(key.fileobj)
-                    key.fileobj.close()
+                    sel.unregister(pipe)
+                    pipe.close()
     try:
         proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:  # it closed its output and goes on
@@ -53,7 +55,7 @@ def _newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

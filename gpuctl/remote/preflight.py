@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpuctl.errors import RemoteError
 from gpuctl.model import untrusted
@@ -67,7 +67,7 @@ def _printable(text: str) -> str:
     return untrusted.one_line(text, 300)
 
 
-def _text(value: Any, limit: int = 200) -> bool:
+def _text(value: object, limit: int = 200) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= limit and value.isprintable()
 
 

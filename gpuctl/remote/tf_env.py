@@ -8,7 +8,7 @@ finds it ready (or waits for it). This side starts it and follows its log.
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from gpuctl.errors import RemoteError
 from gpuctl.model import untrusted
@@ -48,10 +48,11 @@ def probe(host: Host, payload_dir: str, root: str, version: str) -> dict[str, An
     if problem:
         raise RemoteError(f"the setup probe on {host.label} answered what gpuctl cannot use ({problem})",
                           "Check the host's python3 and gpuctl's work dir there, or set `remote.python`.")
-    return where
+    checked: dict[str, Any] = where  # _unreadable found it an object of the shape described
+    return checked
 
 
-def _path(value: Any) -> bool:
+def _path(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and value.startswith("/") and value.isprintable()
 
 
@@ -81,7 +82,7 @@ def _unreadable(where: Any, version: str) -> str | None:
     return None
 
 
-def _text(value: Any) -> bool:
+def _text(value: object) -> TypeGuard[str]:
     """A short printable string: it goes to the user's terminal (no escape sequences)."""
     return isinstance(value, str) and len(value) <= 64 and value.isprintable()
 

@@ -20,6 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.test_deadlines import SLEEPER as HUNG_TMUX
 from tests.integration.test_deadlines import marked, wait_for
 
@@ -202,5 +204,23 @@ def test_the_act_path_stops_what_a_look_found_left_waiting(gpuctl, make_project,
     gpuctl("stop", run)
     shown = _runs(gpuctl)[run]
     assert (shown["state"], shown["failed_node"], shown["node_states"]) == ("failed", 1, ["stopped", "failed"])
+    chief = _pane(isolated, "two", 0, run)
+    assert chief is None or chief[1], "the chief still waits for its ended peer, billed"
+
+
+@pytest.mark.slow  # a real stall limit passes
+def test_with_nobody_looking_the_chiefs_own_guard_ends_its_wait_for_an_ended_peer(gpuctl, make_project, isolated,
+                                                                                   monkeypatch):
+    """The decision that ends that spend lives on the instance: the chief's watchdog (stall limit 4 s,
+    on_stall left at warn) fires for a node of several that waits on its peer; no gpuctl looks."""
+    for key, value in (("CHECK_INTERVAL", "1s"), ("IDLE", "2h"), ("STALL", "4s")):
+        monkeypatch.setenv(f"GPUCTL_GUARDS__{key}", value)
+    gpuctl("up", "--provider", "local", "--nodes", "2", "--name", "two")
+    run = _train(gpuctl, make_project("sleeper", {"train.py": SLEEPER}), "--cluster", "two")
+    wait_for(lambda: _runs(gpuctl)[run]["node_states"] == ["running", "running"])
+    os.killpg(_pane(isolated, "two", 1, run)[0], signal.SIGKILL)  # type: ignore[index]
+    fired = isolated / "clusters" / "two" / "guard" / "fired.json"
+    wait_for(fired.exists, timeout=60)
+    assert "a node of several: it waits for a peer" in fired.read_text()
     chief = _pane(isolated, "two", 0, run)
     assert chief is None or chief[1], "the chief still waits for its ended peer, billed"

@@ -5,6 +5,7 @@ run's segments remember every node's instance."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -13,14 +14,15 @@ from gpuctl import provision
 from gpuctl.model.records import RunRecord
 from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages
 from gpuctl.ops.session import Session
-from tests.fakes import FakeHost, FakeProvider
+from tests.fakes import FakeHost, FakeProvider, Unscripted, unscripted
 
 
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setitem(provision.PROVIDERS, "fake", "tests.fakes:FakeProvider")
     FakeProvider.reset()
-    return FakeProvider.world
+    yield FakeProvider.world
+    assert not unscripted(FakeProvider.world), "commands no test scripted (tests/fakes.py)"
 
 
 def two_nodes(tmp_path):
@@ -139,6 +141,7 @@ def tmux_says(fake, inst, rc: int, stdout: str, stderr: str = "") -> FakeHost:
 
     host = fake["hosts"].setdefault(inst.id, FakeHost())
     host.answers["tmux"] = CommandResult(argv=("tmux",), returncode=rc, stdout=stdout, stderr=stderr)
+    host.script("kill")  # a signal to a pane's process group: delivered
 
     def signalled(argv: tuple[str, ...]) -> None:  # its job exits as a stopped one does: no grace waited out
         if argv[0] == "kill":
@@ -219,8 +222,15 @@ def test_exec_keeps_every_hosts_output_when_one_hosts_connection_goes(fake, tmp_
     from gpuctl.model.records import CommandResult
 
     s, c, chief, worker = two_nodes(tmp_path)
-    fake["hosts"].setdefault(chief.id, FakeHost()).answers["uptime"] = CommandResult(
-        argv=("uptime",), returncode=0, stdout="up 3 days\n", stderr="")
+    host = fake["hosts"].setdefault(chief.id, FakeHost())
+    host.answers["uptime"] = CommandResult(argv=("uptime",), returncode=0, stdout="up 3 days\n", stderr="")
+
+    def busy(argv: tuple[str, ...]) -> CommandResult:  # exec marks the host busy while it runs, then not
+        if not re.fullmatch(r"(mkdir -p /fake/guard/busy && : > |rm -f )/fake/guard/busy/exec-[0-9a-f]+", argv[-1]):
+            raise Unscripted(f"unscripted shell line {argv}")
+        return CommandResult(argv=argv, returncode=0, stdout="", stderr="")
+
+    host.answers["sh"] = busy
 
     def gone(argv):
         raise RemoteError("lost the connection to fake-host (EOFError: the connection closed)")

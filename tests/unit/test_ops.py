@@ -16,14 +16,15 @@ from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import clusters, costs, release, run_state
 from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
-from tests.fakes import FakeProvider
+from tests.fakes import FakeProvider, unscripted
 
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     monkeypatch.setitem(provision.PROVIDERS, "fake", "tests.fakes:FakeProvider")
     FakeProvider.reset()
-    return FakeProvider.world
+    yield FakeProvider.world
+    assert not unscripted(FakeProvider.world), "commands no test scripted (tests/fakes.py)"
 
 
 def session(tmp_path, **env) -> Session:

@@ -20,7 +20,7 @@ from gpuctl.errors import RemoteError
 from gpuctl.model.records import CommandResult
 from gpuctl.ops import clusters, nodes, setup, stages
 from gpuctl.ops.session import Session
-from tests.fakes import FakeHost, FakeProvider
+from tests.fakes import UP_ANSWERS, FakeHost, FakeProvider, unscripted
 
 REPORT = {"python": "3.11.7", "executable": "/usr/bin/python3", "nvidia_smi": [], "tensorflow": "2.21.0",
           "tf_gpus": [], "cuda": None, "cudnn": None, "error": None, "cached": False}
@@ -32,6 +32,7 @@ class LookingHost(FakeHost):
 
     def __init__(self, patience: float = 5.0):
         super().__init__()
+        self.answers.update(UP_ANSWERS)  # the cluster's machine: `train` pushes the payload as `up` did
         self.pushing = threading.Event()
         self.looking = threading.Event()
         self.looked_during_push = self.pushed_during_look = None
@@ -78,7 +79,8 @@ def cluster(monkeypatch, tmp_path):
     project.mkdir()
     (project / "train.py").write_text("print('hi')\n")
     # A new session, as a `train` command is: its host is the one above.
-    return Session(tmp_path / "home", env=s.env), record, host, project
+    yield Session(tmp_path / "home", env=s.env), record, host, project
+    assert not unscripted(FakeProvider.world), "commands no test scripted (tests/fakes.py)"
 
 
 def test_the_code_is_pushed_while_the_preflight_looks(cluster):

@@ -98,10 +98,12 @@ def _isatty(stream: Any) -> bool:
 
 
 def emit_json(data: BaseModel | Sequence[BaseModel]) -> None:
-    if isinstance(data, (list, tuple)):
-        payload: Any = [d.model_dump(mode="json", by_alias=True) for d in data]
+    from pydantic import BaseModel  # loaded by then: the data is one
+
+    if isinstance(data, BaseModel):
+        payload: Any = data.model_dump(mode="json", by_alias=True)
     else:
-        payload = data.model_dump(mode="json", by_alias=True)
+        payload = [d.model_dump(mode="json", by_alias=True) for d in data]
     click.echo(json.dumps(payload, indent=2))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 from rich.console import Console
@@ -95,7 +95,7 @@ def train_started(result: TrainResult, to_stderr: bool) -> None:
             _not_pushed(label, st)
     run = result.run
     if run.state == "queued":
-        from gpuctl.cli.render.cost import ordinal
+        from gpuctl.payloads.gpuctl_queue import ordinal
 
         place = f" ({ordinal(run.queue_position)} in line)" if run.queue_position else ""
         free = (f"{run.gpus} GPU(s) are free" if result.node_gpus != 0 else
@@ -258,7 +258,7 @@ def guard(report: GuardReport, out: Console | None = None, now: float | None = N
     notes(report.notes)
 
 
-def _guard_check(out: Console, check: GuardCheck, cfg: dict) -> None:
+def _guard_check(out: Console, check: GuardCheck, cfg: dict[str, Any]) -> None:
     """One dry look on one host: what the watchdog sees and would decide now, and its probes."""
     r = check.result
     out.print()

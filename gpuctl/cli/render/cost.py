@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
-from typing import TYPE_CHECKING, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
 from rich.console import Console
 
@@ -38,14 +38,14 @@ from gpuctl.cli.render import (
 from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
 
 if TYPE_CHECKING:
-    from gpuctl.model.results import CostReport, RunCost, SegmentCost, StatusAll, StatusReport
+    from gpuctl.model.results import ClusterCost, CostReport, RunCost, SegmentCost, StatusAll, StatusReport
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
 
 RECENT_RUNS = 3  # `cost` prints epoch tables for this many newest runs unless --all or runs are named
 
 
-def _labels(clusters: tuple) -> dict[int, str]:
+def _labels(clusters: Sequence[ClusterCost]) -> dict[int, str]:
     """Each cluster's name, with `#id` where a name was used by several clusters (every `up` is its
     own cluster; the rows must stay apart even when other columns are dropped)."""
     names = [c.name for c in clusters]
@@ -61,7 +61,7 @@ def status(report: StatusReport | StatusAll, out: Console | None = None, now: fl
             notes(report.notes)
 
 
-def _status(report: StatusReport, out: Console, now: float | None) -> None:
+def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -> None:
     now = time.time() if now is None else now
     hidden = getattr(report, "hidden_clusters", 0)
     if hidden:
@@ -274,7 +274,7 @@ def _image_id(image: str | None) -> str:
     return image.rsplit("(", 1)[-1].rstrip(")") if image.endswith(")") else image
 
 
-_COMPARED = [
+_COMPARED: list[tuple[str, str, int, Callable[[RunCost], str]]] = [
     ("instance type", "type", 8, lambda r: r.instance_type or "-"),
     ("market", "market", 7, lambda r: r.market or "-"),
     ("$/h", "$/h", 9, lambda r: usd(r.usd_per_hour)),

@@ -82,11 +82,12 @@ def plan_plot(report: PlanReport, path: Path) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report.rows if r.projected_usd is not None and r.projected_s is not None]
+    points = [(r.label, r.fastest, s / 3600.0, usd) for r in report.rows
+              if (usd := r.projected_usd) is not None and (s := r.projected_s) is not None]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
-        ax.scatter([r.projected_s / 3600.0], [r.projected_usd], s=40)
-        ax.annotate(f"{r.label}{' (fastest)' if r.fastest else ''}", (r.projected_s / 3600.0, r.projected_usd),
+    for label, fastest, hours, usd in points:
+        ax.scatter([hours], [usd], s=40)
+        ax.annotate(f"{label}{' (fastest)' if fastest else ''}", (hours, usd),
                     textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set(title=f"{report.epochs} epochs of {Path(report.project).name}, projected from the probes",
            xlabel="hours", ylabel="US dollars")
@@ -96,4 +97,4 @@ def plan_plot(report: PlanReport, path: Path) -> int:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return len(rows)
+    return len(points)

@@ -178,6 +178,6 @@ def _price_list(aws: Aws, instance_type: str) -> float | None:
                     usd = float(dim.get("pricePerUnit", {}).get("USD", 0))
                     if usd > 0:
                         return usd
-    except (*aws_errors(), ValueError):
+    except aws_errors() + (ValueError,):
         return None
     return None

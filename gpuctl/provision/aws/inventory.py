@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Callable
 
 from gpuctl.errors import CloudError, GpuctlError
@@ -138,21 +139,20 @@ def _release_region(ctx: AwsContext, region: str, items: list[Resource], progres
     for r in items:
         if r.kind == "security-group":
             # A group stays "in use" for a while after its instances terminate; no waiter covers it.
-            if attempt(f"security group {r.id}", lambda gid=r.id: _poll(
-                    lambda: delete_when_free(ec2.delete_security_group, "DeleteSecurityGroup", "DependencyViolation",
-                                             "InvalidGroup.NotFound", GroupId=gid),
-                    timeout, f"security group {gid} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
+            if attempt(f"security group {r.id}", partial(_poll, partial(
+                    delete_when_free, ec2.delete_security_group, "DeleteSecurityGroup", "DependencyViolation",
+                    "InvalidGroup.NotFound", GroupId=r.id),
+                    timeout, f"security group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
                 progress(f"deleted security group {r.id}")
         elif r.kind == "placement-group":
             # Like a group, it is "in use" until its instances have terminated.
-            if attempt(f"placement group {r.id}", lambda name=r.id: _poll(
-                    lambda: delete_when_free(ec2.delete_placement_group, "DeletePlacementGroup",
-                                             "InvalidPlacementGroup.InUse", "InvalidPlacementGroup.Unknown",
-                                             GroupName=name),
-                    timeout, f"placement group {name} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
+            if attempt(f"placement group {r.id}", partial(_poll, partial(
+                    delete_when_free, ec2.delete_placement_group, "DeletePlacementGroup",
+                    "InvalidPlacementGroup.InUse", "InvalidPlacementGroup.Unknown", GroupName=r.id),
+                    timeout, f"placement group {r.id} to be free", progress, "Rerun `gpuctl down` in a minute to finish.")):
                 progress(f"deleted placement group {r.id}")
         elif r.kind == "key-pair":
-            if attempt(f"key pair {r.id}", lambda name=r.id: call(ec2.delete_key_pair, KeyName=name)):
+            if attempt(f"key pair {r.id}", partial(call, ec2.delete_key_pair, KeyName=r.id)):
                 progress(f"deleted key pair {r.id}")
                 if r.cluster:  # ours: its private half is here (another owner's has no cluster here)
                     path = access.key_path(ctx.home, r.cluster, region)
@@ -160,7 +160,7 @@ def _release_region(ctx: AwsContext, region: str, items: list[Resource], progres
                     path.with_suffix(".pub").unlink(missing_ok=True)
     for r in items:  # after the instances: a running one may still use its profile's credentials
         if r.kind == "instance-profile":
-            if attempt(f"instance profile {r.id}", lambda name=r.id: store_iam.delete_profile(aws, name)):
+            if attempt(f"instance profile {r.id}", partial(store_iam.delete_profile, aws, r.id)):
                 progress(f"deleted instance profile and role {r.id} (the checkpoint bucket stays)")
     return failed
 

@@ -8,7 +8,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl import seams
 from gpuctl.config.settings import Settings
@@ -16,9 +16,9 @@ from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError,
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
-from gpuctl.model.specs import AwsSpec
+from gpuctl.model.specs import AwsSpec, Capabilities, RunFiles
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
-from gpuctl.provision import ignore_launched, remote_spec
+from gpuctl.provision import ProviderBase, ignore_launched, remote_spec
 from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
@@ -46,7 +46,7 @@ def _from_botocore(exc: BaseException) -> bool:
     return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("botocore.", "boto3."))
 
 
-class AwsProvider:
+class AwsProvider(ProviderBase):
     name = "aws"
 
     @staticmethod
@@ -54,11 +54,10 @@ class AwsProvider:
         """botocore's exception that a call site left untranslated, as the cloud's error; also one
         raised inside botocore (an HTML page answered with a 200 ends in a KeyError there)."""
         return translate(exc) if _from_botocore(exc) else None
-    reuses_live_clusters = True  # `up` again on a live cluster finds it by tag and reuses it
-    arms_guard_at_up = True  # billed by the second from now on
-    default_on_fire = POWEROFF  # shutdown behaviour terminate: powering off ends the bill
-    boot_hard_cap = True
-    picks_instance_types = True
+    # `up` again on a live cluster finds it by tag and reuses it; the watchdog from `up` on (billed by
+    # the second from then); on fire it powers off (shutdown behaviour terminate: that ends the bill).
+    capabilities = Capabilities(reuses_live_clusters=True, arms_guard_at_up=True, default_on_fire=POWEROFF,
+                                boot_hard_cap=True, picks_instance_types=True)
 
     def __init__(self, home: Path, spec: AwsSpec):
         self.ctx = AwsContext(home, spec)
@@ -83,7 +82,7 @@ class AwsProvider:
             store_id=secrets.token_hex(6),
             nodes=s.nodes, placement=a.placement,
             boot_guard={"idle_s": s.guards.seconds("idle"), "check_interval_s": s.guards.seconds("check_interval"),
-                        "gpu_idle_percent": s.guards.gpu_idle_percent, "on_fire": s.guards.on_fire or cls.default_on_fire,
+                        "gpu_idle_percent": s.guards.gpu_idle_percent, "on_fire": s.guards.on_fire or cls.capabilities.default_on_fire,
                         "poweroff_command": s.guards.poweroff_command},
         )
 
@@ -309,14 +308,8 @@ class AwsProvider:
     def kept_run(self, run_id: str) -> tuple[Host, str] | None:
         return None  # what outlives the instance is in the checkpoint store
 
-    def loses_run_files(self) -> bool:
-        return self.spec.checkpoints != "s3"
-
-    def after_release(self) -> str:
-        if self.spec.checkpoints == "s3":
-            return "its runs' checkpoints, outputs, reports and logs stay in the S3 checkpoint store"
-        return ("its runs' outputs and checkpoints are on the instance's disk only and go with it "
-                "(`gpuctl pull RUN` first)")
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="in_store" if self.spec.checkpoints == "s3" else "on_instance")
 
     def was_interrupted(self, instance: InstanceRecord) -> bool:
         """EC2 ended it for spot capacity (state reason Server.SpotInstanceTermination). Not a user's
@@ -363,3 +356,9 @@ class AwsProvider:
 
     def release(self, resources: list[Any], progress: Progress = _quiet, unreachable: frozenset[str] = frozenset()) -> None:
         inventory.release(self.ctx, resources, progress)
+
+
+if TYPE_CHECKING:
+    from gpuctl.provision import Provider
+
+    _keeps_the_contract: type[Provider] = AwsProvider  # checked by mypy (scripts/typecheck)

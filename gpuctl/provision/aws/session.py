@@ -218,8 +218,8 @@ def _share_service_parts() -> None:
         return _once("class", service_name, service_model.api_version,
                      lambda: build_class(self, service_name, service_model))
 
-    ClientCreator._load_service_model = load_service_model  # type: ignore[method-assign]
-    ClientCreator._create_client_class = create_client_class  # type: ignore[method-assign]
+    ClientCreator._load_service_model = load_service_model
+    ClientCreator._create_client_class = create_client_class
     _share_event_aliases()
 
 
@@ -239,7 +239,7 @@ def _share_event_aliases() -> None:
         if self._event_aliases == EVENT_ALIASES:
             self._alias_name_cache = shared
 
-    EventAliaser.__init__ = __init__  # type: ignore[method-assign]
+    EventAliaser.__init__ = __init__
 
 
 class Aws:

@@ -79,10 +79,11 @@ def idle_guard_script(guard: dict[str, Any], user: str, root: str) -> str:
     payload = posixpath.join(root, "payload")
     # started_at is the boot's time, known there only: a placeholder that sed replaces.
     cfg = GuardConfig(**{k: guard[k] for k in BOOT_GUARD_KEYS if k in guard}, runs_dir=posixpath.join(root, "runs"),
-                      tmux_socket="gpuctl", started_at=_BOOT, stall_s=0, boot_guard=True)
+                      tmux_socket="gpuctl", stall_s=0, boot_guard=True)
     # The settings' limits, and of the rest only what differs from the watchdog's defaults (16 KB in
     # all); `guard show` reads the limits back before the first `train`.
     boot = {k: v for k, v in cfg.to_dict().items() if k in BOOT_GUARD_KEYS or v != getattr(GuardConfig, k)}
+    boot["started_at"] = _BOOT
     lines = ["# gpuctl boot-time idle guard (the watchdog `gpuctl train` re-arms): power off after guards.idle",
              f"root={q(root)}", 'mkdir -p "$root/payload" "$root/guard" "$root/runs"']
     for name in WATCHDOG_FILES:

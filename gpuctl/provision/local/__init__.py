@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuctl.errors import RemoteError
 from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
-from gpuctl.model.specs import LocalSpec
+from gpuctl.model.specs import Capabilities, LocalSpec, RunFiles
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote.host import Host
@@ -26,6 +26,7 @@ from gpuctl.remote.teardown import end_cluster
 
 if TYPE_CHECKING:
     from gpuctl.config.settings import Settings
+    from gpuctl.provision import Provider
 
 
 NODES_DIR = "nodes"  # a multi-node cluster's nodes 1..N-1, inside node 0's work dir
@@ -34,10 +35,7 @@ KEPT_RUNS_DIR = "runs"  # under the gpuctl home: runs of released clusters, one 
 
 class LocalProvider(MachinesThatStay):
     name = "local"
-    reuses_live_clusters = False
-    arms_guard_at_up = False  # nothing is rented: the first `train` arms it
-    default_on_fire = STOP_JOBS
-    boot_hard_cap = False
+    capabilities = Capabilities(default_on_fire=STOP_JOBS)  # nothing is rented: the first `train` arms the watchdog
 
     def __init__(self, home: Path, spec: LocalSpec):
         self.home = Path(home)
@@ -106,9 +104,8 @@ class LocalProvider(MachinesThatStay):
             return None
         return LocalHost(self._kept_dir(), self.spec.remote.command_timeout_s), str(path)
 
-    def after_release(self) -> str:
-        return (f"its runs' outputs, checkpoints and logs are kept in {self._kept_dir()} (`gpuctl pull RUN` "
-                "still works; `gpuctl runs rm RUN` deletes one)")
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="here", where=str(self._kept_dir()))
 
     def _keep_runs(self, workdir: Path, progress: Callable[[str], None]) -> None:
         """Move the chief's run directories out of a work dir about to go (the other nodes'
@@ -149,7 +146,11 @@ class LocalProvider(MachinesThatStay):
                 if survivors:
                     raise RemoteError(f"processes of cluster {r.cluster} survived SIGKILL: {'; '.join(survivors[:3])}",
                                       "Look at them with `ps`; run `gpuctl down` again once they are gone.")
-                if Path(r.id) == self._clusters_dir() / r.cluster:  # node 0's (the chief's) work dir
+                if r.cluster is not None and Path(r.id) == self._clusters_dir() / r.cluster:  # node 0's (the chief's) work dir
                     self._keep_runs(Path(r.id), progress)
                 shutil.rmtree(r.id, ignore_errors=True)
                 progress(f"removed {r.id}")
+
+
+if TYPE_CHECKING:
+    _keeps_the_contract: type[Provider] = LocalProvider  # checked by mypy (scripts/typecheck)

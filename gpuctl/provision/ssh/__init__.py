@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError, RemoteError
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.model.records import InstanceRecord, Resource
-from gpuctl.model.specs import SshSpec
+from gpuctl.model.specs import Capabilities, RunFiles, SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
 from gpuctl.remote import guard
@@ -32,6 +32,7 @@ from gpuctl.remote.teardown import end_cluster
 
 if TYPE_CHECKING:
     from gpuctl.config.settings import Settings
+    from gpuctl.provision import Provider
 
 NEEDED = {"tmux": "tmux", "python3": "python3", "tar": "tar"}
 RELEASE_CONNECT_TIMEOUT_S = QUICK_CONNECT_S  # one short wait, as every command that ends work (docs/cli.md)
@@ -56,10 +57,8 @@ def _refuse_if_taken(host: SshHost, name: str) -> None:
 
 class SshProvider(MachinesThatStay):
     name = "ssh"
-    reuses_live_clusters = False
-    arms_guard_at_up = True
-    default_on_fire = STOP_JOBS  # the user's own machine: end gpuctl's jobs, never power it off
-    boot_hard_cap = False
+    # The watchdog from `up` on; on fire, the user's own machine ends gpuctl's jobs, never powers off.
+    capabilities = Capabilities(arms_guard_at_up=True, default_on_fire=STOP_JOBS)
 
     def __init__(self, home: Path, spec: SshSpec):
         self.home = Path(home)
@@ -102,8 +101,8 @@ class SshProvider(MachinesThatStay):
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
 
-    def after_release(self) -> str:
-        return "its runs' files stay on the hosts, in remote.workdir (gpuctl leaves them there)"
+    def run_files(self) -> RunFiles:
+        return RunFiles(kept="on_hosts")
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
@@ -212,3 +211,7 @@ class SshProvider(MachinesThatStay):
         if left:
             raise RemoteError(f"processes of the cluster survived SIGKILL on {' | '.join(left)}",
                               "Look at them with `ps` there; run `gpuctl down` again once they are gone.")
+
+
+if TYPE_CHECKING:
+    _keeps_the_contract: type[Provider] = SshProvider  # checked by mypy (scripts/typecheck)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +26,7 @@ from gpuctl.retry import TimedOut, poll
 def _pin_policy(path: Path, alias: str = "") -> Any:
     import paramiko
 
-    class PinOnFirstContact(paramiko.MissingHostKeyPolicy):
+    class PinOnFirstContact(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko: no types
         """Trust a host's key the first time and remember it (under its key alias, if it has one);
         paramiko refuses a changed one."""
 
@@ -102,6 +102,14 @@ def _why(exc: BaseException, step: Endpoint, via: Endpoint | None) -> str:
     return str(exc) or type(exc).__name__
 
 
+@dataclass
+class _Seen:
+    """What the latest try ran into, and at which hop."""
+
+    last: str
+    failing: Endpoint
+
+
 WAIT_EVERY_S = 10.0  # a slow connection is said at its first wait, then once in this many seconds
 
 
@@ -114,7 +122,7 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
 
     known = known_hosts_path(home)
     deadline = time.monotonic() + timeout_s
-    seen = {"last": "", "failing": ep}  # what the latest try ran into, and at which hop
+    seen = _Seen("", ep)
     hops: list[Any] = []  # open Connections to ep.jump[0], ep.jump[1], ...
     steps = [*ep.jump, ep]
 
@@ -156,7 +164,7 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
                     "Pass the right key with --identity (or IdentityFile in your ssh config), and check it is "
                     "in the host's authorized_keys.",
                 ) from None
-            seen.update(last=f"key not accepted yet ({exc})", failing=step)
+            seen.last, seen.failing = f"key not accepted yet ({exc})", step
         except socket.gaierror as exc:
             # The name is resolved on this machine (the first hop, or the host itself): a name that
             # does not resolve will not start to while we wait.
@@ -169,7 +177,7 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
         except (OSError, EOFError, paramiko.SSHException) as exc:
             if conn is not None:
                 close_all([conn])
-            seen.update(last=_why(exc, step, via), failing=step)
+            seen.last, seen.failing = _why(exc, step, via), step
         return None
 
     said = {"at": float("-inf")}
@@ -182,14 +190,14 @@ def open_chain(ep: Endpoint, home: Path, timeout_s: float, retry_auth: bool = Fa
             progress(f"waiting for SSH on {ep.name}: {elapsed:.0f} s of {timeout_s:.0f} s ({last})")
 
     try:
-        return poll(attempt, timeout_s, first_delay_s=0.5, max_delay_s=8.0, describe=lambda: seen["last"],
+        return poll(attempt, timeout_s, first_delay_s=0.5, max_delay_s=8.0, describe=lambda: seen.last,
                     on_wait=waiting)
     except TimedOut:
         close_all(hops)
-        failing = seen["failing"]
+        failing = seen.failing
         where = ep.name if failing is ep else f"jump host {failing.label} on the way to {ep.label}"
         raise RemoteError(
-            f"cannot connect to {where}: timed out after {timeout_s:.0f}s ({seen['last']})",
+            f"cannot connect to {where}: timed out after {timeout_s:.0f}s ({seen.last})",
             "Is the host up and reachable from here? Check the address, the port, any jump host (ProxyJump) "
             "and any firewall or security group (`remote.connect_timeout_s` sets the wait).",
         ) from None

@@ -79,7 +79,8 @@ class SshHost(Deadlines):
         return f"cd {shlex.quote(self.root)} 2>/dev/null; {cmd}" if cwd else cmd
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None, cwd: bool = True,
-            stdin: bytes | None = None, output_limit: int | None = MAX_OUTPUT, probe: bool = False) -> CommandResult:
+            output_limit: int | None = MAX_OUTPUT, probe: bool = False, stdin: bytes | None = None) -> CommandResult:
+        # stdin last: the Host protocol's parameters come first, in its order (any caller may pass them by place).
         limit = self.deadline(timeout)
         chan = self._start(argv, cwd and bool(self.root), limit)
         if stdin is not None:
@@ -261,16 +262,20 @@ class SshHost(Deadlines):
                         return b""
                     fh.seek(start)
                     fh.prefetch(end)  # pipelined reads of the part wanted: one round trip's wait, not one per 32 KB
-                    return fh.read(end - start)
+                    data: bytes = fh.read(end - start)
+                    return data
             except OSError as exc:
-                return self._absent(exc, f"cannot read {path}")
+                self._absent(exc, f"cannot read {path}")
+                return None
 
     def file_size(self, path: str) -> int | None:
         with self._sftp_call(f"looking at {path}"):
             try:
-                return self.sftp.stat(path).st_size
+                size: int = self.sftp.stat(path).st_size
+                return size
             except OSError as exc:
-                return self._absent(exc, f"cannot look at {path}")
+                self._absent(exc, f"cannot look at {path}")
+                return None
 
     def _absent(self, exc: OSError, what: str) -> None:
         """None for a file that is not there; else the file cannot be read as one (a link loop the

@@ -205,15 +205,15 @@ class Meter:
         self._last: float | None = None
 
     def due(self) -> bool:
-        return self.on and (self._last is None or self._clock() - self._last >= self._every)
+        return self._out is not None and (self._last is None or self._clock() - self._last >= self._every)
 
     def __call__(self, line: str) -> None:
-        if self.due():
+        if self._out is not None and self.due():
             self._last = self._clock()
             self._out(line)
 
     def final(self, line: str) -> None:
-        if self.on:
+        if self._out is not None:
             self._out(line)
 
 

@@ -40,7 +40,7 @@ def _compile(lines: Iterable[str]) -> _Spec | None:
     """None when no line is a pattern. Each line is compiled alone, so one that pathspec rejects
     (a lone `!`, a lone trailing backslash, a range like `[z-a]`: git matches nothing with those
     either) is dropped instead of failing the push."""
-    kept = []
+    kept: list[tuple[str, Pattern]] = []
     with warnings.catch_warnings():  # re's FutureWarning about `[[` in a glob is noise to a user
         warnings.simplefilter("ignore", FutureWarning)
         for line in lines:

@@ -32,7 +32,7 @@ class Private:
         for var in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
             if env.get(var):
                 places.append((os.path.expanduser(env[var]), f"the file ${var} names"))
-        self._places = {}
+        self._places: dict[str, str] = {}
         for path, what in places:
             # Both the place as named and where it really is: a ~/.ssh that is a link is caught
             # under either name.

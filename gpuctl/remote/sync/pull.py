@@ -129,7 +129,9 @@ def pull_walk(fs: Any, top: str, local: Path) -> tuple[int, tuple[str, ...]]:
     copied, skipped entries). Links are made last, once every file and directory is in place, so
     no listing order can make a write go through one. An entry whose path here would pass the
     system's limits (PATH_MAX, NAME_MAX) is skipped and named; any other failure is a RemoteError."""
-    count, skipped, links = 0, [], []
+    count = 0
+    skipped: list[str] = []
+    links: list[tuple[Path, str, str]] = []
     umask = current_umask()
     dir_modes: dict[str, int] = {}  # by path under the top ("a/b/"): the instance's mode, made safe
     local.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,7 @@ def _rsync_has_progress2() -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     m = re.search(r"version (\d+)\.(\d+)", out)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (3, 1)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (3, 1)
 
 
 # "  1,238,099  99%  1.23MB/s  0:00:00 (xfr#202, to-chk=0/204)"; the parenthesis only once a file is done.
@@ -119,6 +119,7 @@ def _rsync(host: SshShell, src: Path, dest: str, current: dict[str, tuple[int, i
         listing.write(b"\0".join(os.fsencode(rel) for rel in current))
         listing.seek(0)
         proc = subprocess.Popen(argv, stdin=listing, stdout=subprocess.PIPE, stderr=errors, preexec_fn=_pdeathsig())
+        assert proc.stdout is not None  # stdout=PIPE
         kept: list[str] = []
         t0, pending = time.perf_counter(), b""
         try:

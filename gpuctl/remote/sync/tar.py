@@ -13,7 +13,7 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
 from gpuctl.errors import ProjectError
 from gpuctl.remote.host import SshShell
@@ -85,7 +85,8 @@ def tar_push(host: SshShell, src: Path, dest: str, changed: list[str], progress:
         nonlocal counting
         counting = _Counting(stream, tick)
         # 1 MB blocks: one SSH write per block, not one per 10 KB tar record.
-        with tarfile.open(fileobj=counting, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tar:
+        # cast: a "w|" stream only ever writes (typeshed asks any fileobj for read/seek/tell too).
+        with tarfile.open(fileobj=cast("IO[bytes]", counting), mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tar:
             for rel in changed:
                 try:
                     with open(src / rel, "rb") as fh:  # follows a link the scan allowed: its content goes
