@@ -322,7 +322,7 @@ class AwsProvider(ProviderBase):
                         taken: set[str] | None = None) -> list[InstanceRecord]:
         """Spot instances interrupted in their first hour get EC2's grace (lifecycle.py)."""
         return lifecycle.end_interrupted(instances, self.reconcile, lambda i: self._end(i, progress), progress, taken,
-                                         self.aws.clock)
+                                         self.aws(self.spec.region).clock)
 
     def _end(self, instances: list[InstanceRecord], progress: Progress) -> list[InstanceRecord]:
         if not instances:
