@@ -174,9 +174,6 @@ class FakeProvider(MachinesThatStay):
         if self.world.get("refuse"):
             raise self.world["refuse"]
 
-    def launch_question(self) -> str | None:
-        return "rent a fake machine"
-
     def price_quote(self) -> PriceQuote:
         return PriceQuote(usd_per_hour=self.spec.usd_per_hour, source="the fake's price")
 

@@ -13,7 +13,7 @@ from gpuctl.errors import ConfirmationRequired, ExitCode, RemoteError
 
 if TYPE_CHECKING:
     from gpuctl.cli.render import Progress
-    from gpuctl.model.results import DownQuestion
+    from gpuctl.model.results import DownQuestion, LaunchQuestion
     from gpuctl.ops.session import Session
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -48,7 +48,7 @@ def progress_sink() -> Progress:
     return Progress()
 
 
-def confirm(yes: bool, question: str | DownQuestion) -> None:
+def confirm(yes: bool, question: str | DownQuestion | LaunchQuestion) -> None:
     """The one place gpuctl asks before it spends or destroys; "n" (or Ctrl-D, Ctrl-C at the
     question) says so and exits 11 (ExitCode.DECLINED). A question a use case states as a record
     is said by cli/render/questions.py."""
@@ -56,8 +56,9 @@ def confirm(yes: bool, question: str | DownQuestion) -> None:
         return
     if not isinstance(question, str):
         from gpuctl.cli.render import questions
+        from gpuctl.model.results import LaunchQuestion
 
-        question = questions.down(question)
+        question = questions.launch(question) if isinstance(question, LaunchQuestion) else questions.down(question)
     if not sys.stdin.isatty():
         raise ConfirmationRequired(f"refusing to {question} without confirmation")
     try:

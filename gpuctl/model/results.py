@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from gpuctl.model.records import ClusterRecord, InstanceRecord, Resource, RunRecord, RunState, Segment, SyncStats
+from gpuctl.model.records import (ClusterRecord, InstanceRecord, PriceQuote, Resource, RunRecord, RunState, Segment,
+                                  SyncStats)
 from gpuctl.model.specs import Frozen, RunFiles
 
 
@@ -179,6 +180,19 @@ class StopResult(Frozen):
     stopped: tuple[RunRecord, ...] = ()
     already_ended: Optional[RunRecord] = None
     dequeued: tuple[str, ...] = ()  # of the stopped runs, those taken out of the queue before they started
+
+
+class LaunchQuestion(Frozen):
+    """What `up` asks before it starts what bills (cli/render/questions.py says it)."""
+
+    cluster: str
+    provider: str
+    nodes: int
+    instance_type: Optional[str] = None  # the type asked for, where the provider picks types (aws)
+    market: Optional[str] = None  # "spot" or "on-demand" there
+    quote: PriceQuote  # what the launch bills an hour, all nodes together
+    max_hours: float  # the hard cap
+    budget_usd: float = 0.0  # guards.budget_usd (0: none)
 
 
 class DownQuestion(Frozen):

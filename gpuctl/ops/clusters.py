@@ -16,7 +16,7 @@ from gpuctl.config import tf_releases
 from gpuctl.errors import ConfigError, ConflictError, GpuctlError
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, PriceQuote
 from gpuctl.model.requests import UpRequest
-from gpuctl.model.results import TfEnv, UpResult
+from gpuctl.model.results import LaunchQuestion, TfEnv, UpResult
 from gpuctl.model.specs import ClusterSpec
 from gpuctl.ops import guards, setup, workdirs
 from gpuctl.ops.session import Progress, Session, quiet
@@ -44,17 +44,21 @@ def _asked(s: Session, usd_per_hour: float | None, take: bool = False) -> Cluste
     return spec
 
 
-def launch_question(s: Session, usd_per_hour: float | None = None) -> str | None:
-    """What `up` asks the user to confirm before it spends money; None when it costs nothing."""
+def launch_question(s: Session, usd_per_hour: float | None = None) -> LaunchQuestion | None:
+    """What `up` asks the user to confirm before it spends money; None when it bills nothing (no
+    price quote: machines of the user's own, a free local cluster) or reuses what runs."""
     spec = _asked(s, usd_per_hour)
-    if s.ledger.live_cluster(spec.name) is not None and provider_class(spec.provider).capabilities.reuses_live_clusters:
+    caps = provider_class(spec.provider).capabilities
+    if s.ledger.live_cluster(spec.name) is not None and caps.reuses_live_clusters:
         return None  # reusing what runs already costs nothing new
-    provider = s.provider(spec)
-    what = provider.launch_question()
-    if what is None:
+    quote = s.provider(spec).price_quote()
+    if quote is None:
         return None
-    quote = provider.price_quote()
-    return what + price_words(quote, spec.max_hours, s.settings().settings.guards.budget_usd)
+    picks = caps.picks_instance_types
+    return LaunchQuestion(cluster=spec.name, provider=spec.provider, nodes=spec.nodes,
+                          instance_type=spec.instance_type if picks else None,
+                          market=("spot" if spec.interruptible else "on-demand") if picks else None, quote=quote,
+                          max_hours=spec.max_hours, budget_usd=s.settings().settings.guards.budget_usd)
 
 
 def priced(s: Session) -> tuple[ClusterSpec, PriceQuote | None]:
@@ -62,22 +66,6 @@ def priced(s: Session) -> tuple[ClusterSpec, PriceQuote | None]:
     nothing), found before anything is created: an unknown type or a cap no zone meets fails here."""
     spec = _asked(s, None)
     return spec, s.provider(spec).price_quote()
-
-
-def price_words(quote: PriceQuote | None, max_hours: float, budget_usd: float) -> str:
-    """The money half of the launch question: the $/h, what the hard cap allows at it, the budget."""
-    if quote is None:
-        return f", billed until `gpuctl down` or the {max_hours:g} h hard cap"
-    each = f"{quote.nodes} nodes at ${quote.usd_per_hour / quote.nodes:,.4f}/h each, " if quote.nodes > 1 else ""
-    cap = (f"; spot cap ${quote.max_price:,.4f}/h a node ({quote.cap_source})"
-           if quote.max_price is not None else "")
-    budget = f"; budget ${budget_usd:,.2f} (guards.budget_usd)" if budget_usd > 0 else ""
-    # The hard cap's worst case is at the most the launch may bill an hour (spot: its cap), not
-    # at the spot price now, which may read $0.0000 and rise.
-    worst = quote.worst_usd_per_hour
-    at = " at the spot cap" if quote.max_price is not None else ""
-    return (f" at ${quote.usd_per_hour:,.4f}/h ({each}{quote.source}{cap}), billed until `gpuctl down` or the "
-            f"{max_hours:g} h hard cap ({max_hours:g} h x ${worst:,.4f}/h{at} = ${worst * max_hours:,.2f}){budget}")
 
 
 Told = Callable[[InstanceRecord], None]

@@ -45,10 +45,6 @@ class Provider(Protocol):
         """Raise what would stop a launch before it creates anything (credentials, region), so that
         `up` records no cluster for it."""
 
-    def launch_question(self) -> str | None:
-        """What `up` would start, for the question it asks before it spends money ("launch a
-        g5.xlarge (spot) for cluster 'default'"); None when it costs nothing."""
-
     def price_quote(self) -> "PriceQuote | None":
         """The $/h the launch is about to be billed (None: nothing is billed), asked before anything
         is created; a price cap no offer meets is refused here (ConfigError)."""

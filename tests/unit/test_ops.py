@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from gpuctl import provision
+from gpuctl.cli.render import questions
 from gpuctl.errors import CloudError, ConfigError
 from gpuctl.model.records import RunRecord
 from gpuctl.model.requests import UpRequest
@@ -147,7 +148,9 @@ def test_a_run_of_an_earlier_cluster_never_reads_the_new_cluster_of_that_name(fa
 
 def test_launch_question_and_bad_prices(fake, tmp_path):
     s = session(tmp_path)
-    assert "fake machine" in clusters.launch_question(s, 2.0)
+    asked = clusters.launch_question(s, 2.0)
+    assert asked is not None and asked.quote.usd_per_hour == 2.0 and asked.instance_type is None
+    assert questions.launch(asked).startswith("start fake cluster 'default' at $2.0000/h (the fake's price), billed")
     for bad in (-1.0, float("inf"), float("nan"), 1e9):
         with pytest.raises(ConfigError):
             clusters.up(s, UpRequest(usd_per_hour=bad))

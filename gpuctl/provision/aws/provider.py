@@ -91,11 +91,6 @@ class AwsProvider(ProviderBase):
         must leave no cluster behind."""
         self.aws(self.spec.region)
 
-    def launch_question(self) -> str | None:
-        s = self.spec
-        what = f"{s.nodes} x {s.instance_type} in one zone" if s.nodes > 1 else f"a {s.instance_type}"
-        return f"launch {what} ({s.market}) for cluster {s.name!r}"
-
     def price_quote(self) -> PriceQuote:
         """Spot: the cheapest offering zone's current price (the zone tried first); on-demand (or
         spot falling back to it): the list price. Times the nodes."""

@@ -52,12 +52,6 @@ class LocalProvider(MachinesThatStay):
     def check(self) -> None:
         pass  # this machine is here
 
-    def launch_question(self) -> str | None:
-        if self.spec.usd_per_hour <= 0:
-            return None
-        n = self.spec.nodes
-        return f"start local cluster {self.spec.name!r}" + (f" ({n} nodes)" if n > 1 else "")
-
     def price_quote(self) -> PriceQuote | None:
         rate = self.spec.usd_per_hour
         if rate <= 0:

@@ -89,9 +89,6 @@ class SshProvider(MachinesThatStay):
             raise ConfigError(f"--identity {key}: no such file", "Pass the private key you log in with "
                               "(e.g. ~/.ssh/id_ed25519), or leave --identity out to use ssh-agent and ~/.ssh keys.")
 
-    def launch_question(self) -> str | None:
-        return None  # the machines are the user's own: using them spends nothing new
-
     def price_quote(self) -> None:
         return None  # --usd-per-hour only prices reports here: nothing new is billed
 
