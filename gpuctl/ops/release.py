@@ -15,7 +15,7 @@ from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, Resource
 from gpuctl.model.results import DownQuestion, DownResult
 from gpuctl.model.specs import parse_spec
-from gpuctl.ops import archive, run_state, runs
+from gpuctl.ops import archive, runs, stop
 from gpuctl.ops.clusters import reconcile
 from gpuctl.ops.session import BRAKE_LOCK_S, Progress, Session, quiet
 from gpuctl.provision import PROVIDERS, Provider, foreign_error, provider_class
@@ -134,7 +134,7 @@ def _release_up_cluster(s: Session, cluster: ClusterRecord, progress: Progress, 
             try:
                 # A host that answered but then hung is not waited for: its runs are named, and the
                 # release below ends what runs there (the instance itself, or the cluster's processes).
-                stopped, unconfirmed, why = run_state.stop_runs(s, cluster)
+                stopped, unconfirmed, why = stop.stop_runs(s, cluster)
             except GpuctlError as exc:
                 if must_stop_jobs:
                     raise RemoteError(f"cannot stop the jobs of cluster {cluster.name!r}: {exc.message}",

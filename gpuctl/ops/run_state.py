@@ -13,12 +13,12 @@ from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
-from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, RemoteTimeout, Unconfirmed, UnreadableFile
+from gpuctl.errors import GpuctlError, NotFoundError, RemoteError, UnreadableFile
 from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, EpochReport, RunRecord
 from gpuctl.ops import nodes, queue, verdicts
 from gpuctl.ops.log_filter import LineFilter
-from gpuctl.ops.session import Session, each
+from gpuctl.ops.session import Session
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host, read_part
 from gpuctl.retry import Backoff
@@ -193,7 +193,7 @@ def look(s: Session, run: RunRecord) -> Looked:
         run = run.model_copy(update=update)
         if ends and decision.state in FINAL_RUN_STATES:
             gone_at = gone.terminated_at if gone is not None else None
-            at = _ended_at(host, paths, run) if chief_here else min(time.time(), gone_at or time.time())
+            at = ended_at(host, paths, run) if chief_here else min(time.time(), gone_at or time.time())
             run = ending(run, decision.state, at, decision.exit_code)
         s.ledger.put_run(run)
         if ends and decision.state in FINAL_RUN_STATES:
@@ -233,7 +233,7 @@ def apply(s: Session, run: RunRecord, decision: verdicts.Decision | None, group:
     return run
 
 
-def _ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
+def ended_at(host: Host, paths: jobs.JobPaths, run: RunRecord) -> float:
     """When the run ended: its start plus how long it ran by the instance's clock (not when this
     client happened to look, and not skewed by the two clocks disagreeing); never after now, as
     this machine saw it (an `ended` far ahead is not believed)."""
@@ -360,45 +360,3 @@ def log_tail(s: Session, run: RunRecord, lines: int = 20) -> str:
 
 
 TAIL_BYTES = 64 << 10  # of a log's end, for its last lines
-
-
-def stop_runs(s: Session, cluster: ClusterRecord) -> tuple[list[str], list[str], str | None]:
-    """Stop the cluster's live runs (on every node) and keep their last epochs in the ledger:
-    (runs stopped, runs not confirmed stopped, why). A host whose command ran past its deadline
-    (RemoteTimeout), or a job its tmux does not answer for (Unconfirmed), ends the stopping there:
-    the runs still live then are named, so that `down` releases the cluster anyway; a host that
-    does not answer at all raises. Their logs are ops/archive.py's."""
-    stopped: list[str] = []
-    try:
-        if any(r.gpus and r.state not in FINAL_RUN_STATES for r in s.ledger.runs(cluster.id)):
-            # Before any run is stopped: one stopped must not let a queued one start on a cluster going down.
-            each(nodes.of(s, cluster), lambda n: queue.close(n.host))
-        for run in s.ledger.runs(cluster.id):
-            run = settle(s, run)
-            if run.state not in FINAL_RUN_STATES:
-                run = stop_run(s, cluster, run)
-                stopped.append(run.run_id)
-    except (RemoteTimeout, Unconfirmed) as exc:
-        left = [r.run_id for r in s.ledger.runs(cluster.id) if r.state not in FINAL_RUN_STATES]
-        return stopped, left, exc.message
-    return stopped, [], None
-
-
-def stop_run(s: Session, cluster: ClusterRecord, run: RunRecord, grace_s: float = jobs.STOP_GRACE_S) -> RunRecord:
-    """Stop one live run on every node of it (SIGTERM, SIGKILL after `grace_s`): `stopped` in the
-    ledger with its last epochs; its files and checkpoint stay for `train --resume`. The one
-    per-run stop: `down` and `gpuctl stop` both end runs here."""
-    group = nodes.of_run(s, cluster, run)
-    host, paths = group[0].host, jobs.JobPaths(run.run_dir)
-    # It was running when this machine looked a moment ago: it ran until now at least, whatever
-    # its own `started` and `ended` files say (a job that wrote them would make itself free).
-    ran_until = time.time() if run.state == "running" else 0.0
-    # Out of the queue first, so it cannot start while it is stopped; one taken out never ran: no exit code.
-    taken = run.state == "queued" and any(each(group, lambda n: queue.dequeue(n.host, run.run_id)))
-    codes = nodes.stop(group, run, grace_s)
-    _, run = ingest_epochs(s, group[0], run)
-    run = ending(run, "stopped", max(_ended_at(host, paths, run), ran_until), None if taken else codes[0])
-    if run.nodes > 1:
-        run = run.model_copy(update={"node_states": ("stopped",) * len(group)})
-    s.ledger.put_run(run)
-    return run

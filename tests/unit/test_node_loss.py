@@ -12,7 +12,7 @@ import pytest
 
 from gpuctl import provision
 from gpuctl.model.records import RunRecord
-from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages
+from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages, stop
 from gpuctl.ops.session import Session
 from tests.fakes import FakeHost, FakeProvider, Unscripted, unscripted
 
@@ -195,10 +195,10 @@ def test_a_job_whose_tmux_never_answers_is_not_called_stopped_and_down_names_it(
     for inst in (chief, worker):
         tmux_says(fake, inst, 1, "", "server exited unexpectedly")
     with pytest.raises(Unconfirmed, match=r"could not stop r on fake-host: tmux list-panes exited 1: server exited"):
-        run_state.stop_run(s, c, s.ledger.run("r"))
+        stop.stop_run(s, c, s.ledger.run("r"))
     assert s.ledger.run("r").state == "running"
     assert len([cmd for cmd in fake["hosts"][chief.id].commands if "list-panes" in cmd]) == jobs.STOP_LOOKS
-    stopped, left, why = run_state.stop_runs(s, c)
+    stopped, left, why = stop.stop_runs(s, c)
     assert (stopped, left) == ([], ["r"]) and "server exited unexpectedly" in why
 
 
