@@ -52,7 +52,8 @@ class EnoughEpochs(SystemExit):
 
 
 def stop_requested():
-    """True once gpuctl asked this run to stop (for scripts with their own training loop)."""
+    """True once gpuctl asked this run to stop while `fit` ran (a callback may look; `fit` then
+    raises Stopped at its end). Outside `fit` the stop raises Stopped at once."""
     return STATE["stop_requested"]
 
 
