@@ -363,7 +363,7 @@ def main(argv):
         log("stopped%s%s" % (
             " at a batch end: the script's code after fit did not run" if gpuctl_report.STATE["stop_requested"] else "",
             "; `gpuctl train --resume %s` continues from the last whole epoch's checkpoint" % cfg.run_id
-            if cfg.checkpoint_dir else ""))
+            if cfg.checkpoint_dir and os.path.isdir(cfg.checkpoint_dir) and os.listdir(cfg.checkpoint_dir) else ""))
         STORE.save("stopped")
         return STOPPED_EXIT
     except Exception:
