@@ -29,9 +29,21 @@ except ImportError:  # this file copied into a project, off gpuctl: no sampling 
     gpuctl_gpu = None  # type: ignore[assignment]  # the module or None: checked before each use
 
 # Set by the launcher: a fit is running; a graceful stop (SIGTERM) was asked for; it came with a
-# spot interruption notice (the epoch it cut short is not a finished one: no report for it).
+# spot interruption notice; it cut an epoch short at a batch end (`cut`: that epoch is not a
+# finished one, neither reported nor checkpointed, and a resumed run does it again whole).
 STATE = {"in_fit": False, "stop_requested": False, "resumed": False, "fits_begun": False, "preempted": False,
-         "enough": False}
+         "enough": False, "cut": False}
+
+
+def epoch_cut():
+    """True when the epoch ending now was cut short by a stop or a spot notice."""
+    return bool(STATE["preempted"] or STATE["cut"])
+
+
+class Stopped(SystemExit):
+    """Raised out of `fit` (exit code 143) when `gpuctl stop`, `down` or a guard stopped training:
+    the script's code after fit (saving its final model) is not run on a model trained part-way;
+    its `finally` blocks are. `train --resume RUN` continues from the last whole epoch."""
 
 
 class EnoughEpochs(SystemExit):
@@ -40,7 +52,8 @@ class EnoughEpochs(SystemExit):
 
 
 def stop_requested():
-    """True once gpuctl asked this run to stop (for scripts with their own training loop)."""
+    """True once gpuctl asked this run to stop while `fit` ran (a callback may look; `fit` then
+    raises Stopped at its end). Outside `fit` the stop raises Stopped at once."""
     return STATE["stop_requested"]
 
 
@@ -284,12 +297,18 @@ def reporter_class(callback_base):
 
         def on_train_batch_end(self, batch, logs=None):
             self._steps += 1
-            if STATE["stop_requested"]:
+            if STATE["stop_requested"] and not self.model.stop_training:
+                # Keras restores whole epochs only (its BackupAndRestore keeps the epoch a step
+                # checkpoint was in, not the step): an epoch left before its last batch is redone.
+                steps = (getattr(self, "params", None) or {}).get("steps")
+                STATE["cut"] = not steps or batch + 1 < steps
                 self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
-            if STATE.get("preempted"):
-                return  # cut short: it runs again, whole, on the next instance
+            if epoch_cut():
+                return  # cut short: it runs again, whole, when the run is resumed
+            if STATE["stop_requested"]:
+                self.model.stop_training = True  # asked after its last batch: a whole epoch, kept
             end = time.time()
             examples = None
             if self.batch_size:

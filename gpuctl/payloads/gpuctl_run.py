@@ -29,7 +29,7 @@ from gpuctl_protocol import PREEMPTED_EXIT, PREEMPTED_MARK, STOP_FILE, STOPPED_E
 RESTORE_FAILED_EXIT = 3  # a resumed run whose checkpoint could not be brought from the store
 
 
-class Preempted(SystemExit):
+class Preempted(gpuctl_report.Stopped):
     """Raised out of the user's script when a spot interruption notice stopped its training."""
 
 
@@ -78,15 +78,15 @@ FITS = {"n": 0}
 
 
 def whole_epochs_only(backup_cls):
-    """BackupAndRestore that keeps the last whole epoch's checkpoint when a spot interruption
-    stops training mid-epoch: Keras still calls on_epoch_end for the partial epoch, and saving
-    there would make the resumed run skip the rest of it."""
+    """BackupAndRestore that keeps the last whole epoch's checkpoint when a stop or a spot
+    interruption ends training mid-epoch: Keras still calls on_epoch_end for the partial epoch,
+    and saving there would make the resumed run skip the rest of it."""
     if backup_cls is None:
         return None
     if backup_cls not in _WHOLE:
         class Backup(backup_cls):  # type: ignore[valid-type,misc]  # Keras's class, known at run time
             def on_epoch_end(self, epoch, logs=None):
-                if gpuctl_report.STATE.get("preempted"):
+                if gpuctl_report.epoch_cut():
                     return
                 super(Backup, self).on_epoch_end(epoch, logs)
 
@@ -162,7 +162,7 @@ def durable_class(callback_base):
     """A callback that hands the run's files to the store after each epoch (after the checkpoint)."""
     class Durable(callback_base):  # type: ignore[valid-type,misc]  # Keras's base, known at run time
         def on_epoch_end(self, epoch, logs=None):
-            if not gpuctl_report.STATE.get("preempted"):
+            if not gpuctl_report.epoch_cut():
                 STORE.save("epoch %d" % (epoch + 1))
 
     return Durable
@@ -224,18 +224,20 @@ def install_fit_hook(tf, checkpoint_dir=None):
                 try:
                     history = original(self, x, y, batch_size, *args, **kwargs)
                 except Exception as exc:
-                    if not gpuctl_report.STATE.get("preempted"):
+                    if not gpuctl_report.STATE["stop_requested"]:
                         raise
                     # Several nodes: this one left at its batch end, its peers went on, and the
-                    # next collective failed between them. The notice is why, not the error.
-                    log("training stopped on the notice (%s from the other workers)" % type(exc).__name__)
-                    raise Preempted(PREEMPTED_EXIT) from None
+                    # next collective failed between them. The stop is why, not the error.
+                    log("training stopped on the %s (%s from the other workers)"
+                        % ("notice" if gpuctl_report.STATE["preempted"] else "stop", type(exc).__name__))
+                    raise stopped() from None
                 finally:
                     gpuctl_report.STATE["in_fit"] = False
-                if gpuctl_report.STATE.get("preempted"):
-                    # Not the script's code after fit: its model is mid-training, and the
-                    # instance has two minutes left.
-                    raise Preempted(PREEMPTED_EXIT)
+                if gpuctl_report.STATE["stop_requested"]:
+                    # Not the script's code after fit: its model is mid-training (saved as its
+                    # final one, it would pass for a finished run), and a preempted instance has
+                    # two minutes left. The checkpoint of the last whole epoch is on disk.
+                    raise stopped()
                 return history
 
             fit._gpuctl_wrapped = True  # type: ignore[attr-defined]  # marks the wrapper (not wrapped twice)
@@ -246,11 +248,17 @@ def install_fit_hook(tf, checkpoint_dir=None):
     return wrapped
 
 
+def stopped():
+    """What ends the script once training stopped: Preempted (75) on a notice, else Stopped (143)."""
+    return Preempted(PREEMPTED_EXIT) if gpuctl_report.STATE["preempted"] else gpuctl_report.Stopped(STOPPED_EXIT)
+
+
 def install_sigterm(notice_file=None):
-    """SIGTERM (gpuctl down, a guard's budget) ends training at the next batch, not mid-step:
-    `fit` returns and the script's own code after it (saving, checkpointing) runs. A second
-    SIGTERM, or one outside `fit`, exits at once. A SIGTERM after the watchdog heard a spot
-    interruption notice (`notice_file`) ends the script right after `fit`, as preempted."""
+    """SIGTERM (gpuctl stop, down, a guard's budget) ends training at the next batch end, not
+    mid-step, and the script right after `fit` (gpuctl_report.Stopped out of it: its code after
+    fit does not run, its `finally` does); an epoch it cut short is neither reported nor
+    checkpointed. A second SIGTERM, or one outside `fit`, exits at once. A SIGTERM after the
+    watchdog heard a spot interruption notice (`notice_file`) ends it the same way, as preempted."""
     import signal
 
     def on_term(signum, frame):
@@ -259,12 +267,12 @@ def install_sigterm(notice_file=None):
             gpuctl_report.STATE["preempted"] = True
         if gpuctl_report.STATE["in_fit"] and not gpuctl_report.STATE["stop_requested"]:
             gpuctl_report.STATE["stop_requested"] = True
-            log("spot interruption notice: stopping training after this batch; the run resumes from the "
-                "last whole epoch" if preempted else "SIGTERM: stopping training after this batch")
+            log("%s: stopping training after this batch; the run resumes from the last whole epoch"
+                % ("spot interruption notice" if preempted else "SIGTERM"))
             return
         if preempted and gpuctl_report.STATE["stop_requested"]:
             return  # a second word of the same notice (a restarted watchdog): the stop is under way
-        raise Preempted(PREEMPTED_EXIT) if preempted else SystemExit(STOPPED_EXIT)
+        raise Preempted(PREEMPTED_EXIT) if preempted else gpuctl_report.Stopped(STOPPED_EXIT)
 
     _SIGTERM["handler"] = on_term
     signal.signal(signal.SIGTERM, on_term)
@@ -351,6 +359,13 @@ def main(argv):
         mark_preempted(cfg.notice_file, os.path.dirname(os.path.abspath(argv[0])))
         STORE.save("preempted")
         return PREEMPTED_EXIT
+    except gpuctl_report.Stopped:
+        log("stopped%s%s" % (
+            " at a batch end: the script's code after fit did not run" if gpuctl_report.STATE["stop_requested"] else "",
+            "; `gpuctl train --resume %s` continues from the last whole epoch's checkpoint" % cfg.run_id
+            if cfg.checkpoint_dir and os.path.isdir(cfg.checkpoint_dir) and os.listdir(cfg.checkpoint_dir) else ""))
+        STORE.save("stopped")
+        return STOPPED_EXIT
     except Exception:
         # Show the script's traceback as `python ENTRY` would: without the launcher's frames.
         etype, value, tb = sys.exc_info()
@@ -359,7 +374,7 @@ def main(argv):
         traceback.print_exception(etype, value, tb)
         return 1
     STORE.save("the end")
-    # Stopped by SIGTERM: the script finished its own way, but the run did not complete.
+    # Stopped by SIGTERM, and the script caught gpuctl_report.Stopped: the run did not complete.
     return STOPPED_EXIT if gpuctl_report.STATE["stop_requested"] else 0
 
 

@@ -108,24 +108,44 @@ def test_budget_stops_training_gracefully(tmp_path):
     assert (project / "saved.txt").read_text() == "checkpoint"
 
 
-def test_a_sigterm_inside_fit_ends_it_at_the_batch_end_and_the_code_after_fit_runs(tmp_path):
-    """What `down`, `stop` and a guard's budget send: fit returns after the batch, the script saves,
-    and the run ends as stopped (the guards' and stop's own tests use plain-Python jobs)."""
+def test_a_sigterm_inside_fit_ends_it_at_the_batch_end_and_not_the_code_after_fit(tmp_path):
+    """What `stop`, `down` and a guard's budget send: fit ends at the batch end and the script with
+    it, as stopped: its code after fit (saving a part-trained model as its final one) does not run,
+    its `finally` does; the epoch cut short is neither reported nor checkpointed (a resume redoes
+    it whole). A stop that comes after an epoch's last batch (in its validation) keeps that epoch."""
     script = """
     import os, signal
     class Term(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
         def on_train_batch_end(self, batch, logs=None):
-            if batch == 2:
+            if self.epoch == 1 and batch == 2 and os.environ.get("WHEN") == "mid-epoch":
                 os.kill(os.getpid(), signal.SIGTERM)
-    model.fit(x, y, batch_size=10, epochs=50, verbose=0, callbacks=[Term()])
-    open("saved.txt", "w").write("checkpoint")
-    print("checkpoint written", flush=True)
+        def on_test_begin(self, logs=None):
+            if self.epoch == 1 and os.environ.get("WHEN") == "validation":
+                os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        model.fit(x, y, batch_size=10, epochs=50, verbose=0, validation_split=0.2, callbacks=[Term()])
+        open("saved.txt", "w").write("final")
+    except gpuctl_report.Stopped as stop:
+        print("stopped with", stop.code, flush=True)
+        raise
+    finally:
+        print("finally ran", flush=True)
     """
-    proc, reports, project = run_payload(tmp_path, script)
-    assert "SIGTERM: stopping training after this batch" in proc.stderr, proc.stderr[-2000:]
-    assert (project / "saved.txt").read_text() == "checkpoint" and "checkpoint written" in proc.stdout
-    assert proc.returncode == 143, proc.stderr[-2000:]  # finished its own way, but the run did not complete
-    assert len(reports) <= 1  # stopped in its first epoch
+    script = "import gpuctl_report\n" + textwrap.dedent(script)
+    for when, kept in (("mid-epoch", 1), ("validation", 2)):
+        (tmp_path / when).mkdir()
+        ckpt = tmp_path / when / "ckpt"
+        proc, reports, project = run_payload(tmp_path / when, script, env_extra={"WHEN": when},
+                                             cfg_extra={"checkpoint_dir": str(ckpt)})
+        assert "SIGTERM: stopping training after this batch" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 143, proc.stderr[-2000:]
+        assert not (project / "saved.txt").exists() and "stopped with 143\nfinally ran" in proc.stdout
+        assert "the script's code after fit did not run" in proc.stderr
+        assert [r.epoch for r in reports] == list(range(1, kept + 1)) and {r.examples for r in reports} == {80}
+        meta = json.loads((ckpt / "fit-0" / "training_metadata.json").read_text())
+        assert meta["epoch"] == kept, (when, meta)  # a resume starts at the first epoch not whole
 
 
 @pytest.mark.parametrize("keras", sorted(KERAS))

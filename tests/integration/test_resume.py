@@ -120,6 +120,67 @@ def test_resume_on_local_after_a_sigkill_mid_epoch(gpuctl, make_project, tmp_pat
     gpuctl("down", "-y")
 
 
+# Stopped (`gpuctl stop`: SIGTERM) in the middle of epoch 2 of 3: it holds at its third batch of
+# epoch 2 until the stop reaches it (a barrier, not a race against a sleep), once: a resume finds
+# its mark. The model it saves after fit is its final one, so that must come from a whole run.
+STOPPABLE = textwrap.dedent(MODEL) + textwrap.dedent("""
+    import os, time
+    import gpuctl_report
+    out = os.environ["GPUCTL_OUTPUT_DIR"]
+    class Hold(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+        def on_train_batch_end(self, batch, logs=None):
+            mark = os.path.join(out, "held")
+            if self.epoch == 1 and batch == 2 and not os.path.exists(mark):
+                open(mark, "w").close()
+                print("in epoch 2: waiting to be stopped", flush=True)
+                deadline = time.time() + 120
+                while not gpuctl_report.stop_requested() and time.time() < deadline:
+                    time.sleep(0.05)
+    try:
+        model.fit(x, y, batch_size=10, epochs=3, verbose=0, callbacks=[Hold()])
+        model.save_weights(os.path.join(out, "final.weights.h5"))
+        open(os.path.join(out, "final.txt"), "w").write("trained")
+        print("final accuracy", model.evaluate(x, y, verbose=0)[1])
+    finally:
+        print("the script's finally ran", flush=True)
+""")
+
+
+@pytest.mark.tf
+def test_a_stopped_run_resumes_at_the_epoch_it_cut_and_saves_no_final_model_before(gpuctl, make_project, tmp_path):
+    """`gpuctl stop` mid-epoch, then `train --resume`: the cut epoch is done again whole (Keras 3's
+    BackupAndRestore restores whole epochs only), each epoch reported once with all its examples;
+    the script's code after fit runs only at the real end, its `finally` on the stop too; the cut
+    part's dollars show as lost work, never as a free epoch."""
+    gpuctl("up", "--provider", "local", "--usd-per-hour", "3.6", "-y")
+    proj = make_project("stoppable", {"train.py": STOPPABLE})
+    run_id = json.loads(gpuctl("train", proj, "--json").stdout)["run"]["run_id"]
+    wait_for(lambda: "waiting to be stopped" in gpuctl("logs", run_id).stdout, 120, "epoch 2's hold")
+    gpuctl("stop", run_id)
+    run = _status(gpuctl, run_id)
+    assert run["state"] == "stopped" and run["exit_code"] == 143 and run["epoch"] == 1, run
+    log = gpuctl("logs", run_id).stdout
+    assert "the script's finally ran" in log and "final accuracy" not in log, log[-2000:]
+    outputs = next(tmp_path.rglob(f"runs/{run_id}/outputs"))
+    assert (outputs / "held").exists() and not (outputs / "final.txt").exists()  # no half-trained model as final
+    assert f"`gpuctl train --resume {run_id}` continues from the last whole epoch" in gpuctl("logs", "--raw", run_id).stdout
+
+    res = gpuctl("train", "--resume", run_id, "--wait")
+    assert f"Run {run_id} resumed from its checkpoint" in res.stderr and "final accuracy" in res.stdout
+    assert (outputs / "final.txt").read_text() == "trained"
+    rc = json.loads(gpuctl("cost", "--json", run_id).stdout)["runs"][0]
+    assert [e["epoch"] for e in rc["epochs"]] == [1, 2, 3]  # the cut epoch 2 is not skipped
+    assert [e["examples"] for e in rc["epochs"]] == [100, 100, 100]  # and is whole
+    assert [g["end"] for g in rc["segments"]] == ["stopped", "succeeded"]
+    # The cut part of epoch 2 (its hold included) is lost work, billed; no epoch is counted twice.
+    assert rc["lost_s"] > 0 and rc["lost_usd"] > 0
+    assert rc["spent_usd"] == pytest.approx(sum(e["epoch_cost_usd"] for e in rc["epochs"]))
+    assert rc["instances_usd"] >= rc["spent_usd"] + rc["lost_usd"] - 1e-9
+    gpuctl("down", "-y")
+
+
 def test_resume_on_another_cluster(gpuctl, make_project):
     """`train --resume RUN --cluster B`: the checkpoint and reports go from the run's host to B's
     (through here: local and ssh clusters share no store), and the run goes on there as itself."""
