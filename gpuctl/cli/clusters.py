@@ -114,10 +114,11 @@ RECENT_RUNS = 3  # kept equal to render_cost.RECENT_RUNS (a test checks); here f
 @click.option("--compare", is_flag=True, help="Put the named RUNS side by side (two or more).")
 @click.option("--csv", "as_csv", is_flag=True, help="One CSV row per epoch of every run reported.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG: cumulative $ by epoch and by time.")
+@click.option("--cluster", help="Only this cluster (by name: its earlier, released namesakes too) and its runs.")
 @json_option
 @click.pass_context
 def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: bool, as_csv: bool,
-         plot_path: Path | None, as_json: bool) -> None:
+         plot_path: Path | None, cluster: str | None, as_json: bool) -> None:
     """Spend per cluster and per run, one row per epoch, with the projected total.
 
     Name RUNS to report only those.
@@ -130,7 +131,7 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
         from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
-    report = costs.cost(session(ctx), runs, compare=compare)
+    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster)
     if plot_path is not None:
         from gpuctl.cli.render.plot import plot
 

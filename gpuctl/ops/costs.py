@@ -23,10 +23,11 @@ from gpuctl.model.results import (
 from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
-from gpuctl.ops.resume import RESUMABLE
+from gpuctl.ops.resume import RESUMABLE, _has_checkpoint, _in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
 from gpuctl.provision import PROVIDERS
+from gpuctl.remote import jobs
 
 
 class CostWithImages(CostReport):
@@ -71,6 +72,15 @@ def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost,
     return cost, len(instances)
 
 
+def named(records: list[ClusterRecord], cluster: str) -> list[ClusterRecord]:
+    """`--cluster NAME` (status, cost): every cluster of that name, its earlier, released namesakes
+    too; NotFoundError when there is none."""
+    records = [c for c in records if c.name == cluster]
+    if not records:
+        raise NotFoundError(f"no cluster named {cluster!r}", "Run `gpuctl status` to list clusters.")
+    return records
+
+
 HIDE_RELEASED_AFTER_S = 7 * 86400  # plain `status` leaves out clusters released longer ago than this
 
 
@@ -87,9 +97,7 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
         shown = [c for c in records if c.state != "down" or (c.terminated_at or c.created_at) > since]
         hidden, records = len(records) - len(shown), shown
     if cluster is not None:
-        records = [c for c in records if c.name == cluster]
-        if not records:
-            raise NotFoundError(f"no cluster named {cluster!r}", "Run `gpuctl status` to list clusters.")
+        records = named(records, cluster)
     if only_run is not None:
         records = [c for c in records if c.id == only_run.cluster_id]
     wanted = {c.id for c in records}
@@ -118,12 +126,29 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
             metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image,
-            resumable=r.state in RESUMABLE and (s.live_cluster_of(r) is not None or r.state == "preempted"),
+            resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))
+
+
+def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
+    """Whether `train --resume` has a checkpoint to continue the run from: in its cluster's store,
+    or in its run dir on its cluster's host (where `train --resume` looks). A place that cannot be
+    asked (a lost host, no credentials): whether the run reported an epoch (each one checkpoints)."""
+    live = s.live_cluster_of(run)
+    if live is None and run.state != "preempted":
+        return False
+    try:
+        if _in_store(s, run):
+            return True
+        if live is None:
+            return False
+        return _has_checkpoint(s.host(live)[1], jobs.JobPaths(run.run_dir))
+    except GpuctlError:
+        return reported
 
 
 def everything(s: Session) -> StatusAll:
@@ -209,14 +234,17 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
                                  "market": inst.market})
 
 
-def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> CostWithImages:
+def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
-    with compare, the named runs side by side (two or more)."""
+    with compare, the named runs side by side (two or more); with `cluster`, only the clusters of
+    that name and their runs (as `status --cluster`)."""
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
+    wanted = {c.id for c in named(s.ledger.clusters(), cluster)} if cluster is not None else None
     clusters.reconcile_live(s)
-    runs = [run_state.refresh_or_keep(s, s.find_run(r)) for r in run_ids] if run_ids else run_state.refreshed_runs(s)
+    runs = [run_state.refresh_or_keep(s, r) for r in ([s.find_run(r) for r in run_ids] if run_ids else s.ledger.runs())
+            if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
     costs = tuple(_with_segments(s, _with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id), r, now)
                   for r in runs)
@@ -225,6 +253,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False) -> Co
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
     out = []
     for c in s.ledger.clusters():
+        if wanted is not None and c.id not in wanted:
+            continue
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),

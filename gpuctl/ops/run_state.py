@@ -260,10 +260,6 @@ def _or_keep(step: Callable[[Session, RunRecord], RunRecord], s: Session, run: R
         return run
 
 
-def refreshed_runs(s: Session) -> list[RunRecord]:
-    return [refresh_or_keep(s, r) for r in s.ledger.runs()]
-
-
 def wait(s: Session, run_id: str, poll_s: float = 1.0, timeout_s: float | None = None) -> RunRecord:
     """Block until the run has ended; the final record."""
     pauses = Backoff(poll_s, timeout_s=math.inf if timeout_s is None else timeout_s, clock=s.clock)

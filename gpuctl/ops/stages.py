@@ -16,6 +16,7 @@ answered on the way (its Python, its GPUs, its payload) is the command's Session
 
 from __future__ import annotations
 
+import os
 import posixpath
 import secrets
 import time
@@ -34,6 +35,7 @@ from gpuctl.ops.session import Progress, Session, each, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
 from gpuctl.remote import jobs, preflight
 from gpuctl.remote.host import Host
+from gpuctl.remote.sync import ignore
 from gpuctl.retry import TimedOut, poll
 
 LAUNCHER = "gpuctl_run.py"
@@ -62,8 +64,9 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == str(project / PROJECT_FILE) else None
+    say_left_out(project, req.data, req.args, progress)
     group = push_and_check(s, record, group, project, req.data, progress, asked, check=not group[0].host.local,
-                           recheck=req.recheck)
+                           recheck=req.recheck, allow_cpu=req.allow_cpu)
     refuse_cpu(group, req.allow_cpu)
     chief = group[0]
     check_keras(group, nodes.keras_for(settings.train.keras, len(group)), progress)
@@ -109,9 +112,10 @@ def group_of(s: Session, record: ClusterRecord) -> list[Node]:
 
 def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project: Path, data: Path | None,
                    progress: Progress, asked: str | None = None, check: bool = False,
-                   recheck: bool = False) -> list[Node]:
+                   recheck: bool = False, allow_cpu: bool | None = None) -> list[Node]:
     """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
-    `check`: the preflight too (`recheck`: not the answer kept from an earlier one)."""
+    `check`: the preflight too (`recheck`: not the answer kept from an earlier one); with
+    `allow_cpu` given and data to push, its verdict (refuse_cpu) before the push."""
     def pushed(node: Node) -> Node:
         code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
                                                         lambda line: progress(nodes.label(node, group) + line))
@@ -125,9 +129,30 @@ def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project
         return [replace(node, env=_env_of(found, node)) for node in each(group, pushed)]
     progress = serialized(progress)  # the pushes' lines and the preflight's come from two threads
     with setup.looking(s, record, found, progress, recheck) as looked:
+        if data is not None and allow_cpu is not None:
+            # The data is the bulk (minutes of it): a node where the run cannot start (no GPU, no
+            # usable TensorFlow) is refused before it, not after. The code alone still goes meanwhile.
+            refuse_cpu([replace(node, env=_env_of(looked(), node)) for node in group], allow_cpu)
         group = each(group, pushed)
         envs = looked()
     return [replace(node, env=_env_of(envs, node)) for node in group]
+
+
+def say_left_out(project: Path, data: Path | None, args: tuple[str, ...], progress: Progress) -> None:
+    """Before the push: what the ignore rules leave out that the script's arguments name (in the
+    project, not in --data) or that is at the top of the --data directory, each with its rule."""
+    named = [rel for rel in ignore.named_by(project, args)
+             if data is None or not (project / rel).resolve().is_relative_to(data)]
+    for line in ignore.named_left_out(project, named):
+        progress(f"code: {line}")
+    if data is not None:
+        with os.scandir(data) as entries:  # the top of it, bounded: a flat folder may hold 100,000 files
+            top = sorted(e.name for _, e in zip(range(DATA_TOP), entries))
+        for line in ignore.named_left_out(data, top, data=True):
+            progress(f"data: {line}")
+
+
+DATA_TOP = 1000  # entries at the top of a --data directory asked about before the push
 
 
 def _env_of(envs: tuple[TfEnv, ...], node: Node) -> TfEnv:

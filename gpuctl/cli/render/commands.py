@@ -125,7 +125,7 @@ def pulled(result: PullResult) -> None:
 
 def down(result: DownResult, everything: bool) -> None:
     if result.already_down:
-        what = f"Cluster {result.cluster!r} is already down" if result.cluster else "No cluster is up"
+        what = "No cluster is up" if everything or not result.cluster else f"Cluster {result.cluster!r} is already down"
         click.echo(f"{what}; nothing to do.")
         return
     click.echo(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gpuctl.errors import ProjectError, RemoteError
 from gpuctl.model.records import SyncStats
-from gpuctl.remote.sync.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules  # noqa: F401  (re-exported)
+from gpuctl.remote.sync.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules, left_out_note  # noqa: F401  (re-exported)
 from gpuctl.remote.sync.private import Private
 
 Progress = Callable[[str], None]
@@ -249,8 +249,11 @@ def begin(src: Path, progress: Progress | None) -> tuple[Meter, dict[str, tuple[
     meter = Meter(progress)
     skipped: list[str] = []
     refused: list[str] = []
-    current = scan(src, IgnoreRules.for_project(src), meter, skipped, refused)
+    rules = IgnoreRules.for_project(src)
+    current = scan(src, rules, meter, skipped, refused)
     scanned(meter, current)
+    if note := left_out_note(src, rules):  # a few MB the project's own rules keep back: said, with the rule
+        meter.final(note)
     return meter, current, skipped, refused
 
 
