@@ -23,7 +23,7 @@ from gpuctl.model.results import (
 from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
-from gpuctl.ops.resume import RESUMABLE, _has_checkpoint, _in_store
+from gpuctl.ops.resume import RESUMABLE, has_checkpoint, in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
 from gpuctl.provision import PROVIDERS
@@ -142,11 +142,11 @@ def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
     if live is None and run.state != "preempted":
         return False
     try:
-        if _in_store(s, run):
+        if in_store(s, run):
             return True
         if live is None:
             return False
-        return _has_checkpoint(s.host(live)[1], jobs.JobPaths(run.run_dir))
+        return has_checkpoint(s.host(live)[1], jobs.JobPaths(run.run_dir))
     except GpuctlError:
         return reported
 

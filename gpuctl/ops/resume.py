@@ -41,7 +41,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         if target.id != run.cluster_id:
             return _resume_elsewhere(s, run, target, progress)
     cluster = s.live_cluster_of(run)
-    if _in_store(s, run) and (cluster is None or run.state == "preempted" or _instance_ended(s, run)):
+    if in_store(s, run) and (cluster is None or run.state == "preempted" or _instance_ended(s, run)):
         # Its instance is gone (a spot interruption), its checkpoint is not: a new instance, the same run.
 
         ready = recovery.ready_to_resume(s, run)  # before anything is launched
@@ -50,7 +50,7 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
                              recovery.machines_taken(run))
         return recovery.resume_on_new(s, run, progress, ready=ready)
     kept = s.kept_run(run) if cluster is None else None
-    if kept is not None and _has_checkpoint(kept[0], jobs.JobPaths(kept[1])):
+    if kept is not None and has_checkpoint(kept[0], jobs.JobPaths(kept[1])):
         raise NotFoundError(f"cannot resume run {run.run_id} here: its cluster {run.cluster!r} is gone (its "
                             "checkpoint was kept)", f"Resume it on a live cluster: gpuctl train --resume "
                             f"{run.run_id} --cluster OTHER")
@@ -122,7 +122,7 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
                             f"anew: gpuctl train {run.project} --cluster {target.name}")
     source = s.ledger.cluster(run.cluster_id)
     theirs, ours = s.provider(source.spec).checkpoint_store(), s.provider(target.spec).checkpoint_store()
-    if theirs is not None and ours is not None and _in_store(s, run) and \
+    if theirs is not None and ours is not None and in_store(s, run) and \
             theirs.target(source.spec.store_place).bucket == ours.target(target.spec.store_place).bucket:
         progress(f"copied {ours.copy(source.spec.store_place, target.spec.store_place, run.run_id)} files of the run to "
                  f"{target.name}'s place in the store")
@@ -151,7 +151,7 @@ def _resume_elsewhere(s: Session, run: RunRecord, target: ClusterRecord, progres
     return recovery.resume_on_new(s, moved, progress, cluster=target)
 
 
-def _has_checkpoint(host: Host, paths: jobs.JobPaths) -> bool:
+def has_checkpoint(host: Host, paths: jobs.JobPaths) -> bool:
     ckpt = nodes.checkpoint_dir(paths)
     return bool(host.run(["find", ckpt, "-type", "f", "-print", "-quit"], check=False).stdout.strip())
 
@@ -159,14 +159,14 @@ def _has_checkpoint(host: Host, paths: jobs.JobPaths) -> bool:
 def _require_checkpoint(host: Host, run: RunRecord, paths: jobs.JobPaths) -> str:
     """The run's checkpoint directory on the host; NotFoundError when it holds no file."""
     ckpt = nodes.checkpoint_dir(paths)
-    if not _has_checkpoint(host, paths):
+    if not has_checkpoint(host, paths):
         raise NotFoundError(f"run {run.run_id} has no checkpoint on {host.label} ({ckpt} is empty or missing)",
                             "Only Keras fits checkpoint (train.checkpoint = \"auto\"); start it anew with "
                             f"gpuctl train {run.project}.")
     return ckpt
 
 
-def _in_store(s: Session, run: RunRecord) -> bool:
+def in_store(s: Session, run: RunRecord) -> bool:
     """Whether the run's checkpoint is in its cluster's store (one that outlives instances)."""
     spec = s.ledger.cluster(run.cluster_id).spec
     store = s.provider(spec).checkpoint_store()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpuctl import provision
-from gpuctl.model.records import RunRecord
+from gpuctl.model.records import CommandResult, RunRecord
 from gpuctl.ops import clusters, costs, nodes, recovery, run_state, runs, stages, stop
 from gpuctl.ops.session import Session
 from tests.fakes import FakeHost, FakeProvider, Unscripted, unscripted
@@ -60,6 +60,8 @@ def test_a_worker_whose_machine_ended_ends_the_run_lost_however_the_chief_looks(
     s, c, chief, worker = two_nodes(tmp_path)
     host = tmux_says(fake, chief, 0, "4242|0|||\n")  # the chief's pane lives: it trains, and would wait
     fake["ended"][worker.id] = time.time() - 5  # a guard's poweroff, say: not the provider's taking
+    # status asks the chief whether the run has a checkpoint to resume from: none
+    host.answers["find"] = CommandResult(argv=("find",), returncode=0, stdout="", stderr="")
     (shown,) = costs.status(s).runs  # status asks the provider, the ledger learns the worker ended
     assert (shown.state, shown.failed_node) == ("lost", 1)
     run = s.ledger.run("r")
