@@ -163,3 +163,14 @@ def test_on_an_ssh_host_same_named_data_folders_stay_apart_and_runs_link_their_c
     assert json.loads(gpuctl("sync", proj, "--json").stdout)["code"]["files_copied"] == 1
     assert 'VERSION = "v1"' in host.run(f"cat {run_dir}/code/train.py").stdout
     assert 'VERSION = "v2"' in host.run(f"cat {first['code_dir']}/train.py").stdout
+
+
+def test_a_released_local_cluster_keeps_a_run_without_its_copies(gpuctl, make_project, tmp_path, isolated):
+    proj = make_project("kept", {"train.py": VERSIONED})
+    gpuctl("up", "--usd-per-hour", "3.6", "-y")
+    gpuctl("train", proj, "--", tmp_path / "g")
+    (run,) = runs(gpuctl)
+    log_of(gpuctl, run["run_id"])
+    gpuctl("down", "-y")
+    kept = isolated / "runs" / run["run_id"]
+    assert (kept / "output.log").is_file() and not (kept / "code").exists()
