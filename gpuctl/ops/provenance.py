@@ -18,7 +18,8 @@ from pathlib import Path
 from gpuctl.errors import GpuctlError
 from gpuctl.model.records import CodeVersion
 from gpuctl.remote.local import read_local
-from gpuctl.remote.sync import IgnoreRules, scan
+from gpuctl.remote.sync import scan
+from gpuctl.remote.sync.ignore import IgnoreRules
 
 HASH_HEX = 12
 GIT_FILE_MAX = 4096  # HEAD, a loose ref, a .git file, commondir: one short line each
