@@ -232,7 +232,7 @@ def run_cases(home: Home, sizes: dict[str, int], only: set[str]) -> dict[str, tu
         proj.mkdir(exist_ok=True)
         (proj / "train.py").write_text("pass\n")
         home.gpuctl("sync", str(proj))
-        write_bomb(home.work / "home" / "clusters" / "default" / "code" / ".synced.gpuctl-manifest", sizes["sync"])
+        write_bomb(next((home.work / "home" / "clusters" / "default" / "code").glob(".synced-*.gpuctl-manifest")), sizes["sync"])
         out["sync"] = home.measure("sync", str(proj))
     if "preflight" in only:
         payload = home.work / "payload"

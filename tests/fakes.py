@@ -96,6 +96,11 @@ class FakeHost(Deadlines):
                 n += 1
         return SyncStats(files_total=n, files_copied=n, bytes_copied=0, files_deleted=0, seconds=0.0)
 
+    def link_tree(self, src: str, dest: str) -> None:
+        prefix = src.rstrip("/") + "/"
+        for key in [k for k in self.files if k.startswith(prefix)]:
+            self.files[posixpath.join(dest, key[len(prefix):])] = self.files[key]
+
     def remove_tree(self, path: str) -> None:
         for key in [k for k in self.files if k.startswith(path.rstrip("/") + "/")]:
             del self.files[key]

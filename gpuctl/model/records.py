@@ -130,6 +130,15 @@ class Segment(Frozen):
         return (self.instance_id, *self.node_ids)
 
 
+class CodeVersion(Frozen):
+    """The code a run was submitted with (ops/provenance.py): a hash of the files pushed (path and
+    content, 12 hex) and the git commit of the checkout it came from, if any (whether the checkout
+    had changes beyond it is not known: gpuctl never runs git in a project)."""
+
+    hash: str
+    commit: Optional[str] = None
+
+
 class RunRecord(Frozen):
     run_id: str
     cluster: str  # the cluster's name, for display
@@ -152,6 +161,7 @@ class RunRecord(Frozen):
     resumed_at: Optional[float] = None  # the last `train --resume` (its job's times count from here)
     resumes: int = 0
     data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance
+    code: Optional[CodeVersion] = None  # the code it was (last) submitted with; None: recorded before
     segments: tuple[Segment, ...] = ()  # where it ran, oldest first (empty for runs recorded before segments)
     # A multi-node run (MultiWorkerMirroredStrategy): how many nodes, each node's last known state,
     # and the node whose failure ended it.

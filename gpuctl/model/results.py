@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from gpuctl.model.records import (ClusterRecord, InstanceRecord, PriceQuote, Resource, RunRecord, RunState, Segment,
-                                  SyncStats)
+from gpuctl.model.records import (ClusterRecord, CodeVersion, InstanceRecord, PriceQuote, Resource, RunRecord,
+                                  RunState, Segment, SyncStats)
 from gpuctl.model.specs import Frozen, RunFiles
 
 
@@ -112,6 +112,7 @@ class RunStatus(Frozen):
     failed_node: Optional[int] = None
     queue_position: Optional[int] = None  # queued: its place in the cluster's queue (1 = next)
     usd_per_hour: float = 0.0  # its share of its nodes' rate (GPUs held / a node's GPUs)
+    code: Optional[CodeVersion] = None  # the code it was submitted with (ops/provenance.py)
 
 
 class StatusReport(Frozen):
@@ -157,6 +158,7 @@ class RunCost(Frozen):
     projected_finish_at: Optional[float] = None  # when the planned epochs would be done
     tensorflow: Optional[str] = None
     image: Optional[str] = None
+    code: Optional[CodeVersion] = None  # the code it was submitted with (ops/provenance.py)
     segments: tuple[SegmentCost, ...] = ()
     instances_usd: Optional[float] = None  # every instance it used, while it was on them
     lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars

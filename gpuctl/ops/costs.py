@@ -125,7 +125,7 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
             epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
             metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
-            tensorflow=r.tensorflow, image=r.image,
+            tensorflow=r.tensorflow, image=r.image, code=r.code,
             resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
@@ -297,5 +297,5 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
-        tensorflow=run.tensorflow, image=run.image,
+        tensorflow=run.tensorflow, image=run.image, code=run.code,
     )

@@ -1,11 +1,20 @@
 """A project and its data on the way to a host: the checks made before anything is pushed or
-launched (a project directory with its entry point, a data directory), and the pushes themselves,
-each to its own directory on the host (code/NAME, data/NAME) so a code push never touches data."""
+launched (a project directory with its entry point, a data directory), and the pushes themselves.
+
+Each directory is pushed to its own place on the host, code/NAME-ID or data/NAME-ID, where ID
+says where it comes from (this machine and its real path: `place`): two directories of one name
+from different places never share files or delete each other's, and one pushed again finds its
+earlier push (only what changed is sent). A run then gets its own copy (`submit`): the pushed
+tree linked into its run directory (RUN/code, RUN/data), file by file as hard links, so a later
+push of the same project or data, edited, never changes a run already submitted, and the copy
+goes with the run (`runs rm`, or the cluster's files)."""
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
+import socket
 from pathlib import Path
 
 from gpuctl.config.load import LoadedSettings
@@ -63,16 +72,35 @@ def check_data(data: Path | None) -> Path | None:
     return Path(data).resolve()
 
 
+def place(path: Path) -> str:
+    """A directory's place on a host below code/ or data/: its name, readable, then 8 hex of
+    where it comes from (this machine's name and the directory's real path)."""
+    origin = f"{socket.gethostname()}\0{Path(path).resolve()}"
+    return f"{slug(Path(path).name)}-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"
+
+
 def push_code(host: Host, project: Path, progress: Progress) -> tuple[SyncStats, str]:
-    """Push the project's code to its dir on the host (one per project name); (stats, that dir)."""
-    code_dir = posixpath.join(host.root, "code", slug(project.name))
+    """Push the project's code to its place on the host (code/NAME-ID); (stats, that dir)."""
+    code_dir = posixpath.join(host.root, "code", place(project))
     return host.push(project, code_dir, progress=lambda line: progress(f"code: {line}")), code_dir
 
 
 def push_data(host: Host, data: Path, progress: Progress) -> tuple[SyncStats, str]:
-    """Push a data directory to its dir on the host (one per directory name); (stats, that dir)."""
-    data_dir = posixpath.join(host.root, "data", slug(data.name))
+    """Push a data directory to its place on the host (data/NAME-ID); (stats, that dir)."""
+    data_dir = posixpath.join(host.root, "data", place(data))
     return host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), data_dir
+
+
+def submit(host: Host, run_dir: str, code_dir: str, data_dir: str | None) -> tuple[str, str | None]:
+    """The run's own copies of the pushed code (and data), linked into its directory: (RUN/code,
+    RUN/data). Called right after the push, before the run is queued or started."""
+    own_code = posixpath.join(run_dir, "code")
+    host.link_tree(code_dir, own_code)
+    if data_dir is None:
+        return own_code, None
+    own_data = posixpath.join(run_dir, "data")
+    host.link_tree(data_dir, own_data)
+    return own_code, own_data
 
 
 def push_all(host: Host, project: Path, data: Path | None, progress: Progress

@@ -20,7 +20,7 @@ from pathlib import Path
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.model import untrusted
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, RunRecord
-from gpuctl.ops import nodes, push, recovery, run_state, runs, stages
+from gpuctl.ops import nodes, provenance, push, recovery, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
@@ -68,8 +68,9 @@ def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None =
         ckpt = _require_checkpoint(host, run, paths)
         with s.working(record, "train"):
             project = Path(run.project)
-            if project.is_dir():
-                push.push_code(host, project, progress)
+            if project.is_dir():  # a new submission: the code as it is now, linked over the run's own
+                push.submit(host, run.run_dir, push.push_code(host, project, progress)[1], None)
+                run = run.model_copy(update={"code": provenance.of(project)})
             else:
                 progress(f"{project} is not here: resuming with the code already on {host.label}")
             _mark_resumed(host, paths)

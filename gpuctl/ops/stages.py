@@ -1,6 +1,6 @@
 """The stages of starting a run, named in one place (`Stage`), each a function here:
 
-    push        code and data to every node, each to its own directory (ops/push.py)
+    push        code and data to every node, each to its own place, then linked into the run's dir (ops/push.py)
     preflight   each node's TensorFlow (ops/setup.py), looked at while the code is pushed
     configure   the run's run.json on every node (queue, store, reports)
     start       its job under tmux on every node, at once; a node that fails stops them all
@@ -29,7 +29,7 @@ from gpuctl.errors import NotFoundError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord, RunRecord, Segment
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import TfEnv, TrainResult
-from gpuctl.ops import guards, nodes, push, queue, setup
+from gpuctl.ops import guards, nodes, provenance, push, queue, setup
 from gpuctl.ops.nodes import Node
 from gpuctl.ops.session import Progress, Session, each, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
@@ -66,7 +66,7 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == str(project / PROJECT_FILE) else None
     say_left_out(project, req.data, req.args, progress)
     group = push_and_check(s, record, group, project, req.data, progress, asked, check=not group[0].host.local,
-                           recheck=req.recheck, allow_cpu=req.allow_cpu)
+                           recheck=req.recheck, allow_cpu=req.allow_cpu, run_id=run_id)
     refuse_cpu(group, req.allow_cpu)
     chief = group[0]
     check_keras(group, nodes.keras_for(settings.train.keras, len(group)), progress)
@@ -79,7 +79,7 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
                     tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
-                    data=str(req.data) if req.data else None, segments=(segment_on([n.inst for n in group], now, rate),),
+                    data=str(req.data) if req.data else None, code=provenance.of(project), segments=(segment_on([n.inst for n in group], now, rate),),
                     nodes=len(group), gpus=want, now=req.now,
                     start_timeout_s=settings.train.start_timeout_s if len(group) > 1 else 0.0)
     # train --down counts runs that end after this moment (the instance's clock): taken before the
@@ -112,13 +112,17 @@ def group_of(s: Session, record: ClusterRecord) -> list[Node]:
 
 def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project: Path, data: Path | None,
                    progress: Progress, asked: str | None = None, check: bool = False,
-                   recheck: bool = False, allow_cpu: bool | None = None) -> list[Node]:
+                   recheck: bool = False, allow_cpu: bool | None = None, run_id: str | None = None) -> list[Node]:
     """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
     `check`: the preflight too (`recheck`: not the answer kept from an earlier one); with
-    `allow_cpu` given and data to push, its verdict (refuse_cpu) before the push."""
+    `allow_cpu` given and data to push, its verdict (refuse_cpu) before the push. `run_id`: the
+    run's own copies made on each node right after its push (push.submit), where its job runs."""
     def pushed(node: Node) -> Node:
         code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
                                                         lambda line: progress(nodes.label(node, group) + line))
+        if run_id is not None:
+            code_dir, data_dir = push.submit(node.host, posixpath.join(node.host.root, "runs", run_id),
+                                             code_dir, data_dir)
         return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
 
     # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the
@@ -229,6 +233,9 @@ def configure(s: Session, loaded: LoadedSettings, record: ClusterRecord, run: Ru
                               # Only the chief's checkpoint counts; the others restore from it, never write it.
                               read_only=not chief) if target else None,
             resumed=resumed,
+            # Where its job runs and reads: the run's own copies of what was pushed (push.submit).
+            code_dir=node.code_dir or None, data_dir=node.data_dir,
+            code_hash=run.code.hash if run.code else None,
             # The job waits its turn in the node's queue first (a multi-node run takes whole nodes).
             queue=queue.config(node.host, min(run.gpus, queue.slots(node_gpus)) if run.gpus and len(group) == 1
                                else queue.slots(node_gpus), node_gpus,

@@ -168,6 +168,11 @@ class RunConfig(Record):
     store: Optional[StoreConfig] = None
     resumed: bool = False
     queue: Optional[QueueConfig] = None  # None: starts at once
+    # The run's own code (its job's working directory) and data, linked from the pushed trees when
+    # it was submitted, and the code's content hash (gpuctl.ops.provenance): what this run ran.
+    code_dir: Optional[str] = None
+    data_dir: Optional[str] = None
+    code_hash: Optional[str] = None
 
 
 @dataclass

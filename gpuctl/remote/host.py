@@ -130,6 +130,11 @@ class Host(Protocol):
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         """Incrementally mirror a local directory to `dest` on the host, telling `progress` how it goes."""
 
+    def link_tree(self, src: str, dest: str) -> None:
+        """A run's own copy of the pushed directory `src` in `dest`: each file a hard link to the
+        pushed one (remote/sync/link.py), replacing a file of that name there; nothing else there
+        goes. A later push replaces files, never writes into them, so the copy stays as it was."""
+
     def remove_tree(self, path: str) -> None:
         """Delete a directory on the host, if present."""
 

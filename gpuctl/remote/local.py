@@ -21,6 +21,7 @@ from gpuctl.model.untrusted import MAX_READ
 from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, Deadlines, Tail, check_result, gave_up, read_part,
                                 shown)
 from gpuctl.remote.sync import push_local, unique_suffix
+from gpuctl.remote.sync.link import link_local
 from gpuctl.remote.sync.pull import LocalFiles, pull_walk
 
 
@@ -64,6 +65,24 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None and not pipe.closed:
             pipe.close()
+
+
+def read_local(path: str, offset: int = 0, limit: int = MAX_READ, where: str = "this machine") -> bytes | None:
+    """Host.read_bytes of a file on this machine: at most `limit` bytes from `offset`; None if
+    it does not exist; b"" if it is no regular file."""
+    # O_NONBLOCK: a FIFO the job put there would block open() (and `down`) until a writer came.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError as exc:  # a link loop, a file made unreadable: the instance's doing
+        raise UnreadableFile(f"cannot read {path} on {where}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return b""  # a FIFO, a device (/dev/zero): nothing of it is a file's content
+        os.set_blocking(fd, True)
+        return read_part(fh, offset, limit, st.st_size)
 
 
 class LocalHost(Deadlines):
@@ -124,19 +143,7 @@ class LocalHost(Deadlines):
             raise UnreadableFile(f"cannot look at {path} on {self.label}: {exc.strerror}") from None
 
     def read_bytes(self, path: str, offset: int = 0, limit: int = MAX_READ) -> bytes | None:
-        # O_NONBLOCK: a FIFO the job put there would block open() (and `down`) until a writer came.
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-        except OSError as exc:  # a link loop, a file made unreadable: the instance's doing
-            raise UnreadableFile(f"cannot read {path} on {self.label}: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return b""  # a FIFO, a device (/dev/zero): nothing of it is a file's content
-            os.set_blocking(fd, True)
-            return read_part(fh, offset, limit, st.st_size)
+        return read_local(path, offset, limit, self.label)
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.write_bytes(path, text.encode("utf-8"), mode)
@@ -151,6 +158,9 @@ class LocalHost(Deadlines):
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         return push_local(src, Path(dest), progress=progress)
+
+    def link_tree(self, src: str, dest: str) -> None:
+        link_local(Path(src), Path(dest))
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)

@@ -42,21 +42,21 @@ def test_a_push_killed_half_way_without_rsync_leaves_each_file_old_or_whole(gpuc
     old = os.urandom(48 * 1024 * 1024)
     (proj / "weights.bin").write_bytes(old)
     gpuctl("sync", str(proj))
-    assert remote_sha(host, f"{ROOT}/code/big/weights.bin") == sha(old)
+    assert remote_sha(host, f"{ROOT}/code/big-*/weights.bin") == sha(old)
     new = os.urandom(48 * 1024 * 1024)
     (proj / "weights.bin").write_bytes(new)
     client = subprocess.Popen([*GPUCTL, "sync", str(proj)], env=dict(os.environ), start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Killed once the new content is on its way (a temporary file is growing on the host).
-    wait_for(lambda: int(host.run(f"stat -c %s {ROOT}/code/big/.weights.bin.*.gpuctl-tmp 2>/dev/null || echo 0")
+    wait_for(lambda: int(host.run(f"stat -c %s {ROOT}/code/big-*/.weights.bin.*.gpuctl-tmp 2>/dev/null || echo 0")
                          .stdout.split()[0]) > 1024 * 1024, timeout=60, every=0.05)
     os.killpg(client.pid, signal.SIGKILL)
     client.wait()
     # The host's unpacker sees the stream end, drops its temporary file; the old file is whole.
-    wait_for(lambda: not host.run(f"ls -a {ROOT}/code/big | grep gpuctl-tmp").stdout.strip(), timeout=20)
-    assert remote_sha(host, f"{ROOT}/code/big/weights.bin") == sha(old)
+    wait_for(lambda: not host.run(f"ls -a {ROOT}/code/big-* | grep gpuctl-tmp").stdout.strip(), timeout=20)
+    assert remote_sha(host, f"{ROOT}/code/big-*/weights.bin") == sha(old)
     gpuctl("sync", str(proj))
-    assert remote_sha(host, f"{ROOT}/code/big/weights.bin") == sha(new)
+    assert remote_sha(host, f"{ROOT}/code/big-*/weights.bin") == sha(new)
 
 
 def plant_hostile_outputs(host, run_dir: str) -> None:
@@ -129,7 +129,7 @@ def test_eight_syncs_of_one_project_at_once_all_succeed(gpuctl, ssh, make_projec
         results = list(pool.map(sync, range(8)))
     assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results if r.returncode]
     print(f"figure: 8 concurrent syncs in {time.monotonic() - t0:.1f}s")
-    assert ssh.hosts[0].run(f"ls {ROOT}/code/racing | wc -l").stdout.strip() == "50"
+    assert ssh.hosts[0].run(f"ls {ROOT}/code/racing-* | wc -l").stdout.strip() == "50"
 
 
 def test_the_whole_ssh_loop_with_a_home_holding_spaces_and_non_ascii(gpuctl, ssh, quick_project, isolated,

@@ -53,7 +53,7 @@ def test_nodes_that_share_a_work_dir_each_get_their_own(gpuctl, ssh, shared_home
     for rank in (0, 1):
         own = root / f"node-{rank}"
         log = (own / "runs" / run_id / "output.log").read_text()
-        assert f"rank {rank} of 2 in {own}/code/ranks" in log
+        assert f"rank {rank} of 2 in {own}/runs/{run_id}/code" in log  # its own copy of the code
         assert f"GPUCTL_NODE_RANK={rank}" in (own / "runs" / run_id / "job.sh").read_text()
         # Each node's watchdog has a config of its own (one cluster, two tmux servers).
         assert json.loads((own / "guard" / "config.json").read_text())["tmux_socket"]

@@ -112,7 +112,7 @@ def test_tar_fallback_when_the_host_has_no_rsync(gpuctl, ssh, make_project):
     first = json.loads(gpuctl("sync", proj, "--json").stdout)["code"]
     assert first["files_copied"] == 2
     assert json.loads(gpuctl("sync", proj, "--json").stdout)["code"]["files_copied"] == 0
-    assert ssh.hosts[0].run(f"cat {ROOT}/code/norsync/a/b.txt").stdout == "b"
+    assert ssh.hosts[0].run(f"cat {ROOT}/code/norsync-*/a/b.txt").stdout == "b"
 
 
 def test_one_connection_per_command_not_per_file(gpuctl, ssh, make_project):
@@ -283,12 +283,12 @@ def test_disk_full_during_a_push_keeps_the_previous_tree(gpuctl, ssh, make_proje
     res = gpuctl("sync", proj, code=7)
     assert "No space left on device" in error_line(res) and "disk is full" in res.stderr
     host = ssh.hosts[0]
-    tree = f"{ROOT}/code/fills"
+    tree = host.run(f"ls -d {ROOT}/code/fills-*").stdout.strip()  # its place: name-ID
     import base64
 
     from gpuctl.remote.sync import decode_manifest
 
-    manifest = decode_manifest(base64.b64decode(host.run(f"base64 -w0 {ROOT}/code/.fills.gpuctl-manifest").stdout))
+    manifest = decode_manifest(base64.b64decode(host.run(f"base64 -w0 {ROOT}/code/.fills-*.gpuctl-manifest").stdout))
     assert sorted(manifest) == ["lib.py", "train.py"]  # the previous push's record stands
     assert host.run(f"cat {tree}/train.py").stdout == "print('v1')\n"
     assert host.run(f"cat {tree}/lib.py").stdout in ("V = 1\n", "V = 2\n")  # whole, old or new

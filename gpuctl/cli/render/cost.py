@@ -38,6 +38,7 @@ from gpuctl.cli.render import (
 from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
 
 if TYPE_CHECKING:
+    from gpuctl.model.records import CodeVersion
     from gpuctl.model.results import ClusterCost, CostReport, RunCost, SegmentCost, StatusAll, StatusReport
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
@@ -114,6 +115,8 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
     table(out, cols, rows)
     say(out, RUN_DOLLARS_STATUS)
     for r in report.runs:
+        if r.code and len(report.runs) == 1:  # `status RUN`: which code it ran
+            say(out, f"  {r.run_id}: {code_text(r.code)}")
         if r.log_tail:
             out.print()
             node = f" on node {r.failed_node}" if r.failed_node is not None else ""
@@ -126,6 +129,11 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
             say(out, f"  {r.run_id}: {story}")
         if r.resumable:
             say(out, f"  {r.run_id}: continue it from its last checkpoint: gpuctl train --resume {r.run_id}")
+
+
+def code_text(code: CodeVersion) -> str:
+    """"code 1a2b3c4d5e6f (git 0123456789ab)": the content hash of what was pushed, and its commit."""
+    return f"code {code.hash}" + (f" (git {code.commit[:12]})" if code.commit else "")
 
 
 def _where(seg: SegmentCost) -> str:
@@ -245,7 +253,7 @@ def checkpoints(storage: CheckpointStorage | None, out: Console) -> None:
 def epochs(r: RunCost, out: Console) -> list[str]:
     """One run's epoch table and its projection; the headers of the columns hidden to fit."""
     say(out, (r.run_id, "bold"), f" on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs "
-                                 f"at {usd(r.usd_per_hour)}/h")
+                                 f"at {usd(r.usd_per_hour)}/h" + (f"; {code_text(r.code)}" if r.code else ""))
     if not r.epochs:
         if r.spent_from == "wall time":
             say(out, f"  no epoch reported{' yet' if r.state in ('starting', 'queued', 'running') else ''}: its "

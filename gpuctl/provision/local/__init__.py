@@ -113,6 +113,8 @@ class LocalProvider(MachinesThatStay):
         for run in sorted(runs.iterdir()):
             if run.is_symlink() or not run.is_dir():
                 continue
+            for copy in ("code", "data"):  # the run's links to the pushed trees go with them (docs/training.md)
+                shutil.rmtree(run / copy, ignore_errors=True)
             dest = kept / run.name
             if dest.exists():
                 shutil.rmtree(dest, ignore_errors=True)

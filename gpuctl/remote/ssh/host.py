@@ -32,6 +32,7 @@ from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, REMOVE_TIMEOUT_S,
 from gpuctl.remote.ssh.connect import close_all, open_chain
 from gpuctl.remote.ssh.openssh import config_file
 from gpuctl.remote.sync import unique_suffix
+from gpuctl.remote.sync.link import link_argv
 from gpuctl.remote.sync.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
 from gpuctl.remote.sync.ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host
 
@@ -340,6 +341,9 @@ class SshHost(Deadlines):
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         return push_remote(self, src, dest, progress=progress)
+
+    def link_tree(self, src: str, dest: str) -> None:
+        self.run(link_argv(src, dest), timeout=REMOVE_TIMEOUT_S)  # a big data set: many links
 
     def remove_tree(self, path: str) -> None:
         self.run(["rm", "-rf", "--", path], timeout=REMOVE_TIMEOUT_S)
