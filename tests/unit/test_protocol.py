@@ -18,10 +18,11 @@ def test_a_run_config_goes_through_its_file_unchanged(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(sent.to_json())
     assert RunConfig.load(str(path)) == sent
-    # The keys on disk are the ones gpuctl has always written (running instances read them).
+    # The keys on disk are the ones gpuctl has always written (running instances read them), and
+    # the run's own code and data copies (issue 37), which a payload before them ignores.
     assert {"run_id", "entry", "usd_per_hour", "budget_usd", "mixed_precision", "memory_growth", "gpu_sample_s",
             "stop_after_epochs", "report_path", "checkpoint_dir", "notice_file", "store", "resumed",
-            "queue"} == set(json.loads(path.read_text()))
+            "queue", "code_dir", "data_dir", "code_hash"} == set(json.loads(path.read_text()))
 
 
 def test_a_guard_config_goes_through_its_file_unchanged(tmp_path):
