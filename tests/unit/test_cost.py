@@ -1,12 +1,16 @@
 """The run cost projection: mean epoch cost x planned epochs."""
 
+import time
+
 import pytest
 
+from gpuctl.errors import ConfigError
 from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord, Segment
 from gpuctl.model.specs import AwsSpec, ClusterSpec
-from gpuctl.ops import costs
+from gpuctl.ops import clusters, costs
 from gpuctl.ops.costs import run_cost
 from gpuctl.ops.session import Session
+from tests.unit.test_ops import fake, session  # noqa: F401  (fixture)
 
 
 def report(epoch, seconds, rate=3.6, cumulative=0.0, planned=10):
@@ -210,3 +214,59 @@ def test_a_runs_time_on_its_instances(ledger_session):
     assert costs.on_instance(ledger_session, plain, [], T0 + 300) == (0.0, 0.0, ())
     assert costs.on_instance(ledger_session, run(cluster_id=c.id, started_at=T0, ended_at=T0 + 100), [],
                              T0 + 300)[:2] == (pytest.approx(100), pytest.approx(0.1))
+
+
+def _finished_run(s, c, run_id, seconds, epochs, planned=None):
+    """A run that ended `seconds` after it started on cluster c, with `epochs` epochs of 36 s each
+    said to cost their time at $3.6/h."""
+    start = time.time() - 1000
+    s.ledger.put_run(RunRecord(run_id=run_id, cluster=c.name, cluster_id=c.id, project="/p", entry="t.py",
+                               state="succeeded", started_at=start, ended_at=start + seconds, usd_per_hour=3.6,
+                               run_dir=f"/fake/{run_id}", epochs_planned=planned))
+    s.ledger.put_epochs([EpochReport.model_validate({
+        "schema": 1, "run_id": run_id, "epoch": n, "start": start + 36 * (n - 1), "end": start + 36 * n,
+        "seconds": 36, "usd_per_hour": 3.6, "epoch_cost_usd": 0.036, "cumulative_usd": 0.036 * n})
+        for n in range(1, epochs + 1)])
+
+
+def test_cost_splits_each_clusters_dollars_into_its_runs_epochs_and_idle(fake, tmp_path):  # noqa: F811
+    s = session(tmp_path)
+    c = clusters.up(s, usd_per_hour=3.6).cluster
+    _finished_run(s, c, "r-a", 100, 2)  # $0.072 in epochs
+    _finished_run(s, c, "r-b", 100, 1)  # $0.036
+    _finished_run(s, c, "r-none", 100, 0, planned=4)  # no epoch reported: its time on the instance
+    report = costs.cost(s)
+    by_id = {r.run_id: r for r in report.runs}
+    assert by_id["r-a"].spent_usd == pytest.approx(0.072) and by_id["r-a"].spent_from == "epochs"
+    assert by_id["r-none"].spent_from == "wall time" and by_id["r-none"].spent_usd == pytest.approx(0.1)
+    assert by_id["r-none"].wall_s == pytest.approx(100) and by_id["r-none"].epochs_planned == 4
+    (cc,) = report.clusters
+    assert cc.idle_usd == pytest.approx(max(0.0, cc.usd - (0.072 + 0.036 + 0.1)))
+    assert report.total_usd == pytest.approx(cc.usd)
+    one = costs.cost(s, run_ids=("r-b",))
+    assert [r.run_id for r in one.runs] == ["r-b"] and one.clusters[0].idle_usd is None
+
+
+def test_a_run_whose_epochs_say_next_to_nothing_costs_its_time_and_projects_from_that(fake, tmp_path):  # noqa: F811
+    s = session(tmp_path)
+    c = clusters.up(s, usd_per_hour=3.6).cluster
+    start = time.time() - 1000
+    s.ledger.put_run(RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py",
+                               state="succeeded", started_at=start, ended_at=start + 1000, usd_per_hour=3.6,
+                               run_dir="/fake/r", epochs_planned=10))
+    # Two epochs of no time at all, said free: under 1% of the run's $1 on its instance.
+    s.ledger.put_epochs([EpochReport.model_validate({
+        "schema": 1, "run_id": "r", "epoch": n, "start": start + 10 * n, "end": start + 10 * n, "seconds": 0,
+        "usd_per_hour": 0, "epoch_cost_usd": 0, "cumulative_usd": 0}) for n in (1, 2)])
+    (rc,) = costs.cost(s).runs
+    assert rc.spent_from == "wall time" and rc.spent_usd == pytest.approx(1.0) and rc.wall_s == pytest.approx(1000)
+    assert rc.mean_epoch_usd == pytest.approx(0.5)
+    assert rc.projected_total_usd == pytest.approx(5.0) and rc.projected_remaining_usd == pytest.approx(4.0)
+
+
+def test_compare_needs_two_runs(fake, tmp_path):  # noqa: F811
+    s = session(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        costs.cost(s, ("r-a",), compare=True)
+    assert (err.value.message, err.value.hint) == ("--compare needs at least two runs",
+                                                  "Name two or more: gpuctl cost --compare RUN1 RUN2")
