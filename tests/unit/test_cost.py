@@ -270,3 +270,14 @@ def test_compare_needs_two_runs(fake, tmp_path):  # noqa: F811
         costs.cost(s, ("r-a",), compare=True)
     assert (err.value.message, err.value.hint) == ("--compare needs at least two runs",
                                                   "Name two or more: gpuctl cost --compare RUN1 RUN2")
+
+
+@pytest.mark.parametrize("seconds, planned, finish", [
+    (0.0, 5, 0.0),  # epochs of no time: the rest take none either (not a second each)
+    (36.0, 3, 0.0),  # all planned epochs done: it finished at its last epoch's end
+    (36.0, 5, 72.0),
+])
+def test_the_projected_finish(seconds, planned, finish):
+    epochs = [epoch_at(n, 36.0 * n, seconds=seconds, epochs_planned=planned) for n in (1, 2, 3)]
+    c = run_cost(run(epochs_planned=planned), epochs)
+    assert c.projected_finish_at == pytest.approx(T0 + 108 + finish, abs=1e-6)
