@@ -281,3 +281,25 @@ def test_the_projected_finish(seconds, planned, finish):
     epochs = [epoch_at(n, 36.0 * n, seconds=seconds, epochs_planned=planned) for n in (1, 2, 3)]
     c = run_cost(run(epochs_planned=planned), epochs)
     assert c.projected_finish_at == pytest.approx(T0 + 108 + finish, abs=1e-6)
+
+
+def test_cost_carries_a_runs_stretches_and_machine(fake, tmp_path):  # noqa: F811
+    s = session(tmp_path)
+    c = clusters.up(s, usd_per_hour=3.6).cluster
+    (first,) = s.ledger.instances(c.id)
+    s.ledger.put_instance(c.id, first.model_copy(update={"instance_type": "g5.xlarge", "market": "spot"}))
+    start = time.time() - 1000
+    segs = (Segment(instance_id=first.id, usd_per_hour=3.6, started_at=start, ended_at=start + 100, end="preempted"),
+            Segment(instance_id="i-next", usd_per_hour=7.2, started_at=start + 130, ended_at=start + 330,
+                    end="succeeded"))
+    s.ledger.put_run(RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py",
+                               state="succeeded", started_at=start, ended_at=start + 330, usd_per_hour=7.2,
+                               run_dir="/fake/r", segments=segs))
+    s.ledger.put_epochs([epoch_at(1, 40.0 - T0 + start, seconds=36.0)])  # done 40 s in: 60 s lost at 100
+    (rc,) = costs.cost(s).runs
+    assert (rc.instance_type, rc.market) == ("g5.xlarge", "spot")
+    assert [g.instance_id for g in rc.segments] == [first.id, "i-next"]
+    assert rc.instances_usd == pytest.approx(100 * 3.6 / 3600 + 200 * 7.2 / 3600)
+    assert (rc.lost_s, rc.lost_usd, rc.waited_s) == (pytest.approx(60), pytest.approx(60 * 3.6 / 3600),
+                                                     pytest.approx(30))
+    assert rc.spent_from == "epochs" and rc.spent_usd == pytest.approx(36 * 3.6 / 3600)  # its epoch, at its rate
