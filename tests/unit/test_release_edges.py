@@ -43,6 +43,7 @@ def test_a_search_that_fails_still_ends_the_instances_the_ledger_knows(fake, tmp
 
     def record(self, resources, progress, unreachable=frozenset()):
         released.append((list(resources), unreachable))
+        progress("fake: released")  # the caller's progress, to say what it does
 
     monkeypatch.setattr(FakeProvider, "discover", discover)
     monkeypatch.setattr(FakeProvider, "release", record)
@@ -54,17 +55,24 @@ def test_a_search_that_fails_still_ends_the_instances_the_ledger_knows(fake, tmp
     assert asked == [(c.name, "fake-east-1")]
     assert released == [([Resource(provider="fake", kind="instance", id=live_id, region="fake-east-1",
                                    cluster=c.name)], frozenset({"f-gone"}))]
-    assert lines == [f"{c.name}: could not look up all it holds ({said}); ending its 1 instance(s) the ledger knows"]
+    assert lines == [f"{c.name}: could not look up all it holds ({said}); ending its 1 instance(s) the ledger knows",
+                     "fake: released"]
 
 
 def test_a_search_that_answers_releases_what_it_found(fake, tmp_path, monkeypatch):  # noqa: F811
     s = session(tmp_path)
     c, live_id = _up_with_region(s)
-    released = []
-    monkeypatch.setattr(FakeProvider, "release",
-                        lambda self, resources, progress, unreachable=frozenset(): released.append(resources))
-    found = release.release_everything(s, c, lambda line: None)
-    assert [r.id for r in found] == [live_id] and released == [found]
+    s.unreachable_ids.add("f-gone")
+    released, lines = [], []
+
+    def record(self, resources, progress, unreachable=frozenset()):
+        released.append((resources, unreachable))
+        progress("fake: released")
+
+    monkeypatch.setattr(FakeProvider, "release", record)
+    found = release.release_everything(s, c, lines.append)
+    assert [r.id for r in found] == [live_id] and released == [(found, frozenset({"f-gone"}))]
+    assert lines == ["fake: released"]
 
 
 def test_closing_a_cluster_keeps_each_instances_known_end(fake, tmp_path):  # noqa: F811
