@@ -42,3 +42,35 @@ def test_an_instance_ended_by_a_guard_pays_until_then_and_not_after():
     storage = billing.storage_cost(100, launched, guard_fired)
     assert compute == pytest.approx(2.5 * 1.006)
     assert storage == pytest.approx(100 * 0.08 * 2.5 / 730)
+
+
+# Each edge the rules above leave between their examples (found by scripts/mutate: a < for a <=,
+# a 0 for a 1 there went unnoticed).
+@pytest.mark.parametrize("start, end, billed", [
+    (5, 5, 60),  # a period that started and ended at once still pays its minute
+    (10, 5, 0),  # an end before the start (a clock set back) bills nothing, not a minute
+    (0, 60, 60),
+    (0, 60.5, 60.5),
+])
+def test_billed_seconds_at_the_edges(start, end, billed):
+    assert billing.billed_seconds(start, end) == billed
+
+
+@pytest.mark.parametrize("start, end, steps, usd", [
+    (10, 5, [(0, 3.6)], 0.0),  # backwards: nothing, never a negative (a refund)
+    (5, 5, [(0, 3.6)], 0.0),
+    (0, H, [], 0.0),  # no price known: nothing here (the callers always pass one)
+    (0, H, [(0, 1.0)], 1.0),
+])
+def test_integrate_at_the_edges(start, end, steps, usd):
+    assert billing.integrate(start, end, steps) == pytest.approx(usd)
+
+
+def test_no_price_steps_price_nothing():
+    assert billing.price_at(5, []) == 0.0
+
+
+def test_an_interruption_at_exactly_one_hour_is_billed():
+    """EC2 bills nothing only within the first hour: at 3600 s the hour is used."""
+    assert not billing.interruption_is_free("spot", billing.SPOT_INTERRUPTION_REASON, 0.0, 3600.0)
+    assert billing.interruption_is_free("spot", billing.SPOT_INTERRUPTION_REASON, 0.0, 3599.9)

@@ -11,7 +11,7 @@ import pytest
 
 from gpuctl.model.records import EpochReport
 from gpuctl.model.results import PlanRow
-from gpuctl.ops.projection import Measured, bounded, one_line, project, rank, starved
+from gpuctl.ops.projection import MAX_SECONDS, Measured, bounded, one_line, project, rank, starved
 from gpuctl.payloads import gpuctl_gpu, gpuctl_report
 
 
@@ -294,3 +294,48 @@ def test_a_probe_cluster_left_billing_or_nothing_measured_exits_non_zero():
     assert "gpuctl down plan-1-b -y" in err.value.hint
     with pytest.raises(RunFailedError, match="no machine was measured"):
         raise_for(PlanReport(project="/p", epochs=5, probe_epochs=2, rows=(left.model_copy(update={"released": True}),)))
+
+
+# The edges the tests above leave open (found by scripts/mutate: each row is a mutant it survived).
+@pytest.mark.parametrize("value, want", [
+    (0.0, 0.0), (0.5, 0.5),  # a zero-second figure is a reading, not a missing one
+    (MAX_SECONDS, MAX_SECONDS), (MAX_SECONDS + 1, None)])
+def test_bounded_keeps_both_ends_of_its_range(value, want):
+    assert bounded(value) == want
+
+
+def test_one_line_keeps_a_line_of_exactly_the_limit_whole():
+    assert one_line("x" * 10, limit=10) == "x" * 10
+    assert one_line("x" * 11, limit=10) == "xxxxxxx..."
+
+
+@pytest.mark.parametrize("epochs, n, first, steady_epochs", [
+    ([], 0, None, 0),  # no report: nothing measured, and no error
+    ([report(1, 9.0)], 1, 9.0, 0),
+    ([report(1, 9.0), report(2, 3.0)], 2, 9.0, 1),
+])
+def test_measured_counts_its_epochs(epochs, n, first, steady_epochs):
+    m = Measured(epochs)
+    assert (m.epochs, m.first_s, m.steady_epochs) == (n, first, steady_epochs)
+
+
+def test_examples_per_second_counts_only_epochs_that_said_their_examples():
+    m = Measured([report(1, 9.0), report(2, 10.0, examples=100), report(3, 10.0, examples=None)])
+    assert m.examples_per_s == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("examples, seconds, want", [
+    (3_000_000, 2.0, 1_500_000.0),  # fast: far above a time's bound, still a reading
+    (2 * 10**12 + 1, 2.0, None),  # above 10^12 examples/s: no reading
+])
+def test_examples_per_second_is_bounded_by_its_own_range(examples, seconds, want):
+    m = Measured([report(1, 9.0), report(2, seconds, examples=examples)])
+    assert m.examples_per_s == want
+
+
+def test_rank_breaks_a_dollar_tie_by_time_and_reads_no_time_as_zero():
+    ranked = rank([row("slow", 1.0, 900), row("fast", 1.0, 300)])
+    assert [(r.label, r.fastest) for r in ranked] == [("fast", True), ("slow", False)]
+    unknown = rank([row("half", 1.0, 0.5), row("no-time", 1.0, None)])
+    assert [(r.label, r.fastest) for r in unknown] == [("no-time", True), ("half", False)]
+    assert rank([row("broken", outcome="failed")])[0].rank is None  # nothing measured: nothing ranked

@@ -6,6 +6,7 @@ itself runs for real in tests/integration/test_setup_step.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,11 +38,19 @@ def test_the_probe_finds_an_images_own_tensorflow_of_that_version(tmp_path):
     dlami.parent.mkdir(parents=True)
     dlami.write_text("#!/bin/sh\necho 2.18.0\n")  # answers the version question as a DLAMI's Python would
     dlami.chmod(0o755)
+    # The probe also asks the host's python3 (shutil.which): this test's PATH holds one without
+    # TensorFlow, whatever the caller's PATH holds (a Python with TensorFlow there was found too).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": str(bin_dir)}
 
     def probe(version):
         out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = ['x', 'probe', '--root', {str(tmp_path / 'w')!r}, "
                               f"'--tensorflow', {version!r}]; from gpuctl.payloads import gpuctl_setup as s; "
-                              f"s.CANDIDATES = ({str(dlami)!r},); s.main()"], capture_output=True, text=True, check=True)
+                              f"s.CANDIDATES = ({str(dlami)!r},); s.main()"], capture_output=True, text=True, check=True,
+                             env=env)
         return json.loads(out.stdout)
 
     seen = probe("2.18")

@@ -158,3 +158,37 @@ def test_a_multi_node_segment_bills_each_node_by_its_own_end():
     instances["i-0"] = _inst("i-0", T0 - 60, T0 + 110, SPOT_REASON)  # both taken by EC2: free
     (a,) = segment_costs(_run((seg,), state="preempted", ended_at=T0 + 100), [], instances, now=T0 + 1000)
     assert a.free and a.usd == 0
+
+
+def _seg(start, end=None, why=None, iid="i-1", rate=3.6):
+    return Segment(instance_id=iid, usd_per_hour=rate, started_at=T0 + start,
+                   ended_at=None if end is None else T0 + end, end=why)
+
+
+# Each row: the run's segments (and the run's state and end), its epochs' ends, now; what each
+# segment counts (seconds, lost seconds, wait). The edges scripts/mutate found unchecked.
+@pytest.mark.parametrize("segments, state, ended, epoch_ends, now, want", [
+    # An open segment of a finished run ends with the run, not now; of a running run, now.
+    ([_seg(0)], "succeeded", 50, [], 1000, [(50, 0, 0)]),
+    ([_seg(0)], "running", 50, [], 1000, [(1000, 0, 0)]),
+    ([_seg(0)], "running", None, [], 1000, [(1000, 0, 0)]),
+    ([_seg(0, -10, "failed")], "failed", -10, [], 1000, [(0, 0, 0)]),  # a clock set back: no seconds
+    # A stop or a failure throws work away only when the run went on after it (resumed)...
+    ([_seg(0, 100, "stopped"), _seg(100, 400, "failed", "i-2")], "failed", 400, [40, 350], 1000,
+     [(100, 60, 0), (300, 0, 0)]),
+    # ...a preemption or a loss always does, the last segment too; none after the last epoch's end.
+    ([_seg(0, 100, "preempted")], "preempted", 100, [40], 1000, [(100, 60, 0)]),
+    ([_seg(0, 100, "lost")], "lost", 100, [40], 1000, [(100, 60, 0)]),
+    ([_seg(0, 100, "preempted")], "preempted", 100, [40, 100], 1000, [(100, 0, 0)]),
+    # The wait before a segment; none before the first, none when it started as the last ended.
+    ([_seg(0, 100, "preempted"), _seg(100, 200, "succeeded", "i-2")], "succeeded", 200, [100, 200], 1000,
+     [(100, 0, 0), (100, 0, 0)]),
+    ([_seg(0, 100, "preempted"), _seg(130, 200, "succeeded", "i-2")], "succeeded", 200, [100, 200], 1000,
+     [(100, 0, 0), (70, 0, 30)]),
+])
+def test_segment_seconds_lost_work_and_waits(segments, state, ended, epoch_ends, now, want):
+    run = _run(tuple(segments), state=state, ended_at=None if ended is None else T0 + ended)
+    epochs = [_epoch(n, T0 + e - 1, T0 + e) for n, e in enumerate(epoch_ends, 1)]
+    got = segment_costs(run, epochs, {}, now=T0 + now)
+    assert [(g.seconds, g.lost_s, g.waited_s) for g in got] == [tuple(map(pytest.approx, w)) for w in want]
+    assert [g.usd for g in got] == [pytest.approx(w[0] * 3.6 / 3600) for w in want]

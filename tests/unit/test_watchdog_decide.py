@@ -257,6 +257,115 @@ def test_the_idle_time_a_previous_watchdog_counted(previous, expected):
     assert d.inherited_idle_since(previous, cfg(cluster_key="k"), "b") == expected
 
 
+
+# --- edges scripts/mutate found unchecked (each a mutant the tests above let live) ----------------
+
+@pytest.mark.parametrize("data, want", [
+    ({"at": 7}, 7.0), ({}, 5.0), ({"at": "x"}, 5.0), ({"at": None}, 5.0),
+    ({"at": "nan"}, 5.0), ({"at": "inf"}, 5.0), ({"at": "-inf"}, 5.0)])
+def test_a_number_from_the_instance_is_finite_or_the_default(data, want):
+    assert d.number(data, "at", 5) == want
+
+
+def test_a_cluster_with_no_start_yet_has_spent_nothing_and_counts_its_budget_from_now():
+    out = d.decide(cfg(started_at=None, budget_usd=1.0), seen(), T0)
+    assert out.state["spent_usd"] == 0.0 and out.state["budget_usd"] == 1.0
+    assert out.state["fires_at"]["budget"] == pytest.approx(T0 + 1000, abs=1e-6)
+
+
+def test_the_budget_fires_at_its_exact_time_under_a_dollar_an_hour_too():
+    out = d.decide(cfg(budget_usd=1.0, usd_per_hour=0.5), seen(), T0)
+    assert out.state["fires_at"]["budget"] == pytest.approx(T0 + 7200, abs=1e-6)
+
+
+@pytest.mark.parametrize("age, said", [
+    (20.0, "no heartbeat for 20s"), (0.0, "no heartbeat for 0s"), (0.4, "no heartbeat for 0s"),
+    (-5.0, "its heartbeat is 5s ahead of this clock")])
+def test_a_stale_heartbeats_age_is_said_either_way_on_the_clock(age, said):
+    assert d._beat_age(age) == said
+
+
+def test_a_heartbeat_exactly_the_stale_limit_ahead_is_stale():
+    out = d.decide(cfg(heartbeat_stale_s=20), seen(heartbeats={"push-1": T0 + 20}), T0)
+    assert out.state["busy"] == [] and out.forget == ["push-1"]
+
+
+@pytest.mark.parametrize("fired, fires", [
+    ({"reason": "run-done", "at": T0 + 200}, False),  # fired for this run already (at its very end)
+    ({"reason": "run-done"}, True),  # a firing that says no time: not for this run
+    ({"reason": "budget", "at": T0 + 300}, True),
+])
+def test_run_done_and_the_firing_it_already_did(fired, fires):
+    c = cfg(down_after_run=True, down_after_run_since=T0 + 100)
+    out = d.decide(c, seen(runs=[job(running=False, ended_at=T0 + 200)], fired=fired), T0 + 260)
+    assert (out.reason == "run-done") == fires
+    if fires:
+        assert out.detail == "the run ended 60s ago"
+
+
+def test_run_done_near_the_clocks_zero_reads_a_firing_without_a_time_as_none():
+    c = cfg(started_at=0.0, down_after_run=True, down_after_run_since=0.0)
+    out = d.decide(c, seen(runs=[job(running=False, ended_at=0.5)], fired={"reason": "run-done"}), 100.0)
+    assert out.reason == "run-done"
+
+
+def test_a_one_second_stall_limit_counts_and_a_job_without_a_log_is_not_silent():
+    c = cfg(stall_s=1)
+    assert d.decide(c, seen(runs=[job(log_mtime=T0 - 1)], gpu=0), T0).state["stalled"] == ["r1"]
+    assert d.decide(c, seen(runs=[job(log_mtime=None)], gpu=0), T0).state["stalled"] == []
+
+
+def test_idle_fires_once_per_stretch_however_many_ticks_follow():
+    c = cfg(idle_s=600)
+    memory = d.decide(c, seen(), T0).memory
+    fired = d.decide(c, seen(), T0 + 600, memory)
+    assert fired.reason == "idle"
+    memory = fired.memory
+    for t in (T0 + 700, T0 + 800, T0 + 900):
+        out = d.decide(c, seen(), t, memory)
+        assert out.reason is None
+        memory = out.memory
+
+
+def test_a_counted_login_after_idle_fired_starts_a_new_stretch():
+    """Someone logged in after the idle firing (stop-jobs: the instance lives on): once they leave,
+    idle fires again idle_s after their last keystroke."""
+    c = cfg(idle_s=600, on_fire="stop-jobs")
+    fired = d.decide(c, seen(), T0 + 600, d.decide(c, seen(), T0).memory)
+    assert fired.reason == "idle"
+    typing = d.decide(c, seen(logins=("/run/utmp", [login(T0 + 1000)], [])), T0 + 1000, fired.memory)
+    assert typing.reason is None and not typing.memory.idle_fired
+    assert d.decide(c, seen(), T0 + 1600, typing.memory).reason == "idle"
+
+
+def test_a_login_that_says_no_last_input_leaves_the_stretch_where_it_was():
+    c = cfg(idle_s=600)
+    start = d.decide(c, seen(), T0)
+    entry = {"user": "u", "line": "pts/0", "host": "h", "quiet_s": 0}
+    out = d.decide(c, seen(logins=("/run/utmp", [entry], [])), T0 + 100, start.memory)
+    assert out.state["idle_since"] == T0
+
+
+def test_the_idle_detail_says_the_gpus_use_and_nothing_more_without_ignored_logins():
+    c = cfg(idle_s=60, gpu_idle_percent=10)
+    out = d.decide(c, seen(gpu=4.4), T0 + 60, d.decide(c, seen(gpu=4.4), T0).memory)
+    assert out.detail == "idle for 60s (no job, GPU 4%, no interactive login)"
+
+
+def test_every_busy_neighbour_is_named_when_the_poweroff_is_held_back():
+    out = d.decide(cfg(hard_cap_at=T0), seen(neighbours={"b": (["x"], T0), "a": (["y"], T0)}), T0)
+    assert out.notes == ["poweroff held back: cluster(s) a, b on this host run jobs"]
+
+
+def test_the_state_names_the_queued_runs():
+    out = d.decide(cfg(), seen(runs=[job("r1"), job("r2", queued=True)], gpu=80), T0)
+    assert out.state["jobs"] == ["r1", "r2"] and out.state["queued"] == ["r2"]
+
+
+def test_a_previous_idle_time_near_the_clocks_zero_counts_for_a_cluster_with_no_start():
+    previous = {"idle_since": 0.5, "boot_id": "b", "cluster_key": "k"}
+    assert d.inherited_idle_since(previous, cfg(cluster_key="k", started_at=None), "b") == 0.5
+
 def test_the_watchdog_files_hold_every_payload_the_watchdog_imports():
     """The aws user data carries WATCHDOG_FILES alone (the watchdog runs from boot, before any
     push): a payload one of them imports and the list lacks would stop it there."""
