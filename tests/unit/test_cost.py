@@ -6,6 +6,7 @@ import pytest
 
 from gpuctl.errors import ConfigError
 from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord, Segment
+from gpuctl.model.requests import UpRequest
 from gpuctl.model.specs import AwsSpec, ClusterSpec
 from gpuctl.ops import clusters, costs
 from gpuctl.ops.costs import run_cost
@@ -231,7 +232,7 @@ def _finished_run(s, c, run_id, seconds, epochs, planned=None):
 
 def test_cost_splits_each_clusters_dollars_into_its_runs_epochs_and_idle(fake, tmp_path):  # noqa: F811
     s = session(tmp_path)
-    c = clusters.up(s, usd_per_hour=3.6).cluster
+    c = clusters.up(s, UpRequest(usd_per_hour=3.6)).cluster
     _finished_run(s, c, "r-a", 100, 2)  # $0.072 in epochs
     _finished_run(s, c, "r-b", 100, 1)  # $0.036
     _finished_run(s, c, "r-none", 100, 0, planned=4)  # no epoch reported: its time on the instance
@@ -249,7 +250,7 @@ def test_cost_splits_each_clusters_dollars_into_its_runs_epochs_and_idle(fake, t
 
 def test_a_run_whose_epochs_say_next_to_nothing_costs_its_time_and_projects_from_that(fake, tmp_path):  # noqa: F811
     s = session(tmp_path)
-    c = clusters.up(s, usd_per_hour=3.6).cluster
+    c = clusters.up(s, UpRequest(usd_per_hour=3.6)).cluster
     start = time.time() - 1000
     s.ledger.put_run(RunRecord(run_id="r", cluster=c.name, cluster_id=c.id, project="/p", entry="t.py",
                                state="succeeded", started_at=start, ended_at=start + 1000, usd_per_hour=3.6,
@@ -285,7 +286,7 @@ def test_the_projected_finish(seconds, planned, finish):
 
 def test_cost_carries_a_runs_stretches_and_machine(fake, tmp_path):  # noqa: F811
     s = session(tmp_path)
-    c = clusters.up(s, usd_per_hour=3.6).cluster
+    c = clusters.up(s, UpRequest(usd_per_hour=3.6)).cluster
     (first,) = s.ledger.instances(c.id)
     s.ledger.put_instance(c.id, first.model_copy(update={"instance_type": "g5.xlarge", "market": "spot"}))
     start = time.time() - 1000
