@@ -112,6 +112,8 @@ class RunStatus(Frozen):
     failed_node: Optional[int] = None
     queue_position: Optional[int] = None  # queued: its place in the cluster's queue (1 = next)
     usd_per_hour: float = 0.0  # its share of its nodes' rate (GPUs held / a node's GPUs)
+    packages: Optional[str] = None  # RunRecord's: the requirements file installed for it
+    packages_s: Optional[float] = None
 
 
 class StatusReport(Frozen):

@@ -121,6 +121,7 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
             resumable=r.state in RESUMABLE and (s.live_cluster_of(r) is not None or r.state == "preempted"),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
+            packages=r.packages, packages_s=r.packages_s,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))

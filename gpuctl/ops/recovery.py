@@ -297,6 +297,7 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
         each = stages.group_of(s, record)
         nodes.refuse_budget(each, run.budget_usd)
         each = stages.push_and_check(s, record, each, project, data, progress)
+        each, installed = stages.install_packages(s, record, each, loaded, project, progress)
         stages.check_keras(each, nodes.keras_for(loaded.settings.train.keras, len(each)))
         inst, host = each[0].inst, each[0].host
         rate = nodes.rate(each)
@@ -304,7 +305,8 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
         run = run.model_copy(update={
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
-            "failed_node": None, "node_states": (), "not_started": (),
+            "failed_node": None, "node_states": (), "not_started": (), "packages": None, "packages_s": None,
+            **installed,
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
             "segments": run.segments + (stages.segment_on([n.inst for n in each], now, rate),)})
         run = stages.launch(s, loaded, record, run, each, secret_env, resumed=True)
