@@ -19,7 +19,7 @@ from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
-from gpuctl.ops import nodes, release, run_state, runs, stages
+from gpuctl.ops import nodes, packages, release, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, quiet
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
@@ -296,8 +296,9 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
     with s.working(record, "train"):
         each = stages.group_of(s, record)
         nodes.refuse_budget(each, run.budget_usd)
+        wanted = packages.requirements_of(loaded, project)
         each = stages.push_and_check(s, record, each, project, data, progress)
-        each, installed = stages.install_packages(s, record, each, loaded, project, progress)
+        each, installed = stages.install_packages(s, record, each, wanted, progress)
         stages.check_keras(each, nodes.keras_for(loaded.settings.train.keras, len(each)))
         inst, host = each[0].inst, each[0].host
         rate = nodes.rate(each)

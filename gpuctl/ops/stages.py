@@ -66,12 +66,13 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == str(project / PROJECT_FILE) else None
+    wanted = packages.requirements_of(loaded, project)  # a bad train.requirements: before the push
     group = push_and_check(s, record, group, project, req.data, progress, asked, check=not group[0].host.local,
                            recheck=req.recheck)
     refuse_cpu(group, req.allow_cpu)
     chief = group[0]
     check_keras(group, nodes.keras_for(settings.train.keras, len(group)), progress)
-    group, installed = install_packages(s, record, group, loaded, project, progress)
+    group, installed = install_packages(s, record, group, wanted, progress)
     now = time.time()
     # The run is billed at every node's rate: its epochs cost seconds x their sum; on one node, at
     # its share (GPUs held / the node's), which the instance confirms when the run leaves the queue.
@@ -162,11 +163,11 @@ def check_keras(group: list[Node], keras: str, progress: Progress = quiet) -> No
         nodes.require_keras2(group, chief.tensorflow if chief is not None else None)
 
 
-def install_packages(s: Session, record: ClusterRecord, group: list[Node], loaded: LoadedSettings, project: Path,
+def install_packages(s: Session, record: ClusterRecord, group: list[Node], found: tuple[str, bytes] | None,
                      progress: Progress = quiet) -> tuple[list[Node], dict[str, Any]]:
-    """The project's requirements file on every node, in a venv over its TensorFlow (made once
-    per file): the nodes, each with that venv's Python; the run's record of it (none without the file)."""
-    found = packages.requirements_of(loaded, project)
+    """The project's requirements file (`packages.requirements_of`) on every node, in a venv over
+    its TensorFlow (made once per file): the nodes, each with that venv's Python; the run's record
+    of it (none without the file)."""
     if found is None:
         return group, {}
     name, data = found

@@ -135,7 +135,8 @@ def check(text: str, have: Dict[str, str]) -> Tuple[Optional[str], List[str], Li
     passed: List[str] = []
     notes: List[str] = []
     for number, line in logical_lines(text):
-        said = "line %d (%s)" % (number, line if len(line) <= 80 else line[:77] + "...")
+        shown = " ".join(line.split())
+        said = "line %d (%s)" % (number, shown if len(shown) <= 80 else shown[:77] + "...")
         if line.startswith("-"):
             option = re.split(r"[\s=]", line, maxsplit=1)[0]
             if option not in OPTIONS:
@@ -259,8 +260,8 @@ def make(args: argparse.Namespace, log: Log, passed: List[str], have: Dict[str, 
             "--retries", "2", "--timeout", "60", "-r", reqs, "-c", cons]
     if args.wheelhouse:
         argv += ["--no-index", "--find-links", os.path.expanduser(args.wheelhouse)]
-    log.step("pip install -r %s (%d requirement(s))%s" % (
-        os.path.basename(args.requirements), sum(1 for p in passed if not p.startswith("-")),
+    log.step("pip install of %d requirement(s)%s" % (
+        sum(1 for p in passed if not p.startswith("-")),
         " from the wheelhouse %s" % args.wheelhouse if args.wheelhouse else ""))
     start = log.fh.tell()
     if log.run(argv) != 0:

@@ -83,3 +83,24 @@ def test_requirements_on_an_sshd_host(gpuctl, ssh, make_project, wheelhouse):
     up_ssh(gpuctl, ssh)
     loop(gpuctl, make_project, f"{WORKDIR}/_envs", lambda cmd: ssh.hosts[0].run(cmd).stdout)
     gpuctl("down", "-y")
+
+
+def test_a_package_pip_cannot_find_says_pips_last_line(gpuctl, make_project, wheelhouse, isolated, monkeypatch):
+    gpuctl("up", "-y")
+    proj = make_project("missing", {"train.py": USES, "requirements.txt": "tinydep\nnosuchdep==9\n"})
+    res = gpuctl("train", proj, code=7)
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert "installing requirements.txt failed on" in line and "No matching distribution found for nosuchdep==9" in line
+    assert "pip's whole output is in" in res.stderr
+    envs = isolated / "clusters" / "_envs"
+    assert not [p for p in envs.glob("req-*") if p.is_dir()]  # the half-made venv is gone, no run was started
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
+
+    # train.requirements: another name inside the project, never a path out of it.
+    (proj / "deps").mkdir()
+    (proj / "deps" / "run.txt").write_text("tinydep\n")
+    (proj / "gpuctl.toml").write_text('[train]\nrequirements = "deps/run.txt"\n')
+    assert "tinydep says hello" in gpuctl("train", proj, "--wait").stdout
+    (proj / "gpuctl.toml").write_text('[train]\nrequirements = "../../elsewhere.txt"\n')
+    out = gpuctl("train", proj, code=3).stderr
+    assert "train.requirements = '../../elsewhere.txt' is outside the project" in out and "pushed" not in out
