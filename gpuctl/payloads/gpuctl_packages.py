@@ -31,8 +31,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpuctl_setup import Log, outcome, read_json  # beside this file on the instance
+
 MARKER = ".gpuctl-ready"
-STEP = "gpuctl-setup: "  # as the setup step's log has it: ops/packages.py follows it with tf_env.follow
 LAYER_PTH = "_gpuctl_layer.pth"
 MAX_FILE = 256 << 10
 # One TensorFlow per environment, whatever its distribution is called.
@@ -188,15 +189,6 @@ def read_text(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def read_json(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def identity() -> Dict[str, str]:
     """What a layered venv was made against: this Python (a new one at that path needs a new venv)."""
     return {"parent": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3]}
@@ -205,7 +197,7 @@ def identity() -> Dict[str, str]:
 def ready(env: str) -> Optional[Dict[str, Any]]:
     marker = read_json(os.path.join(env, MARKER))
     mine = identity()
-    if marker and all(marker.get(k) == v for k, v in mine.items()) and \
+    if isinstance(marker, dict) and all(marker.get(k) == v for k, v in mine.items()) and \
             os.access(os.path.join(env, "bin", "python"), os.X_OK):
         return marker
     return None
@@ -217,18 +209,6 @@ def probe(args: argparse.Namespace) -> None:
     print(json.dumps({"refused": refused, "ready": ready(args.env) is not None, "notes": notes,
                       "count": sum(1 for p in passed if not p.startswith("-")),
                       "log_size": os.path.getsize(log) if os.path.exists(log) else 0}))
-
-
-class Log:
-    def __init__(self, path: str):
-        self.fh = open(path, "a", buffering=1)
-
-    def step(self, text: str) -> None:
-        self.fh.write(STEP + text + "\n")
-
-    def run(self, argv: List[str]) -> int:
-        self.fh.write("$ %s\n" % " ".join(argv))
-        return subprocess.run(argv, stdout=self.fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
 
 
 def site_dirs() -> List[str]:
@@ -284,7 +264,7 @@ def install(args: argparse.Namespace) -> None:
     with open(env + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another install of this file for this Python: wait, then find it made
         log = Log(env + ".log")
-        try:
+        with outcome(log, result, env, "%s.result.%d.json" % (env, os.getpid()), started):
             if ready(env):
                 log.step("ready already (made by an earlier install)")
                 result.update(ok=True, skipped=True)
@@ -301,20 +281,6 @@ def install(args: argparse.Namespace) -> None:
                 json.dump(marker, fh)
             result.update(ok=True)
             log.step("ready: the project's packages in %.0f s" % (time.time() - started))
-        except SystemExit as exc:
-            result["error"] = str(exc.code)
-            log.step("failed: %s" % exc.code)
-        except Exception as exc:  # noqa: BLE001 - the result file must say why, whatever it was
-            result["error"] = "%s: %s" % (type(exc).__name__, exc)
-            log.step("failed: %s" % result["error"])
-        finally:
-            if not result["ok"]:
-                shutil.rmtree(env, ignore_errors=True)
-            result["seconds"] = round(time.time() - started, 1)
-            path = "%s.result.%d.json" % (env, os.getpid())
-            with open(path + ".tmp", "w") as fh:
-                json.dump(result, fh)
-            os.replace(path + ".tmp", path)
     sys.exit(0 if result["ok"] else 1)
 
 
