@@ -71,6 +71,11 @@ class TrainSettings(_Section):
         2.0, ge=0, le=3600, description="How often the job asks nvidia-smi for its GPUs' utilisation and memory "
         "(each epoch's report and `gpuctl plan` show them); 0 = never."
     )
+    requirements: str = Field(
+        "", max_length=500, description="The project's requirements file, relative to the project (default: its "
+        "requirements.txt, when there is one): installed on each node into a venv layered on the cluster's "
+        "TensorFlow, once per file; a line that would replace TensorFlow is refused."
+    )
 
     @field_validator("keras", mode="before")
     @classmethod

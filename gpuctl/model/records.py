@@ -162,6 +162,10 @@ class RunRecord(Frozen):
     resumes: int = 0
     data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance
     code: Optional[CodeVersion] = None  # the code it was (last) submitted with; None: recorded before
+    # The project's requirements file installed for it ("requirements.txt (sha256 1a2b3c4d)"), and the
+    # seconds its install took on the slowest node (0: made by an earlier run); None: it had none.
+    packages: Optional[str] = None
+    packages_s: Optional[float] = None
     segments: tuple[Segment, ...] = ()  # where it ran, oldest first (empty for runs recorded before segments)
     # A multi-node run (MultiWorkerMirroredStrategy): how many nodes, each node's last known state,
     # and the node whose failure ended it.

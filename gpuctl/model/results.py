@@ -113,6 +113,8 @@ class RunStatus(Frozen):
     queue_position: Optional[int] = None  # queued: its place in the cluster's queue (1 = next)
     usd_per_hour: float = 0.0  # its share of its nodes' rate (GPUs held / a node's GPUs)
     code: Optional[CodeVersion] = None  # the code it was submitted with (ops/provenance.py)
+    packages: Optional[str] = None  # RunRecord's: the requirements file installed for it
+    packages_s: Optional[float] = None
 
 
 class StatusReport(Frozen):

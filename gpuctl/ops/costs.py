@@ -129,6 +129,7 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
             resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
+            packages=r.packages, packages_s=r.packages_s,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))

@@ -37,9 +37,12 @@ class Node:
     data_dir: str | None = None
     code: SyncStats | None = None
     data: SyncStats | None = None
+    layered: str | None = None  # the Python of the project's packages' venv, over env's (ops/packages.py)
 
     @property
     def python(self) -> str:
+        if self.layered:
+            return self.layered
         env = self.env
         return ((env.report or {}).get("executable") or env.python) if env is not None else "python3"
 

@@ -19,7 +19,7 @@ from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
-from gpuctl.ops import nodes, provenance, release, run_state, runs, stages
+from gpuctl.ops import nodes, packages, provenance, release, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, quiet
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
@@ -296,7 +296,9 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
     with s.working(record, "train"):
         each = stages.group_of(s, record)
         nodes.refuse_budget(each, run.budget_usd)
+        wanted = packages.requirements_of(loaded, project)
         each = stages.push_and_check(s, record, each, project, data, progress, run_id=run.run_id)
+        each, installed = stages.install_packages(s, record, each, wanted, progress)
         stages.check_keras(each, nodes.keras_for(loaded.settings.train.keras, len(each)))
         inst, host = each[0].inst, each[0].host
         rate = nodes.rate(each)
@@ -305,6 +307,7 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
             "failed_node": None, "node_states": (), "not_started": (), "code": provenance.of(project),
+            "packages": None, "packages_s": None, **installed,
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
             "segments": run.segments + (stages.segment_on([n.inst for n in each], now, rate),)})
         run = stages.launch(s, loaded, record, run, each, secret_env, resumed=True)

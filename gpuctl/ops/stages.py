@@ -2,6 +2,7 @@
 
     push        code and data to every node, each to its own place, then linked into the run's dir (ops/push.py)
     preflight   each node's TensorFlow (ops/setup.py), looked at while the code is pushed
+    packages    the project's requirements.txt in a venv over that TensorFlow (ops/packages.py)
     configure   the run's run.json on every node (queue, store, reports)
     start       its job under tmux on every node, at once; a node that fails stops them all
     arm guards  the watchdog on every node (ops/guards.py)
@@ -16,6 +17,7 @@ answered on the way (its Python, its GPUs, its payload) is the command's Session
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import secrets
@@ -23,13 +25,14 @@ import time
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from gpuctl.config.load import PROJECT_FILE, LoadedSettings
 from gpuctl.errors import NotFoundError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord, RunRecord, Segment
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import TfEnv, TrainResult
-from gpuctl.ops import guards, nodes, provenance, push, queue, setup
+from gpuctl.ops import guards, nodes, packages, provenance, push, queue, setup
 from gpuctl.ops.nodes import Node
 from gpuctl.ops.session import Progress, Session, each, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
@@ -44,6 +47,7 @@ LAUNCHER = "gpuctl_run.py"
 class Stage(str, Enum):
     PUSH = "push"
     PREFLIGHT = "preflight"
+    PACKAGES = "packages"
     CONFIGURE = "configure"
     START = "start"
     ARM_GUARDS = "arm guards"
@@ -64,12 +68,14 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     # The project's own gpuctl.toml may pin its TensorFlow; otherwise the cluster's (`up --tf`)
     # holds: a user-wide setting or variable was already the cluster's default at `up`.
     asked = settings.train.tensorflow if loaded.sources.get("train.tensorflow") == str(project / PROJECT_FILE) else None
+    wanted = packages.requirements_of(loaded, project)  # a bad train.requirements: before the push
     say_left_out(project, req.data, req.args, progress)
     group = push_and_check(s, record, group, project, req.data, progress, asked, check=not group[0].host.local,
                            recheck=req.recheck, allow_cpu=req.allow_cpu, run_id=run_id)
     refuse_cpu(group, req.allow_cpu)
     chief = group[0]
     check_keras(group, nodes.keras_for(settings.train.keras, len(group)), progress)
+    group, installed = install_packages(s, record, group, wanted, progress)
     now = time.time()
     # The run is billed at every node's rate: its epochs cost seconds x their sum; on one node, at
     # its share (GPUs held / the node's), which the instance confirms when the run leaves the queue.
@@ -81,7 +87,7 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
                     tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
                     data=str(req.data) if req.data else None, code=provenance.of(project), segments=(segment_on([n.inst for n in group], now, rate),),
                     nodes=len(group), gpus=want, now=req.now,
-                    start_timeout_s=settings.train.start_timeout_s if len(group) > 1 else 0.0)
+                    start_timeout_s=settings.train.start_timeout_s if len(group) > 1 else 0.0, **installed)
     # train --down counts runs that end after this moment (the instance's clock): taken before the
     # job starts, so a script that fails at once still ends the spend after the grace.
     down_after = req.down_after_run if req.down_after_run is not None else settings.guards.down_after_run
@@ -184,6 +190,26 @@ def check_keras(group: list[Node], keras: str, progress: Progress = quiet) -> No
     if keras == "2":
         chief = group[0].env
         nodes.require_keras2(group, chief.tensorflow if chief is not None else None)
+
+
+def install_packages(s: Session, record: ClusterRecord, group: list[Node], found: tuple[str, bytes] | None,
+                     progress: Progress = quiet) -> tuple[list[Node], dict[str, Any]]:
+    """The project's requirements file (`packages.requirements_of`) on every node, in a venv over
+    its TensorFlow (made once per file): the nodes, each with that venv's Python; the run's record
+    of it (none without the file)."""
+    if found is None:
+        return group, {}
+    name, data = found
+    progress = serialized(progress)
+
+    def one(node: Node) -> tuple[Node, float]:
+        python, seconds = packages.ensure(s, node.host, node.python, name, data, record.spec.remote.wheelhouse,
+                                          lambda line: progress(nodes.label(node, group) + line))
+        return replace(node, layered=python), seconds
+
+    done = each(group, one)
+    return [n for n, _ in done], {"packages": f"{name} (sha256 {hashlib.sha256(data).hexdigest()[:8]})",
+                                  "packages_s": max(seconds for _, seconds in done)}
 
 
 # --- configure, start -----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ imported from it at the asked version: an install killed half-way is removed and
 """
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 MARKER = ".gpuctl-ready"
 # Where the Deep Learning AMIs keep TensorFlow: a venv on current ones, conda envs on older ones.
@@ -77,7 +78,7 @@ def has_gpu():
         return False
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -125,14 +126,14 @@ def probe(args):
 
 
 class Log:
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.fh = open(path, "a", buffering=1)
 
-    def step(self, text):
+    def step(self, text: str) -> None:
         # The CLI shows these lines as progress; everything else is the log's.
         self.fh.write("gpuctl-setup: %s\n" % text)
 
-    def run(self, argv, env=None):
+    def run(self, argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
         self.fh.write("$ %s\n" % " ".join(argv))
         return subprocess.run(argv, stdout=self.fh, stderr=subprocess.STDOUT, env=env).returncode
 
@@ -203,6 +204,29 @@ def last_failure(log_path):
     return steps[-1][len("failed: "):] if steps and steps[-1].startswith("failed: ") else None
 
 
+@contextlib.contextmanager
+def outcome(log: Log, result: Dict[str, Any], env: str, result_path: str, started: float) -> Iterator[None]:
+    """The install's result file, however the block ends: `result` as it set it, else why it failed
+    (a SystemExit's words, any other error's type), its half-made env removed. Shared by the
+    project's packages (gpuctl_packages.py)."""
+    try:
+        yield
+    except SystemExit as exc:
+        result["error"] = str(exc.code)
+        log.step("failed: %s" % exc.code)
+    except Exception as exc:  # noqa: BLE001 - the result file must say why, whatever it was
+        result["error"] = "%s: %s" % (type(exc).__name__, exc)
+        log.step("failed: %s" % result["error"])
+    finally:
+        if not result["ok"]:
+            shutil.rmtree(env, ignore_errors=True)  # a venv half made helps nobody: free the disk
+        result["seconds"] = round(time.time() - started, 1)
+        tmp = result_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, result_path)
+
+
 def install(args):
     p = paths(args.root, args.tensorflow)
     os.makedirs(p["envs"], exist_ok=True)
@@ -216,7 +240,7 @@ def install(args):
             waited = True
         log = Log(p["log"])
         result = {"ok": False, "pid": os.getpid(), "started": started, "tensorflow": None, "python": p["python"]}
-        try:
+        with outcome(log, result, p["env"], p["result"], started):
             env, marker = ready_env(p, args.tensorflow)
             if env:
                 log.step("ready already (made by an earlier install)")
@@ -249,20 +273,6 @@ def install(args):
                 json.dump(marker, fh)
             result.update(ok=True, tensorflow=found, variant=variant)
             log.step("ready: TensorFlow %s in %.0f s" % (found, time.time() - started))
-        except SystemExit as exc:
-            result["error"] = str(exc.code)
-            log.step("failed: %s" % exc.code)
-        except Exception as exc:  # noqa: BLE001 - the result file must say why, whatever it was
-            result["error"] = "%s: %s" % (type(exc).__name__, exc)
-            log.step("failed: %s" % result["error"])
-        finally:
-            if not result["ok"]:
-                shutil.rmtree(p["env"], ignore_errors=True)  # a venv without TensorFlow helps nobody: free the disk
-            result["seconds"] = round(time.time() - started, 1)
-            tmp = p["result"] + ".tmp"
-            with open(tmp, "w") as fh:
-                json.dump(result, fh)
-            os.replace(tmp, p["result"])
     sys.exit(0 if result["ok"] else 1)
 
 

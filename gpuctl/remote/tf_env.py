@@ -95,10 +95,12 @@ def start_install(host: Host, payload_dir: str, root: str, version: str, wheelho
 
 
 def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str], None],
-           timeout_s: float = INSTALL_TIMEOUT_S, clock: Clock = REAL_CLOCK) -> dict[str, Any]:
+           timeout_s: float = INSTALL_TIMEOUT_S, clock: Clock = REAL_CLOCK, name: str = "setup") -> dict[str, Any]:
     """Relay the install's steps (its log from where the probe left it) until it writes its result.
     An install of another command that holds the env's lock makes this one wait, then find the
-    env ready: either way the result is this pid's."""
+    env ready: either way the result is this pid's. `name`: whose install (the project's packages
+    follow theirs here too, ops/packages.py)."""
+    hint = "`gpuctl logs --setup`" if name == "setup" else f"{where['log']} there"
     offset = where["log_size"]
     result_path = f"{where['env']}.result.{pid}.json"
     pauses = Backoff(POLL_S, timeout_s=timeout_s, clock=clock)
@@ -109,22 +111,22 @@ def follow(host: Host, where: dict[str, Any], pid: int, progress: Callable[[str]
         offset += len(complete)
         for line in complete.decode("utf-8", "replace").splitlines():
             if line.startswith(STEP):
-                progress(f"setup on {host.label}: {line[len(STEP):]}")
+                progress(f"{name} on {host.label}: {line[len(STEP):]}")
         result = _result(host, result_path)
         if result is not None:
             host.run(["rm", "-f", result_path], check=False)  # read: one file per install, none left over
             return result
         if pauses.expired():
-            raise RemoteError(f"the setup step on {host.label} is still running after {timeout_s / 60:.0f} min",
-                              "It goes on there: `gpuctl logs --setup` shows it; train again once it is ready.")
+            raise RemoteError(f"the {name} step on {host.label} is still running after {timeout_s / 60:.0f} min",
+                              f"It goes on there: {hint} shows it; train again once it is ready.")
         if pauses.elapsed() - looked > ALIVE_LOOK_S:
             looked = pauses.elapsed()
             if host.run(["kill", "-0", str(pid)], check=False).returncode != 0:
                 result = _result(host, result_path)  # it may have ended between the two looks
                 if result is not None:
                     return result
-                raise RemoteError(f"the setup step on {host.label} ended without a result (killed?)",
-                                  "See `gpuctl logs --setup`; `gpuctl train` again starts it anew.")
+                raise RemoteError(f"the {name} step on {host.label} ended without a result (killed?)",
+                                  f"See {hint}; `gpuctl train` again starts it anew.")
         pauses.pause()
 
 

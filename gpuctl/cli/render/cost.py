@@ -122,6 +122,9 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
             node = f" on node {r.failed_node}" if r.failed_node is not None else ""
             say(out, (r.run_id, "bold"), f" {r.state}{node}; last lines of its log{node and ' there'}:")
             text_block(out, r.log_tail)
+        if r.packages:
+            made = f"installed in {duration(r.packages_s)}" if r.packages_s else "made by an earlier run"
+            say(out, f"  {r.run_id}: packages: {r.packages}, {made}")
         if r.node_states:
             say(out, f"  {r.run_id}: nodes: " + ", ".join(f"{i} {st}" for i, st in enumerate(r.node_states)))
         story = history(r.segments, r.state)
