@@ -132,11 +132,12 @@ class Segment(Frozen):
 
 class CodeVersion(Frozen):
     """The code a run was submitted with (ops/provenance.py): a hash of the files pushed (path and
-    content, 12 hex) and the git commit of the checkout it came from, if any (whether the checkout
-    had changes beyond it is not known: gpuctl never runs git in a project)."""
+    content, 12 hex), the git commit of the checkout it came from, if any, and whether what was
+    pushed differs from that commit (ops/gitstate.py; None: not known)."""
 
     hash: str
     commit: Optional[str] = None
+    dirty: Optional[bool] = None
 
 
 class RunRecord(Frozen):

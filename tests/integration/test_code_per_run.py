@@ -66,6 +66,7 @@ def test_a_queued_run_keeps_the_code_it_was_submitted_with(gpuctl, make_project,
     git(proj, "commit", "-qam", "v2")
     git(proj, "pack-refs", "--all")  # HEAD's branch now only in packed-refs
     v2_commit = git(proj, "rev-parse", "HEAD").strip()
+    (proj / "notes.py").write_text("# pushed, never committed\n")
     assert "queued on" in gpuctl("train", proj, "--", gate).stdout
     first, second, third = runs(gpuctl)  # in the order they were submitted
     (gate / "go").touch()
@@ -74,10 +75,11 @@ def test_a_queued_run_keeps_the_code_it_was_submitted_with(gpuctl, make_project,
     # `status RUN` says which code each ran: its content hash, and the commit of its checkout.
     shown = {r["run_id"]: r["code"] for r in runs(gpuctl)}
     assert shown[first["run_id"]] == shown[second["run_id"]] == {"hash": shown[first["run_id"]]["hash"],
-                                                                  "commit": v1_commit}
-    assert shown[third["run_id"]]["commit"] == v2_commit and shown[third["run_id"]]["hash"] != shown[first["run_id"]]["hash"]
+                                                                  "commit": v1_commit, "dirty": False}
+    assert shown[third["run_id"]]["commit"] == v2_commit and shown[third["run_id"]]["dirty"] is True and shown[third["run_id"]]["hash"] != shown[first["run_id"]]["hash"]
     one = gpuctl("status", second["run_id"]).stdout
     assert f"code {shown[second['run_id']]['hash']} (git {v1_commit[:12]})" in one
+    assert f"(git {v2_commit[:12]}, dirty)" in gpuctl("status", third["run_id"]).stdout
 
 
 def test_a_resume_takes_the_code_as_it_is_then(gpuctl, make_project, tmp_path):

@@ -89,6 +89,53 @@ def test_the_commit_is_read_from_loose_packed_and_worktree_refs(tmp_path):
     assert provenance.git_commit(repo) == head
 
 
+@pytest.mark.skipif(not shutil.which("git"), reason="needs git to make the checkouts")
+def test_dirty_says_whether_what_is_pushed_is_the_commits(tmp_path):
+    repo = tmp_path / "repo"
+    proj = repo / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "train.py").write_text("x")
+    (proj / "pkg" / "m.py").write_text("m")
+    (proj / ".gitignore").write_text("out/\n")
+    (repo / "other.txt").write_text("outside the project")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    assert provenance.of(proj).dirty is False
+    (repo / "other.txt").write_text("changed outside the project: not this code")
+    (proj / "out").mkdir()
+    (proj / "out" / "model.h5").write_text("ignored: never pushed")
+    assert provenance.of(proj).dirty is False
+    (proj / "pkg" / "m.py").write_text("m2")
+    assert provenance.of(proj).dirty is True
+    (proj / "pkg" / "m.py").write_text("m")
+    assert provenance.of(proj).dirty is False
+    (proj / "new.py").write_text("untracked, pushed")
+    assert provenance.of(proj).dirty is True
+    (proj / "new.py").unlink()
+    (proj / "train.py").unlink()
+    assert provenance.of(proj).dirty is True
+    (proj / "train.py").write_text("x")
+    _git(repo, "gc", "-q")  # the objects packed (and deltified): read the same
+    assert not list((repo / ".git" / "objects").glob("??/*"))
+    assert provenance.of(proj).dirty is False
+    _git(repo, "worktree", "add", "-q", str(tmp_path / "wt"))
+    assert provenance.of(tmp_path / "wt" / "proj").dirty is False
+    (tmp_path / "wt" / "proj" / "train.py").write_text("y")
+    assert provenance.of(tmp_path / "wt" / "proj").dirty is True
+    # A cloned repository's config that would run a command if git ran here (the test's own git
+    # calls are done).
+    with open(repo / ".git" / "config", "a") as fh:
+        fh.write(f"[core]\n\tfsmonitor = touch {tmp_path / 'ran'}\n")
+    assert provenance.of(tmp_path / "wt" / "proj").dirty is True and provenance.of(proj).dirty is False
+    assert not (tmp_path / "ran").exists()
+    for pack in (repo / ".git" / "objects" / "pack").iterdir():
+        pack.chmod(0o600)
+        pack.write_bytes(b"corrupt")
+    code = provenance.of(proj)
+    assert code.commit is not None and code.dirty is None  # not told, never said clean
+
+
 def test_a_hostile_git_dir_gives_no_commit_and_reads_nothing_outside(tmp_path):
     proj = tmp_path / "p"
     (proj / ".git" / "refs").mkdir(parents=True)

@@ -135,8 +135,11 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
 
 
 def code_text(code: CodeVersion) -> str:
-    """"code 1a2b3c4d5e6f (git 0123456789ab)": the content hash of what was pushed, and its commit."""
-    return f"code {code.hash}" + (f" (git {code.commit[:12]})" if code.commit else "")
+    """"code 1a2b3c4d5e6f (git 0123456789ab, dirty)": the content hash of what was pushed, its
+    commit, and whether what was pushed differs from that commit."""
+    if not code.commit:
+        return f"code {code.hash}"
+    return f"code {code.hash} (git {code.commit[:12]}{', dirty' if code.dirty else ''})"
 
 
 def _where(seg: SegmentCost) -> str:
