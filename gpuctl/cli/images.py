@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from gpuctl.cli.common import CONTEXT, confirm, json_option, progress_sink, session
@@ -65,18 +67,22 @@ def rm(ctx: click.Context, image_id: str, provider: str | None, region: str | No
 @profile_option
 @click.option("--ssh-cidr", help="Who may SSH in (default: this machine's public IP /32).")
 @click.option("--allow-cpu", is_flag=True, help="Bake even where TensorFlow sees no GPU (a CPU-only image).")
+@click.option("--requirements", type=click.Path(path_type=Path), metavar="FILE",
+              help="A project's requirements.txt, installed over the image's TensorFlow: a train with the same "
+                   "file then installs nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
 @json_option
 @click.pass_context
 def bake(ctx: click.Context, tensorflow: str | None, instance_type: str | None, spot: bool | None,
          provider: str | None, region: str | None, profile: str | None, ssh_cidr: str | None, allow_cpu: bool,
-         yes: bool, as_json: bool) -> None:
+         requirements: Path | None, yes: bool, as_json: bool) -> None:
     """Launch from the base GPU image, install TensorFlow, prove it on the GPU, and save the disk as
     an image (then release the instance)."""
     from gpuctl.cli import render
     from gpuctl.cli.render import images as render_images
-    from gpuctl.ops import images
+    from gpuctl.ops import images, packages
 
+    wanted = packages.requirements_file(requirements) if requirements is not None else None  # before any question
     s = session(ctx, **{
         "provider": provider, "train.tensorflow": tensorflow, "aws.instance_type": instance_type,
         "aws.market": None if spot is None else ("spot" if spot else "on-demand"),
@@ -84,5 +90,5 @@ def bake(ctx: click.Context, tensorflow: str | None, instance_type: str | None, 
     })
     confirm(yes, images.bake_question(s))
     with progress_sink() as progress:
-        result = images.bake(s, progress, allow_cpu=allow_cpu)
+        result = images.bake(s, progress, allow_cpu=allow_cpu, requirements=wanted)
     return render.emit_json(result) if as_json else render_images.baked(result)

@@ -23,6 +23,7 @@ class BakedImage(BaseModel):
     base_image: Optional[str] = None  # the image that instance booted
     base_os: Optional[str] = None
     cluster: Optional[str] = None  # the bake's cluster
+    packages: Optional[str] = None  # a requirements file baked in over its TensorFlow ("requirements.txt (sha256 1a2b3c4d)")
     created_at: float
     size_gb: float  # of its snapshots: the provisioned size where the data size is not reported
     snapshots: tuple[str, ...] = ()
@@ -38,6 +39,7 @@ class BakeContents(BaseModel):
     installed: str  # as the preflight saw it (2.21.0), checked against TF_VERSION
     variant: str  # "cuda" or "cpu"
     base_image: str
+    packages: Optional[str] = None  # BakedImage's
 
 
 class StoreTarget(BaseModel):

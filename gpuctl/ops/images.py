@@ -21,7 +21,7 @@ from gpuctl.model import billing
 from gpuctl.model.images import BakeContents, BakedImage
 from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.model.requests import UpRequest
-from gpuctl.ops import clusters, release
+from gpuctl.ops import clusters, packages, release
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import TF_VERSION, ImageStore, tf_matches
 from gpuctl.remote import preflight
@@ -123,10 +123,13 @@ def _max_hours(s: Session) -> float:
     return min(s.settings().settings.guards.max_hours, BAKE_MAX_HOURS)
 
 
-def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> BakeResult:
-    """Launch from the base image, set TensorFlow up, prove it (preflight), make the image (tagged
-    with its snapshots; in the ledger as soon as it exists), release the cluster. The cluster is
-    released however the bake ends."""
+def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False,
+         requirements: tuple[str, bytes] | None = None) -> BakeResult:
+    """Launch from the base image, set TensorFlow up, prove it (preflight), install `requirements`
+    (name, bytes) over it as a `train` with that file would (ops/packages.py: a train with the same
+    file on an instance of the image then installs nothing), make the image (tagged with its
+    snapshots; in the ledger as soon as it exists), release the cluster. The cluster is released
+    however the bake ends."""
     started = time.monotonic()
     store = _store(s)
     tf = s.settings().settings.train.tensorflow
@@ -143,7 +146,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
     try:
         # Nobody's default: a `train` in another terminal must not land on the bake's instance.
         up = clusters.up(bs, UpRequest(make_default=False, launched_for="bake"), progress)
-        image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, progress)
+        image = _capture(bs, up.cluster, up.instances[0], tf, base, allow_cpu, requirements, progress)
         ok = True
     finally:
         _release(bs, name, ok, progress)
@@ -154,7 +157,7 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False) -> Bak
 
 
 def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: str, base: str, allow_cpu: bool,
-             progress: Progress) -> BakedImage:
+             requirements: tuple[str, bytes] | None, progress: Progress) -> BakedImage:
     from gpuctl.ops import setup  # the setup step (and what it imports) only for a bake
 
     # The preflight `up` started in the background is this very environment's, just made: its
@@ -173,8 +176,14 @@ def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: 
                           "TensorFlow anyway.")
     # The variant is what the preflight saw: an --allow-cpu bake on a CPU type has tensorflow-cpu,
     # which `up` must never pick for a GPU type.
+    baked_in = None
+    if requirements is not None:  # where a train's install puts it: the image's disk keeps it
+        name, data = requirements
+        ((_, host),) = bs.hosts(cluster)
+        packages.ensure(bs, host, env.python, name, data, cluster.spec.remote.wheelhouse, progress)
+        baked_in = packages.label(name, data)
     contents = BakeContents(tensorflow=tf, installed=seen, variant="cuda" if report.get("tf_gpus") else "cpu",
-                            base_image=base)
+                            base_image=base, packages=baked_in)
     bs.close()  # the instance reboots or stops next: end the SSH connections first
     return bs.provider(cluster.spec).image_store().capture(instance, contents, progress, created=bs.ledger.put_image)
 

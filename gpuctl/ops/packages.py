@@ -43,10 +43,28 @@ def requirements_of(loaded: LoadedSettings, project: Path) -> tuple[str, bytes] 
             raise ConfigError(f"train.requirements = {name!r}: no such file in {project}",
                               "Name the project's requirements file, or leave the setting out.")
         return None
-    data = path.read_bytes()
+    return name, _bounded(path, name)
+
+
+def requirements_file(path: Path) -> tuple[str, bytes]:
+    """(its name, its bytes) of a requirements file named directly (`image bake --requirements`)."""
+    if not path.is_file():
+        raise ConfigError(f"no requirements file {str(path)!r}",
+                          "Name a pip requirements file, e.g. --requirements project/requirements.txt.")
+    return path.name, _bounded(path, str(path))
+
+
+def _bounded(path: Path, name: str) -> bytes:
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_FILE + 1)
     if len(data) > MAX_FILE:
         raise ProjectError(f"{name} is over {MAX_FILE >> 10} KiB", "List the packages the script imports.")
-    return name, data
+    return data
+
+
+def label(name: str, data: bytes) -> str:
+    """How a run, `status` and an image name the file: "requirements.txt (sha256 1a2b3c4d)"."""
+    return f"{name} (sha256 {hashlib.sha256(data).hexdigest()[:8]})"
 
 
 def env_dir(host: Host, python: str, data: bytes) -> str:

@@ -17,7 +17,6 @@ answered on the way (its Python, its GPUs, its payload) is the command's Session
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import secrets
@@ -208,7 +207,7 @@ def install_packages(s: Session, record: ClusterRecord, group: list[Node], found
         return replace(node, layered=python), seconds
 
     done = each(group, one)
-    return [n for n, _ in done], {"packages": f"{name} (sha256 {hashlib.sha256(data).hexdigest()[:8]})",
+    return [n for n, _ in done], {"packages": packages.label(name, data),
                                   "packages_s": max(seconds for _, seconds in done)}
 
 

@@ -207,6 +207,23 @@ def test_a_tensorflow_version_that_is_not_one(gpuctl, aws, args):
     nothing_created(aws)
 
 
+@pytest.mark.parametrize("make, code, message", [
+    (None, 3, "no requirements file"),
+    ("dir", 3, "no requirements file"),
+    ("big", 6, "is over 256 KiB"),
+])
+def test_bake_refuses_a_requirements_file_it_cannot_read_before_launching(gpuctl, aws, tmp_path, make, code, message):
+    path = tmp_path / "requirements.txt"
+    if make == "dir":
+        path.mkdir()
+    elif make == "big":
+        path.write_text("tinydep\n" * 40000)
+    res = gpuctl("image", "bake", "--requirements", str(path), "--ssh-cidr", "203.0.113.5/32", "-y", code=code)
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert message in line and "Hint:" in res.stderr
+    nothing_created(aws)
+
+
 def _capture_the_default_cluster(aws, installed="2.21.0", variant="cuda"):
     """The capture step of a bake, on the instance of the cluster `up` just launched in moto; the
     lines it printed, with ("created", image) where it said the image exists."""

@@ -19,10 +19,11 @@ def listing(result: ImageList, out: Console | None = None) -> None:
     if not result.images:
         say(out, f"No baked images in {result.region}. Make one: gpuctl image bake --tf 2.21 -y")
         return
-    cols = [Col("image"), Col("TF"), Col("state"), Col("base image", drop=1), Col("created", True, drop=2),
-            Col("GB", True), Col("$/month", True), Col("name", drop=3)]
-    table(out, cols, [(i.id, _tf(i), i.state, i.base_image or "?", clock(i.created_at, "%Y-%m-%d %H:%M"),
-                       f"{i.size_gb:g}", usd(i.usd_per_month), i.name) for i in result.images])
+    cols = [Col("image"), Col("TF"), Col("packages", drop=2), Col("state"), Col("base image", drop=1),
+            Col("created", True, drop=2), Col("GB", True), Col("$/month", True), Col("name", drop=3)]
+    table(out, cols, [(i.id, _tf(i), i.packages or "-", i.state, i.base_image or "?",
+                       clock(i.created_at, "%Y-%m-%d %H:%M"), f"{i.size_gb:g}", usd(i.usd_per_month), i.name)
+                      for i in result.images])
     total = sum(i.usd_per_month for i in result.images)
     say(out, f"{len(result.images)} image(s) in {result.region}: {usd(total)}/month of snapshot storage at "
              f"{result.price}. Remove one: gpuctl image rm AMI_ID -y")
@@ -39,8 +40,8 @@ def _tf(i: ImageInfo) -> str:
 
 
 def _image_line(i: ImageInfo) -> str:
-    return (f"{i.id} ({i.name}): TensorFlow {_tf(i)} on {i.base_image or '?'}, {i.size_gb:g} GB, "
-            f"{usd(i.usd_per_month)}/month")
+    return (f"{i.id} ({i.name}): TensorFlow {_tf(i)}{f' with {i.packages}' if i.packages else ''} on "
+            f"{i.base_image or '?'}, {i.size_gb:g} GB, {usd(i.usd_per_month)}/month")
 
 
 def baked(result: BakeResult) -> None:

@@ -54,6 +54,7 @@ class AwsImages:
             tensorflow=images.tag(image, images.TAG_TF), tf_installed=images.tag(image, images.TAG_TF_INSTALLED),
             tf_variant=images.tag(image, images.TAG_TF_VARIANT), base_image=images.tag(image, images.TAG_BASE_IMAGE),
             base_os=images.tag(image, images.TAG_BASE_OS), cluster=images.tag(image, access.TAG_CLUSTER),
+            packages=images.tag(image, images.TAG_PACKAGES),
             created_at=_created(image), size_gb=self._size_gb(image, snapshots), snapshots=snapshots,
             state=str(image.get("State") or "available"))
 
@@ -101,7 +102,7 @@ class AwsImages:
                      hint=f"`gpuctl down {spec.name} -y` releases it.", InstanceIds=[iid])
         carries = {images.TAG_TF: contents.tensorflow, images.TAG_TF_INSTALLED: contents.installed,
                    images.TAG_TF_VARIANT: contents.variant, images.TAG_BASE_IMAGE: contents.base_image,
-                   images.TAG_BASE_OS: spec.base_os}
+                   images.TAG_BASE_OS: spec.base_os, **({images.TAG_PACKAGES: contents.packages} if contents.packages else {})}
         tags = access.tags(spec.name, self.ctx.owner) + [{"Key": k, "Value": v} for k, v in carries.items()]
         cpu = "-cpu" if contents.variant == "cpu" else ""
         name = (f"gpuctl-tf{contents.installed}{cpu}-{spec.base_os}-{time.strftime('%Y%m%d-%H%M%S')}-"
@@ -115,6 +116,7 @@ class AwsImages:
         created(BakedImage(id=image_id, region=self.region, name=name, tensorflow=contents.tensorflow,
                            tf_installed=contents.installed, tf_variant=contents.variant,
                            base_image=contents.base_image, base_os=spec.base_os, cluster=spec.name,
+                           packages=contents.packages,
                            created_at=time.time(), size_gb=float(spec.disk_gb), state="pending"))
         progress(f"image {image_id} ({name}): waiting for it to be available (10-30 minutes on EC2)")
         wait_for(ec2, "image_available", max(spec.wait_timeout_s, IMAGE_TIMEOUT_S), what=f"image {image_id}",

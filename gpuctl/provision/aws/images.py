@@ -33,6 +33,7 @@ TAG_TF_INSTALLED = "gpuctl:tf-installed"  # as installed (2.21.0)
 TAG_TF_VARIANT = "gpuctl:tf-variant"  # cuda | cpu (an --allow-cpu bake: never for a GPU type)
 TAG_BASE_IMAGE = "gpuctl:base-image"
 TAG_BASE_OS = "gpuctl:base-os"
+TAG_PACKAGES = "gpuctl:packages"  # a requirements file baked in: "requirements.txt (sha256 1a2b3c4d)"
 
 # The SSM public parameter of the newest Base OSS GPU AMI. AWS's naming rule (find-dlami-id: the
 # AMI's name without "deep", "learning" and "ami") gives "base-oss-nvidia-driver-gpu-ubuntu-22.04"
