@@ -105,10 +105,12 @@ class FakeHost(Deadlines):
         for key in [k for k in self.files if k.startswith(path.rstrip("/") + "/")]:
             del self.files[key]
 
-    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
-        """The files under `path` written below `local`: (how many, nothing skipped)."""
+    def pull_tree(self, path: str, local: Path, leave_out: tuple[str, ...] = ()) -> tuple[int, tuple[str, ...]]:
+        """The files under `path` written below `local`, but for the top entries in `leave_out`:
+        (how many, nothing skipped)."""
         prefix = path.rstrip("/") + "/"
-        kept = {k[len(prefix):]: v for k, v in self.files.items() if k.startswith(prefix)}
+        kept = {k[len(prefix):]: v for k, v in self.files.items()
+                if k.startswith(prefix) and k[len(prefix):].split("/")[0] not in leave_out}
         for rel, data in kept.items():
             (local / rel).parent.mkdir(parents=True, exist_ok=True)
             (local / rel).write_bytes(data)

@@ -51,6 +51,7 @@ class PullResult(Frozen):
     dest: str
     files: int
     skipped: tuple[str, ...] = ()  # what the instance listed that would have left `dest` (remote/sync/pull.py)
+    left_out: tuple[str, ...] = ()  # the run's own copy of its data set ("data/"): never pulled back
 
 
 class ExecResult(Frozen):

@@ -21,6 +21,7 @@ from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ProjectError
 from gpuctl.model.records import SyncStats
 from gpuctl.ops.session import Progress, Session
+from gpuctl.payloads.gpuctl_protocol import RUN_DATA_DIR
 from gpuctl.remote.host import Host
 from gpuctl.remote.sync.private import Private
 
@@ -98,7 +99,7 @@ def submit(host: Host, run_dir: str, code_dir: str, data_dir: str | None) -> tup
     host.link_tree(code_dir, own_code)
     if data_dir is None:
         return own_code, None
-    own_data = posixpath.join(run_dir, "data")
+    own_data = posixpath.join(run_dir, RUN_DATA_DIR)
     host.link_tree(data_dir, own_data)
     return own_code, own_data
 

@@ -14,6 +14,7 @@ from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.ops import guards, nodes, push, stages
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, each, quiet
+from gpuctl.payloads.gpuctl_protocol import RUN_DATA_DIR
 from gpuctl.remote.host import NO_DEADLINE, Host
 
 
@@ -81,14 +82,17 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     except OSError as exc:
         raise ConfigError(f"cannot write to --dest {str(dest)!r}: {exc.strerror}",
                           "Pass a directory you can write to (it is created if missing).") from None
+    # The run's copy of its data set stays: it came from here (or a bucket) and can be many GB.
+    leave_out = (RUN_DATA_DIR,)
     if not isinstance(where, ClusterRecord):
-        files, skipped = where[0].pull_tree(where[1], target)
-        return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
-    s.connect_quickly()  # a live run's host answers, or we say so
-    _, host = s.host(where)
-    with s.working(where, "pull"):
-        files, skipped = host.pull_tree(run.run_dir, target)
-    return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped)
+        files, skipped = where[0].pull_tree(where[1], target, leave_out)
+    else:
+        s.connect_quickly()  # a live run's host answers, or we say so
+        _, host = s.host(where)
+        with s.working(where, "pull"):
+            files, skipped = host.pull_tree(run.run_dir, target, leave_out)
+    return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped,
+                      left_out=(f"{RUN_DATA_DIR}/",) if run.data else ())
 
 
 def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = None) -> list[ExecResult]:

@@ -20,6 +20,9 @@ from typing import Any, Callable, Dict, Final, Optional, Type, TypeVar
 EPOCH_SCHEMA_VERSION = 1
 
 RUN_CONFIG_FILE = "run.json"  # in the run's dir
+# The run's own copy of its data set, in the run's dir (linked there when it is submitted): never
+# sent to the store or pulled back (it can be many GB; it came from this machine or a bucket).
+RUN_DATA_DIR = "data"
 NOTICE_FILE = "notice.json"  # in the guard dir: a spot interruption, once the watchdog heard it
 # In the run's dir: the job's exit code (its script writes it; the watchdog, for a pane that died
 # without), its place in the node's queue, and the rank of the node whose job started there.

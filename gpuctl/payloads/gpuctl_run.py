@@ -24,7 +24,8 @@ if HERE not in sys.path:
 import gpuctl_gpu  # noqa: E402  (needs HERE on sys.path)
 import gpuctl_imports  # noqa: E402
 import gpuctl_report  # noqa: E402
-from gpuctl_protocol import PREEMPTED_EXIT, PREEMPTED_MARK, STOP_FILE, STOPPED_EXIT, RunConfig, StoreConfig  # noqa: E402
+from gpuctl_protocol import (PREEMPTED_EXIT, PREEMPTED_MARK, RUN_DATA_DIR, STOP_FILE, STOPPED_EXIT,  # noqa: E402
+                             RunConfig, StoreConfig)
 
 RESTORE_FAILED_EXIT = 3  # a resumed run whose checkpoint could not be brought from the store
 
@@ -125,7 +126,7 @@ class RunStore(object):
         if not self.target or self.read_only or self.store is None:
             return
         try:
-            self.store.push(self.run_dir, self.target, self.prefix)
+            self.store.push(self.run_dir, self.target, self.prefix, leave_out=(RUN_DATA_DIR,))
         except Exception as exc:  # training goes on: the host still has them
             log("could not save the run's files to the store (%s): %s" % (why, exc))
 

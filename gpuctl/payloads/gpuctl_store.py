@@ -186,11 +186,13 @@ def _same(entry, size, mtime_ns, etag):
             and etag is not None and entry.get("etag") == etag)
 
 
-def _walk(root):
+def _walk(root, leave_out=()):
     """(relative path, absolute path, stat) of every regular file under root; links are not
-    followed (nothing outside the directory is uploaded), gpuctl's own files are left out."""
+    followed (nothing outside the directory is uploaded), gpuctl's own files and the top-level
+    directories named in `leave_out` are left out."""
     for top, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d)))
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d))
+                         and not (top == root and d in leave_out))
         for name in sorted(files):
             path = os.path.join(top, name)
             rel = os.path.relpath(path, root).replace(os.sep, "/")
@@ -205,10 +207,11 @@ def _walk(root):
 # --- push and pull ---------------------------------------------------------------------------------
 
 
-def push(local_dir, target, key_prefix, delete=False, store=None):
-    """Upload the new and changed files of local_dir under key_prefix; with `delete`, also remove
-    the objects whose file is gone (never the default: a fresh instance pushing before it pulled
-    would empty the run's checkpoints). A summary dict."""
+def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=()):
+    """Upload the new and changed files of local_dir under key_prefix, but for its top-level
+    directories named in `leave_out`; with `delete`, also remove the objects whose file is gone
+    (never the default: a fresh instance pushing before it pulled would empty the run's
+    checkpoints). A summary dict."""
     target = check_target(target, key_prefix)
     root = os.path.realpath(local_dir)
     if not os.path.isdir(root):
@@ -218,7 +221,7 @@ def push(local_dir, target, key_prefix, delete=False, store=None):
     remote = store.list(key_prefix)
     known = _load_manifest(root, where)
     files, sent, unchanged, sent_bytes = {}, [], 0, 0
-    for rel, path, st in _walk(root):
+    for rel, path, st in _walk(root, leave_out):
         key = key_prefix + rel
         if safe_relative(key, key_prefix) is None:
             continue  # a name S3 could not give back safely (a backslash, a control character)

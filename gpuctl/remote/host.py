@@ -138,9 +138,10 @@ class Host(Protocol):
     def remove_tree(self, path: str) -> None:
         """Delete a directory on the host, if present."""
 
-    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
-        """Copy a directory from the host to `local`: (files copied, "path: why" of each entry
-        skipped: names and links that would leave `local`, special files; remote/sync/pull.py)."""
+    def pull_tree(self, path: str, local: Path, leave_out: tuple[str, ...] = ()) -> tuple[int, tuple[str, ...]]:
+        """Copy a directory from the host to `local`, but for its top-level entries named in
+        `leave_out`: (files copied, "path: why" of each entry skipped: names and links that would
+        leave `local`, special files; remote/sync/pull.py)."""
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
         """(argv, cwd) that runs the shell line `command` (None: a login shell) in `root`, from here."""

@@ -165,10 +165,10 @@ class LocalHost(Deadlines):
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
-    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+    def pull_tree(self, path: str, local: Path, leave_out: tuple[str, ...] = ()) -> tuple[int, tuple[str, ...]]:
         if not os.path.isdir(path):
             return 0, ()
-        return pull_walk(LocalFiles(), path, local)
+        return pull_walk(LocalFiles(), path, local, leave_out)
 
     def interactive(self, command: str | None, tty: bool = True) -> tuple[list[str], str | None]:
         if command is None:

@@ -97,7 +97,11 @@ def _pull_hostile_twice(gpuctl, ssh, host, make_project, tmp_path) -> None:
             host.restart(hidden=("/usr/bin/rsync",))  # the documented fallback: SFTP
         up_ssh(gpuctl, ssh)
         proj = make_project(f"outs{rsync}", {"train.py": "print('done')\n"})
-        run = json.loads(gpuctl("train", str(proj), "--allow-cpu", "--wait", "--json").stdout)["run"]
+        data = tmp_path / f"data-{rsync}"
+        data.mkdir()
+        (data / "set.csv").write_text("a data set: it stays on the instance\n")
+        run = json.loads(gpuctl("train", str(proj), "--data", str(data), "--allow-cpu", "--wait",
+                                "--json").stdout)["run"]
         plant_hostile_outputs(host, run["run_dir"])
         host.run(PRIVILEGED.format(out=f"{run['run_dir']}/outputs"))
         dest = tmp_path / f"back-{rsync}"
@@ -108,6 +112,9 @@ def _pull_hostile_twice(gpuctl, ssh, host, make_project, tmp_path) -> None:
         got = dest / run["run_id"] / "outputs"
         assert_pulled_plainly(got, f"rsync={rsync}, again")
         assert (got / "model.txt").read_text() == "weights\n" and (got / "deep" / "d.txt").exists()
+        # The run's code copy comes back; its data copy stays, and the pull says so.
+        assert (dest / run["run_id"] / "code" / "train.py").exists() and not (dest / run["run_id"] / "data").exists()
+        assert "Left out data/: the run's copy of its data set" in res.stdout
         assert os.readlink(got / "alias") == "model.txt" and os.readlink(got / "deep" / "back") == "../model.txt"
         for name in ("keys", "passwd", "up", "gone", "pipe"):
             assert not os.path.lexists(got / name), (rsync, name)

@@ -326,3 +326,31 @@ def test_a_restore_waits_for_a_store_it_cannot_reach_yet(tmp_path, monkeypatch):
     monkeypatch.setattr(payload, "client", lambda target: (_ for _ in ()).throw(NotYet("still not")))
     with pytest.raises(NotYet):  # after the last wait, the error is the caller's to say
         payload.pull_when_reachable(TARGET, PREFIX, str(tmp_path / "run"), waits=(1,))
+
+
+def test_a_push_leaves_out_the_top_level_directories_it_is_told_to(tmp_path):
+    bucket = MemoryBucket()
+    run = tree(tmp_path / "run", {"data/train.csv": "a data set", "outputs/data/kept.txt": "an output named data",
+                                  "code/train.py": "x", "epochs.jsonl": "{}\n"})
+    assert payload.push(str(run), TARGET, PREFIX, store=bucket, leave_out=("data",))["uploaded"] == 3
+    assert sorted(bucket.objects) == [PREFIX + "code/train.py", PREFIX + "epochs.jsonl",
+                                      PREFIX + "outputs/data/kept.txt"]
+
+
+def test_a_runs_save_leaves_its_data_copy_on_the_instance(tmp_path, monkeypatch):
+    """The run's copy of its data set (RUN/data, linked at submission) is never sent to the store
+    at each epoch's save: it can be many GB, and it came from this machine or a bucket."""
+    import functools
+    import types
+
+    monkeypatch.syspath_prepend(str(Path(payload.__file__).parent))  # the payloads' bare-name imports
+    import gpuctl_run  # type: ignore[import-not-found]
+
+    bucket = MemoryBucket()
+    run = tree(tmp_path / "run", {"data/train.csv": "a data set", "outputs/model.txt": "weights",
+                                  "code/train.py": "x", "epochs.jsonl": "{}\n"})
+    saver = gpuctl_run.RunStore()
+    saver.target, saver.prefix, saver.run_dir = TARGET, PREFIX, str(run)
+    saver.store = types.SimpleNamespace(push=functools.partial(payload.push, store=bucket))  # the real push, in memory
+    saver.save("epoch 1")
+    assert sorted(bucket.objects) == [PREFIX + "code/train.py", PREFIX + "epochs.jsonl", PREFIX + "outputs/model.txt"]

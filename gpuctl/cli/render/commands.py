@@ -120,6 +120,8 @@ def synced(result: SyncResult) -> None:
 
 def pulled(result: PullResult) -> None:
     click.echo(f"Pulled {result.files} file(s) of {result.run_id} into {result.dest}")
+    for name in result.left_out:
+        click.echo(f"Left out {name}: the run's copy of its data set (--data), which you have.")
     _left_out("entries not pulled", result.skipped)
 
 

@@ -348,7 +348,7 @@ class SshHost(Deadlines):
     def remove_tree(self, path: str) -> None:
         self.run(["rm", "-rf", "--", path], timeout=REMOVE_TIMEOUT_S)
 
-    def pull_tree(self, path: str, local: Path) -> tuple[int, tuple[str, ...]]:
+    def pull_tree(self, path: str, local: Path, leave_out: tuple[str, ...] = ()) -> tuple[int, tuple[str, ...]]:
         """rsync from the host where both ends have it, else an SFTP walk (same connection); both
         keep what the instance lists inside `local` (remote/sync/pull.py)."""
         import subprocess
@@ -366,6 +366,7 @@ class SshHost(Deadlines):
                 ["rsync", "-rlpt", f"--chmod={rsync_chmod(current_umask())}", "--safe-links", "--no-D",
                  "--info=name1,nonreg1", "--out-format=",
                  *([f"--timeout={max(1, round(limit))}"] if limit else []),
+                 *[f"--exclude=/{name}" for name in leave_out],  # anchored: the top's entry only
                  "-e", shlex.join(self.ssh_argv()),
                  f"{self.ep.user}@{rsync_host(self.ep.host)}:{path}/", f"{local}/"],
                 capture_output=True, text=True,
@@ -379,7 +380,7 @@ class SshHost(Deadlines):
             else:
                 return sum(len(files) for _, _, files in os.walk(local)), rsync_left_out(proc.stdout)
         with self._sftp_call(f"copying {path}"):
-            return pull_walk(self.sftp, path, local)
+            return pull_walk(self.sftp, path, local, leave_out)
 
     def ssh_argv(self, *extra: str) -> list[str]:
         """An OpenSSH client command for this host (the caller adds `user@host`): through the same

@@ -124,9 +124,9 @@ def _clear(lpath: Path) -> None:
         shutil.rmtree(lpath)
 
 
-def pull_walk(fs: Any, top: str, local: Path) -> tuple[int, tuple[str, ...]]:
-    """Copy the tree at `top` on `fs` (an SFTP client, or LocalFiles) into `local`; (regular files
-    copied, skipped entries). Links are made last, once every file and directory is in place, so
+def pull_walk(fs: Any, top: str, local: Path, leave_out: tuple[str, ...] = ()) -> tuple[int, tuple[str, ...]]:
+    """Copy the tree at `top` on `fs` (an SFTP client, or LocalFiles) into `local`, but for the
+    top's entries named in `leave_out`; (regular files copied, skipped entries). Links are made last, once every file and directory is in place, so
     no listing order can make a write go through one. An entry whose path here would pass the
     system's limits (PATH_MAX, NAME_MAX) is skipped and named; any other failure is a RemoteError."""
     count = 0
@@ -155,6 +155,8 @@ def pull_walk(fs: Any, top: str, local: Path) -> tuple[int, tuple[str, ...]]:
                 skipped.append(f"{rel_dir}{name!r}: " + ("listed twice" if name in seen else "not a plain file name"))
                 continue
             seen.add(name)
+            if not rel_dir and name in leave_out:
+                continue
             rpath, lpath, rel = posixpath.join(rdir, name), ldir / name, rel_dir + name
             mode = entry.st_mode or 0
             with _too_long(skipped, rel):
