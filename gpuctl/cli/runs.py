@@ -127,8 +127,9 @@ def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None,
 @json_option
 @click.pass_context
 def pull(ctx: click.Context, run: str | None, dest: Path, as_json: bool) -> None:
-    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance. What it
-    leaves out (links leading out of the run, FIFOs, devices) is listed (`skipped` in --json)."""
+    """Bring a run's outputs (checkpoints, models, logs, reports) back from the instance, or after
+    `down` from where they were kept (the S3 checkpoint store on aws). What it leaves out (links
+    leading out of the run, FIFOs, devices, odd keys) is listed (`skipped` in --json)."""
     from gpuctl.cli import render
     from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs

@@ -8,13 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, NotFoundError, RemoteError
-from gpuctl.model.records import ClusterRecord
+from gpuctl.model.records import RunRecord
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
 from gpuctl.ops import guards, nodes, push, stages
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.payloads.gpuctl_protocol import RUN_DATA_DIR
+from gpuctl.provision import CheckpointStore
 from gpuctl.remote.host import NO_DEADLINE, Host
 
 
@@ -70,9 +71,13 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
     """Bring a run's outputs, reports and log back from its instance, or from where its released
     cluster's provider kept them (local: the gpuctl home)."""
     run = s.find_run(run_id)
-    kept = s.kept_run(run) if s.live_cluster_of(run) is None else None
-    # Where its files are: where its released cluster's provider kept them, or its live cluster.
-    where: tuple[Host, str] | ClusterRecord = kept if kept is not None else s.run_on_live_cluster(run.run_id)[1]
+    live = s.live_cluster_of(run)
+    # Where its files are: its live cluster, where its released cluster's provider kept them
+    # (local: the gpuctl home), or that cluster's checkpoint store (aws: each save put them there).
+    kept = s.kept_run(run) if live is None else None
+    stored = _store_of(s, run) if live is None and kept is None else None
+    if live is None and kept is None and stored is None:
+        s.run_on_live_cluster(run.run_id)  # says the cluster is down, and what is kept
     target = Path(dest) / run.run_id
     if target.resolve().is_relative_to(s.home.resolve()):
         raise ConfigError(f"--dest {str(dest)!r} is inside gpuctl's home ({s.home})",
@@ -84,15 +89,30 @@ def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:
                           "Pass a directory you can write to (it is created if missing).") from None
     # The run's copy of its data set stays: it came from here (or a bucket) and can be many GB.
     leave_out = (RUN_DATA_DIR,)
-    if not isinstance(where, ClusterRecord):
-        files, skipped = where[0].pull_tree(where[1], target, leave_out)
+    if stored is not None:
+        files, skipped = stored[0].download(stored[1], run.run_id, target, leave_out)
+    elif kept is not None:
+        files, skipped = kept[0].pull_tree(kept[1], target, leave_out)
     else:
+        assert live is not None
         s.connect_quickly()  # a live run's host answers, or we say so
-        _, host = s.host(where)
-        with s.working(where, "pull"):
+        _, host = s.host(live)
+        with s.working(live, "pull"):
             files, skipped = host.pull_tree(run.run_dir, target, leave_out)
     return PullResult(run_id=run.run_id, dest=str(target), files=files, skipped=skipped,
                       left_out=(f"{RUN_DATA_DIR}/",) if run.data else ())
+
+
+def _store_of(s: Session, run: RunRecord) -> tuple[CheckpointStore, str] | None:
+    """(the store, the cluster's place in it) where a released cluster's store keeps the run's files."""
+    try:
+        spec = s.ledger.cluster(run.cluster_id).spec
+    except KeyError:
+        return None
+    store = s.provider(spec).checkpoint_store()
+    if store is None or not store.files(spec.store_place, run.run_id):
+        return None
+    return store, spec.store_place
 
 
 def exec_command(s: Session, command: tuple[str, ...], cluster: str | None = None) -> list[ExecResult]:

@@ -126,6 +126,11 @@ class CheckpointStore(Protocol):
     def remove(self, cluster: str, run_id: str) -> int:
         """Delete a run's files; how many."""
 
+    def download(self, cluster: str, run_id: str, dest: "Path", leave_out: "tuple[str, ...]" = ()
+                 ) -> "tuple[int, tuple[str, ...]]":
+        """A run's files into `dest` but for the top-level names in `leave_out` (`pull` after
+        `down`): (files written, "key: why" of each one skipped)."""
+
     def usage(self) -> "dict[tuple[str, str], int]":
         """Bytes kept per (cluster, run id), for `cost`."""
 

@@ -407,3 +407,36 @@ def test_down_says_the_store_keeps_the_runs_files(gpuctl, aws):
     err = gpuctl("down", code=2).stderr
     assert "stay in the S3 checkpoint store" in err and "only on the instance" not in err
     gpuctl("down", "-y")
+
+
+def test_pull_after_down_brings_the_runs_files_from_the_store(gpuctl, aws, isolated, tmp_path):
+    """The instance's disk went with `down`; each save put the run's files in the store, and pull
+    takes them from there. Keys are untrusted: only plain paths under the run's prefix are written."""
+    gpuctl(*UP)
+    bucket = bucket_name(ACCOUNT, REGION, owner_of(isolated))
+    s3, _ = clients()
+    run_id = "r1-20261130-000000-aaaa"
+    prefix = f"clusters/{store_place(isolated)}/runs/{run_id}/"
+    for rel, body in {"outputs/model.txt": b"weights", "outputs/checkpoint/ckpt-1.index": b"i",
+                      "epochs.jsonl": b"{}\n", "code/train.py": b"print()", "data/train.csv": b"a data set",
+                      "../escaped": b"evil", "outputs/\x1b[31mred": b"?", "outputs//double": b"?"}.items():
+        s3.put_object(Bucket=bucket, Key=prefix + rel, Body=body)
+    add_run(isolated, run_id, "succeeded")
+    gpuctl("down", "-y")
+    res = gpuctl("pull", run_id, "--dest", tmp_path / "back", "--json")
+    got = json.loads(res.stdout)
+    back = tmp_path / "back" / run_id
+    assert got["files"] == 4 and (back / "outputs" / "model.txt").read_bytes() == b"weights"
+    assert (back / "code" / "train.py").exists() and (back / "epochs.jsonl").exists()
+    assert not (back / "data").exists() and not (tmp_path / "back" / "escaped").exists()
+    assert len(got["skipped"]) == 3 and all("not a plain path" in why for why in got["skipped"])
+    assert sorted(p.name for p in (back / "outputs").iterdir()) == ["checkpoint", "model.txt"]
+    again = gpuctl("pull", run_id, "--dest", tmp_path / "back").stdout  # over the first: fine
+    assert f"Pulled 4 file(s) of {run_id}" in again and "\x1b" not in again
+
+    # A run whose cluster is down with nothing in the store: said, as before.
+    add_run_down = "r2-20261130-000000-bbbb"
+    gpuctl(*UP)
+    add_run(isolated, add_run_down, "succeeded")
+    gpuctl("down", "-y")
+    assert "which is down" in gpuctl("pull", add_run_down, "--dest", tmp_path / "b2", code=4).stderr

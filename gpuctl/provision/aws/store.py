@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gpuctl import seams
 from gpuctl.config.settings import validate_name
 from gpuctl.errors import CloudError, ConfigError, GpuctlError
 from gpuctl.model.images import StoreTarget
-from gpuctl.provision.aws import access, store_iam
+from gpuctl.provision.aws import access, store_iam, store_pull
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
@@ -215,6 +216,12 @@ class S3Store:
                 call(s3.copy, source, self.bucket, dst + rel)
             n += 1
         return n
+
+    def download(self, cluster: str, run_id: str, dest: Path, leave_out: tuple[str, ...] = ()
+                 ) -> tuple[int, tuple[str, ...]]:
+        prefix = run_prefix(cluster, run_id)
+        return store_pull.download(self.s3(), self.bucket, self.account, self._list(prefix), prefix, dest, leave_out,
+                                   safe_relative)
 
     def remove(self, cluster: str, run_id: str) -> int:
         """Every object under the run's prefix, the odd keys too (deleting names no file here)."""
