@@ -111,7 +111,7 @@ def test_a_read_only_store_restores_but_never_pushes(tmp_path, monkeypatch):
     pushed = []
     store.configure(RunConfig.from_dict({"store": {"target": {"bucket": "b"}, "key_prefix": "p/", "read_only": True}}),
                     str(tmp_path))
-    monkeypatch.setattr(store, "store", type("S", (), {"push": staticmethod(lambda *a: pushed.append(a))}))
+    monkeypatch.setattr(store, "store", type("S", (), {"push": staticmethod(lambda *a, **k: pushed.append(a))}))
     store.save("epoch 1")
     assert pushed == []
     store.read_only = False
