@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional
 
 from gpuctl.model.records import (ClusterRecord, CodeVersion, InstanceRecord, PriceQuote, Resource, RunRecord,
                                   RunState, Segment, SyncStats)
+from gpuctl.model.data import FetchStats
 from gpuctl.model.specs import Frozen, RunFiles
 
 
@@ -34,6 +35,7 @@ class TrainResult(Frozen):
     run: RunRecord
     code_sync: SyncStats
     data_sync: Optional[SyncStats] = None
+    data_fetch: Optional[FetchStats] = None  # an S3 data set, as the chief fetched it
     session: str
     host: str = "local"
     node_gpus: Optional[int] = None  # the chief node's GPUs (0: none, one slot), as the queue counts them

@@ -22,9 +22,10 @@ from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Callable
+    from typing import Callable, Sequence
 
     from gpuctl.config.settings import Settings
+    from gpuctl.model.data import S3Listing, S3Source
     from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
     from gpuctl.model.specs import ClusterSpec
     from gpuctl.remote.host import Host
@@ -227,6 +228,27 @@ def foreign_error(exc: BaseException) -> GpuctlError | None:
             if said is not None:
                 return said
     return None
+
+
+class DataSets(Protocol):
+    """Data sets in object storage, read from this machine with the user's own credentials
+    (whatever the cluster's provider: a lab box fetches from S3 too)."""
+
+    def listing(self, source: "S3Source") -> "S3Listing":
+        """The objects below the source's prefix; DataError: no such bucket, denied, empty."""
+
+    def links(self, listing: "S3Listing", rels: "Sequence[str]", expires_s: int) -> "list[str]":
+        """A presigned GET link for each path below the prefix, valid `expires_s` seconds."""
+
+
+DATA_SETS = "gpuctl.provision.aws.datasets:S3DataSets"
+
+
+def data_sets(profile: str = "", region: str = "") -> DataSets:
+    """The S3 data sets' reader (imports boto3 only now): `profile` and `region` as the settings
+    say (`aws.profile`; the cluster's region, where the bucket's own cannot be learned)."""
+    module, _, attr = DATA_SETS.partition(":")
+    return cast(DataSets, getattr(importlib.import_module(module), attr)(profile, region))
 
 
 def get_provider(home: "Path", spec: "ClusterSpec") -> Provider:
