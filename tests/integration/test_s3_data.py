@@ -178,3 +178,37 @@ def test_a_disk_too_small_for_the_data_is_refused_before_the_push(gpuctl, s3_loc
     assert "needs 1.0 MB more on" in out.stderr and "--disk-gb" in out.stderr
     nothing_started(gpuctl)
     assert not list(home.rglob("code"))  # the project was not pushed
+
+
+# A run that checkpoints as the launcher's Keras hook would (tests/integration/test_kept_runs.py),
+# and reads its data each attempt: resumed elsewhere, it finds the data there, fetched anew.
+CHECKPOINTS_AND_DATA = '''
+import os, sys
+print("data", sorted(os.listdir(os.environ["GPUCTL_DATA_DIR"])), flush=True)
+ckpt = os.path.join(os.environ["GPUCTL_OUTPUT_DIR"], "checkpoint")
+if os.path.isdir(ckpt):
+    print("resumed", flush=True)
+    sys.exit(0)
+os.makedirs(ckpt)
+open(os.path.join(ckpt, "chief"), "w").write("epoch 1\\n")
+sys.exit(3)
+'''
+
+
+def test_a_run_resumed_on_another_cluster_fetches_its_data_there_with_new_links(gpuctl, s3_local, make_project,
+                                                                                isolated):
+    put(s3_local, {"res/a": b"a", "res/b": b"b"})
+    proj = make_project("ckpt", {"train.py": CHECKPOINTS_AND_DATA})
+    gpuctl("up", "--name", "one", "--usd-per-hour", "3.6", "-y")
+    gpuctl("train", proj, "--cluster", "one", "--data", f"s3://{BUCKET}/res", "--wait", code=8)
+    run_id = runs(gpuctl)[0]["run_id"]
+    gpuctl("down", "one", "-y")
+    gpuctl("up", "--name", "two", "--usd-per-hour", "3.6", "-y")
+    out = gpuctl("train", "--resume", run_id, "--cluster", "two")
+    assert f"data: s3://{BUCKET}/res/: 2 objects" in out.stderr
+    gpuctl("logs", "-f", run_id)
+    log = gpuctl("logs", run_id).stdout
+    assert "data ['a', 'b']" in log and "resumed" in log
+    (run,) = runs(gpuctl)
+    assert run["cluster"] == "two"
+    assert list((isolated / "clusters" / "two").rglob("s3-training-data-*/a"))
