@@ -71,6 +71,11 @@ class TrainSettings(_Section):
         2.0, ge=0, le=3600, description="How often the job asks nvidia-smi for its GPUs' utilisation and memory "
         "(each epoch's report and `gpuctl plan` show them); 0 = never."
     )
+    requirements: str = Field(
+        "", max_length=500, description="The project's requirements file, relative to the project (default: its "
+        "requirements.txt, when there is one): installed on each node into a venv layered on the cluster's "
+        "TensorFlow, once per file; a line that would replace TensorFlow is refused."
+    )
     data: str = Field(
         "", max_length=1100, pattern=r"^(s3://.*)?$", description="A data set in S3 each node fetches itself into "
         "its data store before the run starts ($GPUCTL_DATA_DIR), kept there for the next run: `s3://BUCKET/PREFIX` "
@@ -79,11 +84,6 @@ class TrainSettings(_Section):
     data_link_hours: float = Field(
         6.0, gt=0, le=168, description="How long the presigned links a host fetches an S3 data set with stay valid "
         "(made on this machine with your credentials, never a key; made again for every train and resume)."
-    )
-    requirements: str = Field(
-        "", max_length=500, description="The project's requirements file, relative to the project (default: its "
-        "requirements.txt, when there is one): installed on each node into a venv layered on the cluster's "
-        "TensorFlow, once per file; a line that would replace TensorFlow is refused."
     )
 
     @field_validator("keras", mode="before")

@@ -117,6 +117,9 @@ class RunStatus(Frozen):
     code: Optional[CodeVersion] = None  # the code it was submitted with (ops/provenance.py)
     packages: Optional[str] = None  # RunRecord's: the requirements file installed for it
     packages_s: Optional[float] = None
+    data: Optional[str] = None  # RunRecord's: its --data (a directory here, or s3://...)
+    data_fetch_s: Optional[float] = None  # an S3 data set's fetch on the chief (RunRecord's)
+    data_fetch_bytes: Optional[int] = None
 
 
 class StatusReport(Frozen):
@@ -168,6 +171,9 @@ class RunCost(Frozen):
     lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars
     lost_usd: float = 0.0
     waited_s: float = 0.0  # between instances (recovery)
+    # An S3 data set's fetch before the run started (the GPU waited for it), at the run's $/h.
+    data_fetch_s: Optional[float] = None
+    data_fetch_usd: Optional[float] = None
 
 
 class CostReport(Frozen):

@@ -78,6 +78,11 @@ def test_train_fetches_an_s3_data_set_keeps_it_and_fetches_a_changed_object_agai
     store = Path(result["data_fetch"]["data_dir"])
     assert store.parent.name == "data" and store.name.startswith("s3-training-data-")
     assert not list(store.parent.glob(".*/plan.json")), "the links are not left on the host"
+    # status says what the fetch took; cost what the machine's time waiting for it cost.
+    assert f"{run['run_id']}: data: s3://training-data/cifar/, 203.0 KB fetched in" in gpuctl("status", run["run_id"]).stdout
+    cost = json.loads(gpuctl("cost", "--json").stdout)["runs"][0]
+    assert cost["data_fetch_s"] == run["data_fetch_s"] and cost["data_fetch_usd"] == run["data_fetch_s"] * 3.6 / 3600
+    assert "its S3 data set was fetched in" in gpuctl("cost", run["run_id"]).stdout
 
     # The same data again: nothing fetched. Then one object changes: that one alone comes again.
     second = json.loads(gpuctl("train", proj, "--data", f"s3://{BUCKET}/cifar/", "--json").stdout)
