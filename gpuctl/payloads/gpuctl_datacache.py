@@ -18,7 +18,7 @@ PLAN_VERSION = 1
 MANIFEST_VERSION = 1
 MAX_PART = 255  # bytes of one name: ext4, xfs, btrfs
 MAX_PATH = 4000  # bytes of a whole relative path (PATH_MAX is 4096 with the directory's own)
-RESERVE = 256 << 20  # bytes left free on the disk after the fetch
+RESERVE = 256 << 20  # bytes left free on the disk after the fetch (at most 5% of the disk)
 
 Obj = Tuple[str, int, str, Optional[str]]  # rel, size, etag, url
 
@@ -160,12 +160,14 @@ def sort_out(plan: Dict[str, Any]) -> Tuple[List[Tuple[int, Obj]], List[Obj], Li
     return todo, cached, refused, known
 
 
-def free_bytes(root: str) -> int:
+def free_bytes(root: str) -> Tuple[int, int]:
+    """(bytes free on the disk that holds `root`, bytes to leave free there: RESERVE, or 5% of a
+    small disk)."""
     where = root
     while not os.path.isdir(where) and os.path.dirname(where) != where:
         where = os.path.dirname(where)
     st = os.statvfs(where)
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize, min(RESERVE, st.f_blocks * st.f_frsize // 20)
 
 
 def need(plan: Dict[str, Any]) -> Dict[str, Any]:
@@ -177,8 +179,9 @@ def need(plan: Dict[str, Any]) -> Dict[str, Any]:
             have += min(os.path.getsize(os.path.join(parts, part_name(obj[0]))), obj[1])
         except OSError:
             pass
+    free, reserve = free_bytes(plan["dir"])
     return {"missing": [i for i, _ in todo], "need": sum(o[1] for _, o in todo) - have,
-            "free": free_bytes(plan["dir"]), "reserve": RESERVE, "cached": len(cached),
+            "free": free, "reserve": reserve, "cached": len(cached),
             "cached_bytes": sum(o[1] for o in cached), "refused": refused}
 
 

@@ -49,7 +49,7 @@ import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
 from gpuctl_datacache import (  # beside this file on the instance
-    RESERVE, Obj, free_bytes, load_plan, meta_dir, need, part_name, plain_md5, remove_stale, save_known, sort_out,
+    Obj, free_bytes, load_plan, meta_dir, need, part_name, plain_md5, remove_stale, save_known, sort_out,
 )
 
 CHUNK = 1 << 20
@@ -256,8 +256,8 @@ def fetch(plan: Dict[str, Any], status_path: Optional[str] = None) -> Dict[str, 
                   "fetched_bytes": 0, "removed": removed, "refused": refused, "failed": [], "changed": [],
                   "threads": 0}  # type: Dict[str, Any]
         need_bytes = sum(o[1] for _, o in todo)
-        free = free_bytes(root)
-        if need_bytes > free - RESERVE:
+        free, reserve = free_bytes(root)
+        if need_bytes > free - reserve:
             result.update(error="short", need=need_bytes, free=free)
             return result
         progress = Progress(len(todo) + len(cached), need_bytes + result["cached_bytes"])

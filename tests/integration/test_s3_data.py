@@ -174,13 +174,13 @@ def test_sync_and_plan_say_an_s3_data_set_is_train_s(gpuctl, s3_local, make_proj
 
 def test_a_disk_too_small_for_the_data_is_refused_before_the_push(gpuctl, s3_local, make_project, small_disk,
                                                                    monkeypatch):
-    home = small_disk(64)  # MB; 256 MB are kept free besides: any data set is too big for it
+    home = small_disk(16)  # MB
     monkeypatch.setenv("GPUCTL_HOME", str(home))
-    put(s3_local, {"big/a": os.urandom(1 << 20)})
+    put(s3_local, {"big/a": os.urandom(10 << 20), "big/b": os.urandom(10 << 20)})
     proj = make_project("reader", {"train.py": READER})
     gpuctl("up", "--usd-per-hour", "3.6", "-y")
     out = gpuctl("train", proj, "--data", f"s3://{BUCKET}/big", code=12)
-    assert "needs 1.0 MB more on" in out.stderr and "--disk-gb" in out.stderr
+    assert "needs 21.0 MB more on" in out.stderr and "--disk-gb" in out.stderr
     nothing_started(gpuctl)
     assert not list(home.rglob("code"))  # the project was not pushed
 
