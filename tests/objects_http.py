@@ -21,6 +21,7 @@ class Served:
     body: bytes
     etag: str = ""  # default: the MD5 of body, as S3 gives for a single-part upload
     slow_downs: int = 0  # answer 503 SlowDown this many times first
+    forbidden: int = 0  # answer 403 AccessDenied this many times first (a role's policy not in force yet)
     hold_after: int | None = None  # send this many bytes, then wait for `release` (the test's cut)
     lie_etag: str | None = None  # the ETag header said, whatever the body is
 
@@ -32,6 +33,7 @@ class Served:
 class ObjectServer:
     objects: dict[str, Served] = field(default_factory=dict)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # each request's path and query, as sent
     release: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> ObjectServer:
@@ -46,12 +48,16 @@ class ObjectServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
                 server.requests.append((key, {k.lower(): v for k, v in self.headers.items()}))
+                server.paths.append(self.path)
                 obj = server.objects.get(key)
                 if obj is None:
                     return self._send(404, b"NoSuchKey")
                 if obj.slow_downs > 0:
                     obj.slow_downs -= 1
                     return self._send(503, SLOW_DOWN)
+                if obj.forbidden > 0:
+                    obj.forbidden -= 1
+                    return self._send(403, b"AccessDenied")
                 match = (self.headers.get("If-Match") or "").strip('"')
                 if match and match != obj.etag:
                     return self._send(412, b"PreconditionFailed")

@@ -91,6 +91,10 @@ def load_plan_data(plan: Any) -> Dict[str, Any]:
     for item in plan.get("objects") or []:
         rel, size, etag, url = item
         objs.append((str(rel), int(size), str(etag), url if isinstance(url, str) else None))
+    sign = plan.get("sign")
+    if sign is not None and not (isinstance(sign, dict) and all(isinstance(sign.get(k), str) for k in
+                                                                  ("imds", "bucket", "prefix", "region", "endpoint"))):
+        raise PlanError("the plan's signing is not {imds, bucket, prefix, region, endpoint}")
     return dict(plan, objects=objs)
 
 

@@ -9,7 +9,10 @@ Python 3.8+.
 PLAN is a JSON file gpuctl writes (mode 0600: its links are presigned, bearer tokens until they
 expire): {"version": 1, "dir": DATA_DIR, "source": "s3://BUCKET/PREFIX/", "threads": N,
 "objects": [[rel, size, etag, url or null], ...]}. `need` reads no url; `fetch` needs one for
-each object `need` named. No key or secret ever reaches this side.
+each object `need` named. No key or secret ever reaches this side. On an aws instance with its
+cluster's role the plan has no links but "sign": {imds, bucket, prefix, region, endpoint,
+virtual}: the links are signed here with the role's own credentials (gpuctl_s3sign.py), which
+may read exactly that prefix.
 
 Beside DATA_DIR (so the job, which sees DATA_DIR, never does) is META, `.NAME.gpuctl-fetch/`:
 manifest.json (rel -> [size, etag] of every file fetched whole), journal (one line per file
@@ -48,6 +51,7 @@ import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
+import gpuctl_s3sign  # beside this file on the instance
 from gpuctl_datacache import (  # beside this file on the instance
     Obj, free_bytes, load_plan, meta_dir, need, part_name, plain_md5, remove_stale, save_known, sort_out,
 )
@@ -134,10 +138,37 @@ def backoff(attempt: int, base: float) -> float:
     return float(min(20.0, base * (2 ** attempt)) * random.uniform(0.5, 1.0))
 
 
-def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progress, base: float) -> None:
+class Signer(object):
+    """An aws instance's own links: signed here with its role's credentials (IMDSv2), which are
+    read again when they near their end. The plan's "sign": {imds, bucket, prefix, region,
+    endpoint, virtual}."""
+
+    def __init__(self, how: Dict[str, Any]) -> None:
+        self.how = how
+        self.lock = threading.Lock()
+        self.creds = None  # type: Optional[gpuctl_s3sign.Credentials]
+
+    def link(self, rel: str) -> str:
+        with self.lock:
+            c = self.creds
+            if c is None or (c.expires_at is not None and c.expires_at - time.time() < 600):
+                c = self.creds = gpuctl_s3sign.imds_credentials(self.how["imds"])
+        h = self.how
+        return gpuctl_s3sign.links(c, h["region"], h["endpoint"], bool(h.get("virtual")), h["bucket"],
+                                   [h["prefix"] + rel], 3600)[0]
+
+    def renew(self) -> None:
+        """A 403: a policy just put may take seconds to reach the role (IAM is eventually
+        consistent), and credentials rotate; read them again before the next try."""
+        with self.lock:
+            self.creds = None
+
+
+def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progress, base: float,
+              signer: Optional[Signer] = None) -> None:
     """Fetch one object into its part file, verify it, rename it into DATA_DIR."""
     rel, size, etag, url = obj
-    if not url:
+    if not url and signer is None:
         raise Failed("no link for it (the plan is older than the cache): train again")
     part = os.path.join(parts, part_name(rel))
     check = plain_md5(etag)
@@ -154,6 +185,9 @@ def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progres
                     md5.update(block)
         if have and have == size:
             break
+        if signer is not None:
+            url = signer.link(rel)
+        assert url is not None
         headers = {"If-Match": '"%s"' % etag} if etag else {}
         if have:
             headers["Range"] = "bytes=%d-" % have
@@ -177,6 +211,13 @@ def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progres
         if status == 416:  # the part holds more than the object now has
             res.read()
             os.unlink(part)
+            continue
+        if status == 403 and signer is not None and attempt < RETRIES - 1:
+            res.read()
+            signer.renew()
+            progress.retries += 1
+            time.sleep(backoff(attempt + 2, base))
+            last = "HTTP 403 (the role's policy not in force yet?)"
             continue
         if status not in (200, 206):
             body = res.read(2048)
@@ -269,16 +310,18 @@ def fetch(plan: Dict[str, Any], status_path: Optional[str] = None) -> Dict[str, 
         qlock = threading.Lock()
         base = float(plan.get("backoff_s", 0.5))
         timeout = float(plan.get("timeout_s", 60))
+        shared_signer = Signer(plan["sign"]) if isinstance(plan.get("sign"), dict) else None
 
         def worker() -> None:
             getter = Getter(timeout)
+            signer = shared_signer
             while True:
                 with qlock:
                     if not queue:
                         return
                     obj = queue.popleft()
                 try:
-                    fetch_one(getter, root, parts, obj, progress, base)
+                    fetch_one(getter, root, parts, obj, progress, base, signer)
                 except Changed as exc:
                     with qlock:
                         result["changed"].append([obj[0], str(exc)])

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,23 @@ def test_the_command_line_prints_a_summary_and_writes_status_and_result(server, 
     meta = Path(cache.meta_dir(str(tmp_path / "data" / "s3-b-12345678")))
     names = sorted(os.listdir(meta))
     assert [n.split(".")[0] for n in names if n.endswith(".json") and n != "manifest.json"] == ["result", "status"]
+
+
+def test_on_an_aws_instance_the_links_are_signed_there_with_the_role_s_own_credentials(server, tmp_path, imds):
+    """No links in the plan: the payload reads its role's credentials from the (fake) IMDSv2 and
+    signs each GET itself; a 403 (a policy put a moment ago, not in force yet) is tried again."""
+    imds.role("gpuctl-cluster-role", access_key="ASIAROLEKEY", secret_key="role-secret")
+    server.objects = {"a": Served(b"alpha", forbidden=2), "b/c": Served(b"c")}
+    plan = plan_for(server, tmp_path)
+    for obj in plan["objects"]:
+        obj[3] = None
+    port = server.httpd.server_address[1]
+    plan["sign"] = {"imds": imds.url(), "bucket": "bkt", "prefix": "", "region": "eu-west-1",
+                    "endpoint": f"http://127.0.0.1:{port}", "virtual": False}
+    server.objects = {f"bkt/{k}": v for k, v in server.objects.items()}  # path style: /bucket/key
+    result = run(plan)
+    assert result["ok"] and result["fetched"] == 2 and result["retries"] == 2, result
+    asked = [urllib.parse.urlsplit(p) for p in server.paths]
+    assert all("X-Amz-Credential=ASIAROLEKEY%2F" in u.query and "X-Amz-Security-Token=fake-session-token" in u.query
+               for u in asked), asked
+    assert (tmp_path / "data" / "s3-b-12345678" / "b" / "c").read_bytes() == b"c"
