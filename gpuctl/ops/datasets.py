@@ -25,6 +25,7 @@ from typing import Any
 from gpuctl.errors import DataError, RemoteError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.data import FetchStats, S3Listing, S3Source, size_text
+from gpuctl.model.records import ClusterRecord
 from gpuctl.ops import guards
 from gpuctl.ops.session import Progress, Session
 from gpuctl.payloads import gpuctl_datacache as cache
@@ -49,6 +50,13 @@ class Fetch:
     link_s: int
     where: str | None  # the cluster's region (None: a host outside AWS)
     origin: str = ""  # where the URL came from, when not the command line (a project's gpuctl.toml)
+    access: dict[str, Any] | None = None  # the instances sign their own GETs (Provider.data_access)
+
+
+def granted(s: Session, record: ClusterRecord, fetch: Fetch, progress: Progress) -> Fetch:
+    """The fetch as the cluster's machines will read: with their own role where the provider has
+    one for them (aws: now allowed exactly this prefix), else with links made here."""
+    return replace(fetch, access=s.provider(record.spec).data_access(fetch.listing, progress))
 
 
 def check(s: Session, source: S3Source, where: str | None, progress: Progress, origin: str = "") -> Fetch:
@@ -96,13 +104,17 @@ def data_dir(host: Host, source: S3Source) -> str:
     return posixpath.join(host.root, "data", source.place)
 
 
-def _plan(host: Host, fetch: Fetch, links: dict[int, str]) -> str:
-    """The plan written on the host (0600: links are bearer tokens until they expire); its path."""
+def _plan(host: Host, fetch: Fetch, links: dict[int, str], sign: bool = False) -> str:
+    """The plan written on the host (0600: links are bearer tokens until they expire); its path.
+    `sign`: the host signs its own GETs (fetch.access) instead."""
     source = fetch.listing.source
     path = posixpath.join(meta_dir(host, source), "plan.json")
     objects = [[rel, size, etag, links.get(i)] for i, (rel, size, etag) in enumerate(fetch.listing.objects)]
-    host.write_text(path, json.dumps({"version": cache.PLAN_VERSION, "dir": data_dir(host, source), "source": source.url,
-                                      "threads": THREADS, "objects": objects}), mode=0o600)
+    plan: dict[str, Any] = {"version": cache.PLAN_VERSION, "dir": data_dir(host, source), "source": source.url,
+                            "threads": THREADS, "objects": objects}
+    if sign and fetch.access is not None:
+        plan["sign"] = fetch.access
+    host.write_text(path, json.dumps(plan), mode=0o600)
     return path
 
 
@@ -177,9 +189,12 @@ def _refuse_failed(fetch: Fetch, host: Host, result: dict[str, Any]) -> None:
     if failed:
         what = "; ".join(f"{untrusted.clean(repr(str(k)), 120)}: {untrusted.clean(str(why), 200)}"
                          for k, why in failed[:SHOWN])
-        raise DataError(f"{len(failed)} object(s) of {url} could not be fetched on {host.label}: {what}",
-                        "Train again: what was fetched is kept, and new links are made (a link past its "
-                        "`train.data_link_hours` answers 403).")
+        hint = ("The cluster's role was allowed exactly this prefix: a 403 means the permissions boundary "
+                "gpuctl-checkpoint-boundary does not allow s3:GetObject on this bucket (docs/aws-iam.md). "
+                "What was fetched is kept." if fetch.access is not None else
+                "Train again: what was fetched is kept, and new links are made (a link past its "
+                "`train.data_link_hours` answers 403).")
+        raise DataError(f"{len(failed)} object(s) of {url} could not be fetched on {host.label}: {what}", hint)
     if result.get("error"):
         raise DataError(f"the data fetch on {host.label} failed: {untrusted.clean(str(result['error']), 300)}")
 
@@ -188,8 +203,9 @@ def _fetch_once(s: Session, host: Host, fetch: Fetch, missing: list[int], progre
                 ) -> tuple[dict[str, Any], FetchStats]:
     source = fetch.listing.source
     rels = [fetch.listing.objects[i][0] for i in missing]
-    links = dict(zip(missing, fetch.reader.links(fetch.listing, rels, fetch.link_s))) if missing else {}
-    plan = _plan(host, fetch, links)
+    links = dict(zip(missing, fetch.reader.links(fetch.listing, rels, fetch.link_s))) \
+        if missing and fetch.access is None else {}
+    plan = _plan(host, fetch, links, sign=True)
     meta = meta_dir(host, source)
     pid = jobs.start_detached(host, _payload(s, host, "fetch", plan), "the data fetch")
     try:

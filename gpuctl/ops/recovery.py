@@ -302,7 +302,8 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: Ready,
         each = stages.group_of(s, record)
         nodes.refuse_budget(each, run.budget_usd)
         wanted = packages.requirements_of(loaded, project)
-        fetch = datasets.check(s, data, record.spec.scope, progress) if isinstance(data, S3Source) else None
+        fetch = datasets.check(s, data, s.provider(record.spec).data_region(), progress) \
+            if isinstance(data, S3Source) else None
         each = stages.push_and_check(s, record, each, project, data if isinstance(data, Path) else None, progress,
                                      run_id=run.run_id, fetch=fetch)
         each, installed = stages.install_packages(s, record, each, wanted, progress)

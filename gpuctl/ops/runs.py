@@ -61,7 +61,8 @@ def train(s: Session, req: TrainRequest, progress: Progress = quiet) -> TrainRes
     req = req.model_copy(update={"data": push.check_data(req.data)})
     cluster = s.resolve_cluster(req.cluster)
     # From here, with the user's credentials, before the cluster is touched: the bucket, the objects.
-    fetch = datasets.check(s, source, cluster.spec.scope, progress, origin) if source is not None else None
+    fetch = datasets.check(s, source, s.provider(cluster.spec).data_region(), progress, origin) \
+        if source is not None else None
     with s.cluster_lock(cluster, progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",

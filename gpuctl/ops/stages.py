@@ -136,8 +136,12 @@ def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project
     run's own copies made on each node right after its push (push.submit), where its job runs.
     `fetch`: an S3 data set each node fetches itself into its data store (what its disk must
     hold checked on every node first, before anything is set up or pushed)."""
-    lacking = dict(zip([n.rank for n in group], each(group, lambda n: datasets.prepare(s, n.host, fetch)))) \
-        if fetch is not None else {}
+    lacking: dict[int, list[int]] = {}
+    if fetch is not None:
+        checked = fetch
+        lacking = dict(zip([n.rank for n in group], each(group, lambda n: datasets.prepare(s, n.host, checked))))
+        # Every disk holds it: the cluster's role (where it has one) may read it from now on.
+        fetch = datasets.granted(s, record, fetch, progress)
 
     def pushed(node: Node) -> Node:
         say = lambda line: progress(nodes.label(node, group) + line)  # noqa: E731

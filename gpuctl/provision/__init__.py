@@ -109,6 +109,16 @@ class Provider(Protocol):
         """What becomes of the runs' files when the cluster is released (`down` says it; where they
         exist only on the instances, it lists those runs and offers `down --pull`)."""
 
+    def data_region(self) -> str | None:
+        """The AWS region its machines fetch a data set in (what S3 bills the transfer by); None:
+        they are outside AWS."""
+
+    def data_access(self, listing: "S3Listing", progress: "Callable[[str], None]") -> "dict[str, Any] | None":
+        """How its machines read an S3 data set themselves: None, with links made here (the
+        user's credentials); or how an instance signs its own with its role, which may read
+        exactly the listing's prefix from now on (aws with an instance profile):
+        {imds, bucket, prefix, region, endpoint, virtual}."""
+
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
         (`no_image_store`) for a provider that has none."""
@@ -182,6 +192,12 @@ class MachinesThatStay(ProviderBase):
 
     def remember(self, instances: "list[InstanceRecord]") -> None:
         pass  # the ledger's record is the only one (ssh keeps its own: it overrides this)
+
+    def data_region(self) -> None:
+        return None  # hosts of one's own: outside AWS, as far as gpuctl knows
+
+    def data_access(self, listing: "S3Listing", progress: "Callable[[str], None]") -> None:
+        return None  # no instance role: links made on this machine
 
     def checkpoint_store(self) -> None:
         return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
