@@ -105,3 +105,70 @@ class ObjectServer:
         self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@dataclass
+class HoldingProxy:
+    """In front of the tests' moto S3: passes every GET on, except that the body of `hold` (a key,
+    path style: BUCKET/KEY) stops after `hold_after` bytes until `release` is set: a fetch cut
+    half-way through one object, on purpose. Records each request's key and headers."""
+
+    upstream: str
+    hold: str = ""
+    hold_after: int = 0
+    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> HoldingProxy:
+        import http.client
+
+        proxy = self
+        up = urllib.parse.urlsplit(self.upstream)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                proxy.requests.append((key, {k.lower(): v for k, v in headers.items()}))
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                try:
+                    conn.request("GET", self.path, headers=headers)
+                    res = conn.getresponse()
+                    body = res.read()
+                finally:
+                    conn.close()
+                self.send_response(res.status)
+                for k, v in res.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if key == proxy.hold and res.status == 200 and not proxy.release.is_set():
+                    self.wfile.write(body[: proxy.hold_after])
+                    self.wfile.flush()
+                    proxy.release.wait(120)
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def asked(self, key: str) -> list[dict[str, str]]:
+        return [h for k, h in self.requests if k == key]
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -217,3 +217,51 @@ def test_a_run_resumed_on_another_cluster_fetches_its_data_there_with_new_links(
     (run,) = runs(gpuctl)
     assert run["cluster"] == "two"
     assert list((isolated / "clusters" / "two").rglob("s3-training-data-*/a"))
+
+
+def test_a_fetch_killed_half_way_goes_on_where_it_stopped_at_the_next_train(gpuctl, s3_local, make_project,
+                                                                             moto_server, monkeypatch, isolated):
+    """A proxy in front of moto holds one object's body after 1 MB (tests/objects_http.py); the
+    fetch is killed there, as a stop or a preemption kills it. The next train fetches only the
+    rest of that object (a Range request from where its part ended), nothing else again."""
+    import signal
+
+    from tests.integration.test_spot_recovery import finished, train_in_background
+    from tests.objects_http import HoldingProxy
+    from tests.waits import wait_for
+
+    big = os.urandom(4 << 20)
+    put(s3_local, {"cut/big.bin": big, "cut/s1": b"1", "cut/s2": b"2"})
+    proxy = HoldingProxy(moto_server, hold=f"{BUCKET}/cut/big.bin", hold_after=1 << 20).start()
+    monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", proxy.url)  # where the host's links point
+    try:
+        proj = make_project("reader", {"train.py": READER})
+        gpuctl("up", "--usd-per-hour", "3.6", "-y")
+        thread, out = train_in_background(gpuctl, ("train", proj, "--data", f"s3://{BUCKET}/cut"), code=12)
+
+        def half_way() -> Path | None:
+            for meta in isolated.rglob(".s3-training-data-*.gpuctl-fetch"):
+                parts = list((meta / "parts").glob("*"))
+                journal = meta / "journal"
+                status = list(meta.glob("status.*.json"))
+                if parts and parts[0].stat().st_size >= 1 << 20 and status and journal.exists() \
+                        and len(journal.read_text().splitlines()) == 2:
+                    return status[0]
+            return None
+
+        status = wait_for(half_way, 60, "the small files fetched and the big one a quarter")
+        os.kill(int(status.name.split(".")[1]), signal.SIGKILL)
+        err = finished(thread, out).stderr
+        assert "ended without a result (killed?)" in err and "goes on where it stopped" in err
+        nothing_started(gpuctl)
+
+        proxy.release.set()
+        proxy.requests.clear()
+        again = json.loads(gpuctl("train", proj, "--data", f"s3://{BUCKET}/cut", "--json").stdout)
+        assert (again["data_fetch"]["fetched"], again["data_fetch"]["cached"]) == (1, 2)
+        (asked,) = proxy.asked(f"{BUCKET}/cut/big.bin")
+        start = int(asked["range"].split("=")[1].rstrip("-"))
+        assert start >= 1 << 20 and again["data_fetch"]["fetched_bytes"] == len(big)
+        assert files_seen(gpuctl, again["run"]["run_id"])["big.bin"] == md5(big)
+    finally:
+        proxy.close()
