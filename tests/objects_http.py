@@ -16,6 +16,36 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code
              b"<Message>Please reduce your request rate.</Message></Error>")
 
 
+class Quiet(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1, no log lines (pytest captures stderr); `key()`: the path's object key."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def key(self, requests: list[tuple[str, dict[str, str]]]) -> str:
+        """The request's key (path style: BUCKET/KEY), recorded with its headers in `requests`."""
+        key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
+        requests.append((key, {k.lower(): v for k, v in self.headers.items()}))
+        return key
+
+    def held(self, body: bytes, after: int, release: threading.Event) -> None:
+        """The first `after` bytes of the body, then nothing until `release` (a cut connection)."""
+        self.wfile.write(body[:after])
+        self.wfile.flush()
+        release.wait(120)
+        self.close_connection = True
+
+
+def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """A threaded server on a free loopback port, serving until shut down."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    return httpd
+
+
 @dataclass
 class Served:
     body: bytes
@@ -30,24 +60,33 @@ class Served:
 
 
 @dataclass
-class ObjectServer:
-    objects: dict[str, Served] = field(default_factory=dict)
+class Recording:
+    """What both servers keep: each request's key and headers, the event a held body waits for."""
+
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)  # each request's path and query, as sent
     release: threading.Event = field(default_factory=threading.Event)
+    httpd: http.server.ThreadingHTTPServer = field(init=False)
+
+    def asked(self, key: str) -> list[dict[str, str]]:
+        return [h for k, h in self.requests if k == key]
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass
+class ObjectServer(Recording):
+    objects: dict[str, Served] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)  # each request's path and query, as sent
 
     def start(self) -> ObjectServer:
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(Quiet):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
-                server.requests.append((key, {k.lower(): v for k, v in self.headers.items()}))
+                key = self.key(server.requests)
                 server.paths.append(self.path)
                 obj = server.objects.get(key)
                 if obj is None:
@@ -76,11 +115,7 @@ class ObjectServer:
                     self.send_header(k, v)
                 self.end_headers()
                 if obj.hold_after is not None and status == 200:
-                    self.wfile.write(body[: obj.hold_after])
-                    self.wfile.flush()
-                    server.release.wait(60)
-                    self.close_connection = True
-                    return
+                    return self.held(body, obj.hold_after, server.release)
                 self.wfile.write(body)
 
             def _send(self, status: int, body: bytes) -> None:
@@ -89,86 +124,42 @@ class ObjectServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.httpd = serve(Handler)
         return self
 
     def url(self, key: str) -> str:
         port = self.httpd.server_address[1]
         return f"http://127.0.0.1:{port}/{urllib.parse.quote(key)}?X-Amz-Signature=made-up"
 
-    def asked(self, key: str) -> list[dict[str, str]]:
-        return [h for k, h in self.requests if k == key]
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 @dataclass
-class HoldingProxy:
+class HoldingProxy(Recording):
     """In front of the tests' moto S3: passes every GET on, except that the body of `hold` (a key,
     path style: BUCKET/KEY) stops after `hold_after` bytes until `release` is set: a fetch cut
     half-way through one object, on purpose. Records each request's key and headers."""
 
-    upstream: str
+    upstream: str = ""
     hold: str = ""
     hold_after: int = 0
-    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
-    release: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> HoldingProxy:
-        import http.client
+        from tests.faulty_aws import relay, send_head
 
         proxy = self
         up = urllib.parse.urlsplit(self.upstream)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(Quiet):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                proxy.requests.append((key, {k.lower(): v for k, v in headers.items()}))
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
-                try:
-                    conn.request("GET", self.path, headers=headers)
-                    res = conn.getresponse()
-                    body = res.read()
-                finally:
-                    conn.close()
-                self.send_response(res.status)
-                for k, v in res.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if key == proxy.hold and res.status == 200 and not proxy.release.is_set():
-                    self.wfile.write(body[: proxy.hold_after])
-                    self.wfile.flush()
-                    proxy.release.wait(120)
-                    self.close_connection = True
-                    return
+                key = self.key(proxy.requests)
+                status, headers, body = relay(up, self, None)
+                send_head(self, status, headers, len(body))
+                if key == proxy.hold and status == 200 and not proxy.release.is_set():
+                    return self.held(body, proxy.hold_after, proxy.release)
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.httpd = serve(Handler)
         return self
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def asked(self, key: str) -> list[dict[str, str]]:
-        return [h for k, h in self.requests if k == key]
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()

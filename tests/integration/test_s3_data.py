@@ -232,7 +232,7 @@ def test_a_fetch_killed_half_way_goes_on_where_it_stopped_at_the_next_train(gpuc
 
     big = os.urandom(4 << 20)
     put(s3_local, {"cut/big.bin": big, "cut/s1": b"1", "cut/s2": b"2"})
-    proxy = HoldingProxy(moto_server, hold=f"{BUCKET}/cut/big.bin", hold_after=1 << 20).start()
+    proxy = HoldingProxy(upstream=moto_server, hold=f"{BUCKET}/cut/big.bin", hold_after=1 << 20).start()
     monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", proxy.url)  # where the host's links point
     try:
         proj = make_project("reader", {"train.py": READER})
