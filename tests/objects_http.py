@@ -54,6 +54,7 @@ class Served:
     forbidden: int = 0  # answer 403 AccessDenied this many times first (a role's policy not in force yet)
     hold_after: int | None = None  # send this many bytes, then wait for `release` (the test's cut)
     lie_etag: str | None = None  # the ETag header said, whatever the body is
+    headers: dict[str, str] = field(default_factory=dict)  # more of S3's headers (x-amz-server-side-encryption)
 
     def __post_init__(self) -> None:
         self.etag = self.etag or hashlib.md5(self.body).hexdigest()
@@ -111,7 +112,7 @@ class ObjectServer(Recording):
                 self.send_response(status)
                 self.send_header("ETag", f'"{obj.lie_etag or obj.etag}"')
                 self.send_header("Content-Length", str(len(body)))
-                for k, v in extra.items():
+                for k, v in {**extra, **obj.headers}.items():
                     self.send_header(k, v)
                 self.end_headers()
                 if obj.hold_after is not None and status == 200:

@@ -22,7 +22,7 @@ byte with a Range request), lock (one fetch of a data set at a time: a second wa
 it all here), status.PID.json (progress, rewritten twice a second) and result.PID.json.
 
 A file is renamed into DATA_DIR only once verified: its size, and its MD5 where the ETag is one
-(no '-': not a multipart upload). Every GET carries If-Match with the listed ETag, so an object
+(no '-': not a multipart upload; not encrypted with a KMS or customer key, whose ETags are not). Every GET carries If-Match with the listed ETag, so an object
 changed since the listing answers 412 and is named in the result (`changed`) instead of mixing
 two versions; 500/503 (SlowDown) are waited out with backoff. A file in DATA_DIR whose object
 is no longer listed is removed (the runs' own copies are hard links: theirs stay).
@@ -134,6 +134,13 @@ class Getter(object):
         self.drop((u.scheme, u.netloc))
 
 
+def encrypted_by_key(res: http.client.HTTPResponse) -> bool:
+    """An object encrypted with a KMS key or the customer's own (SSE-KMS, DSSE-KMS, SSE-C): S3 gives
+    it an ETag that is not the MD5 of its bytes, even from a single-part upload."""
+    return (res.getheader("x-amz-server-side-encryption") or "").startswith("aws:kms") or \
+        bool(res.getheader("x-amz-server-side-encryption-customer-algorithm"))
+
+
 def backoff(attempt: int, base: float) -> float:
     return float(min(20.0, base * (2 ** attempt)) * random.uniform(0.5, 1.0))
 
@@ -228,6 +235,8 @@ def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progres
         if etag and got_etag and got_etag != etag:
             res.read()
             raise Changed("its ETag is %s now, not %s" % (got_etag, etag))
+        if check and encrypted_by_key(res):
+            check, md5 = False, None  # its ETag is no MD5 of its bytes (S3 says so for SSE-KMS and SSE-C)
         mode = "ab" if status == 206 else "wb"
         if status == 200:
             have = 0

@@ -138,6 +138,15 @@ def test_a_body_that_does_not_match_its_md5_is_not_kept(server, tmp_path):
     assert not (tmp_path / "data" / "s3-b-12345678" / "a").exists()
 
 
+def test_an_object_encrypted_with_a_kms_key_is_checked_by_size_its_etag_being_no_md5(server, tmp_path):
+    server.objects = {"kms": Served(b"ciphertext-backed", etag="0123456789abcdef0123456789abcdef",
+                                    headers={"x-amz-server-side-encryption": "aws:kms"}),
+                      "plain": Served(b"plain", etag="0123456789abcdef0123456789abcdef")}
+    result = run(plan_for(server, tmp_path))
+    assert result["fetched"] == 1 and [c[0] for c in result["changed"]] == ["plain"], result
+    assert (tmp_path / "data" / "s3-b-12345678" / "kms").read_bytes() == b"ciphertext-backed"
+
+
 def test_hostile_keys_are_refused_and_named_and_nothing_lands_outside(server, tmp_path):
     hostile = ["../outside", "/abs", "a//b", "esc\x1b]0;x\x07", "x" * 300]
     server.objects = {k: Served(b"evil") for k in hostile} | {"fine": Served(b"ok")}
