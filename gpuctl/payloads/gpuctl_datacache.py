@@ -72,8 +72,10 @@ def meta_dir(root: str) -> str:
     return os.path.join(os.path.dirname(root), "." + os.path.basename(root) + ".gpuctl-fetch")
 
 
-def part_name(rel: str) -> str:
-    return hashlib.sha1(rel.encode("utf-8", "surrogatepass")).hexdigest()
+def part_name(rel: str, etag: str) -> str:
+    """A download's name under parts/: of its path and its object's ETag, so that a part of an
+    earlier version is never continued with the bytes of a later one."""
+    return hashlib.sha1(("%s\0%s" % (rel, etag)).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def load_plan(path: str) -> Dict[str, Any]:
@@ -180,7 +182,7 @@ def need(plan: Dict[str, Any]) -> Dict[str, Any]:
     have = 0
     for _, obj in todo:
         try:
-            have += min(os.path.getsize(os.path.join(parts, part_name(obj[0]))), obj[1])
+            have += min(os.path.getsize(os.path.join(parts, part_name(obj[0], obj[2]))), obj[1])
         except OSError:
             pass
     free, reserve = free_bytes(plan["dir"])

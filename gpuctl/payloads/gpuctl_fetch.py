@@ -17,9 +17,10 @@ may read exactly that prefix.
 Beside DATA_DIR (so the job, which sees DATA_DIR, never does) is META, `.NAME.gpuctl-fetch/`:
 manifest.json (rel -> [size, etag] of every file fetched whole), journal (one line per file
 fetched since the manifest was written: a fetch cut by a kill loses nothing it finished),
-parts/ (downloads under way, named by the hash of their path: a cut one goes on from its last
-byte with a Range request), lock (one fetch of a data set at a time: a second waits, then finds
-it all here), status.PID.json (progress, rewritten twice a second) and result.PID.json.
+parts/ (downloads under way, named by the hash of their path and ETag: a cut one goes on from
+its last byte with a Range request, never with another version's bytes), lock (one fetch of a
+data set at a time: a second waits, then finds it all here), status.PID.json (progress,
+rewritten twice a second) and result.PID.json.
 
 A file is renamed into DATA_DIR only once verified: its size, and its MD5 where the ETag is one
 (no '-': not a multipart upload; not encrypted with a KMS or customer key, whose ETags are not). Every GET carries If-Match with the listed ETag, so an object
@@ -177,7 +178,7 @@ def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progres
     rel, size, etag, url = obj
     if not url and signer is None:
         raise Failed("no link for it (the plan is older than the cache): train again")
-    part = os.path.join(parts, part_name(rel))
+    part = os.path.join(parts, part_name(rel, etag))
     check = plain_md5(etag)
     last = "none"
     for attempt in range(RETRIES):
@@ -244,7 +245,7 @@ def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progres
         try:
             with open(part, mode) as fh:
                 while True:
-                    block = res.read(CHUNK)
+                    block = res.read1(CHUNK)  # what has arrived: a cut body leaves all it got in the part
                     if not block:
                         break
                     fh.write(block)
@@ -298,7 +299,7 @@ def fetch(plan: Dict[str, Any], status_path: Optional[str] = None) -> Dict[str, 
         source = plan.get("source", "")
         wanted = set(o[0] for o in plan["objects"]) - set(r[0] for r in refused)
         removed = remove_stale(root, wanted)
-        wanted_parts = set(part_name(o[0]) for _, o in todo)
+        wanted_parts = set(part_name(o[0], o[2]) for _, o in todo)
         for name in os.listdir(parts):  # a part no object wants any more
             if name not in wanted_parts:
                 os.unlink(os.path.join(parts, name))

@@ -265,3 +265,34 @@ def test_a_fetch_killed_half_way_goes_on_where_it_stopped_at_the_next_train(gpuc
         assert files_seen(gpuctl, again["run"]["run_id"])["big.bin"] == md5(big)
     finally:
         proxy.close()
+
+
+def test_an_object_overwritten_while_it_is_fetched_is_fetched_again_after_a_new_listing(gpuctl, s3_local, make_project,
+                                                                                       moto_server, monkeypatch):
+    """Half of the old bytes arrived when the object is overwritten: the rest is asked for with
+    the listed ETag (If-Match), S3 answers 412, and train lists again and fetches the new object
+    whole; the old and new bytes are never mixed."""
+    from tests.integration.test_spot_recovery import finished, train_in_background
+    from tests.objects_http import HoldingProxy
+    from tests.waits import wait_for
+
+    old, new = os.urandom(2 << 20), os.urandom(3 << 20)
+    put(s3_local, {"mid/big.bin": old, "mid/s1": b"1"})
+    proxy = HoldingProxy(upstream=moto_server, hold=f"{BUCKET}/mid/big.bin", hold_after=512 << 10).start()
+    monkeypatch.setenv("GPUCTL_TEST_S3_ENDPOINT", proxy.url)
+    try:
+        proj = make_project("reader", {"train.py": READER})
+        gpuctl("up", "--usd-per-hour", "3.6", "-y")
+        thread, out = train_in_background(gpuctl, ("train", proj, "--data", f"s3://{BUCKET}/mid", "--json"))
+        wait_for(lambda: any(p.stat().st_size >= 512 << 10 for p in Path(os.environ["GPUCTL_HOME"]).rglob("parts/*")),
+                 60, "half of the old object")
+        put(s3_local, {"mid/big.bin": new})
+        proxy.release.set()  # the held connection ends: the rest is asked for with the old ETag
+        res = finished(thread, out)
+        assert "1 object(s) changed while fetched ('big.bin'): listing again" in res.stderr
+        result = json.loads(res.stdout)
+        assert result["data_fetch"]["changed_again"] == ["big.bin"]
+        assert files_seen(gpuctl, result["run"]["run_id"])["big.bin"] == md5(new)
+        assert any(h.get("if-match") and h.get("range") for h in proxy.asked(f"{BUCKET}/mid/big.bin"))
+    finally:
+        proxy.close()

@@ -183,7 +183,7 @@ def test_a_cut_fetch_goes_on_where_it_stopped(server, tmp_path):
     path = write_plan(tmp_path, plan_for(server, tmp_path))
     proc = subprocess.Popen([sys.executable, str(PAYLOAD), "fetch", path])
     meta = Path(cache.meta_dir(str(tmp_path / "data" / "s3-b-12345678")))
-    part = meta / "parts" / cache.part_name("big")
+    part = meta / "parts" / cache.part_name("big", server.objects["big"].etag)
     wait_for(lambda: part.exists() and part.stat().st_size >= 1 << 20 and
              (meta / "journal").exists() and len((meta / "journal").read_text().splitlines()) == 2,
              timeout=30, what="the small files fetched and the big one half")
