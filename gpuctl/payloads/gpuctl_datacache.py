@@ -208,3 +208,10 @@ def remove_stale(root: str, wanted: Set[str]) -> int:
             except OSError:
                 pass
     return removed
+
+
+def write_json(path: str, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)

@@ -46,7 +46,6 @@ import os
 import random
 import ssl
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -54,7 +53,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import gpuctl_s3sign  # beside this file on the instance
 from gpuctl_datacache import (  # beside this file on the instance
-    Obj, free_bytes, load_plan, meta_dir, need, part_name, plain_md5, remove_stale, save_known, sort_out,
+    Obj, free_bytes, load_plan, meta_dir, need, part_name, plain_md5, remove_stale, save_known, sort_out, write_json,
 )
 
 CHUNK = 1 << 20
@@ -91,13 +90,6 @@ class Progress(object):
             return {"files_total": self.files_total, "files_done": self.files_done, "bytes_total": self.bytes_total,
                     "bytes_done": self.bytes_done, "fetched_bytes": self.fetched_bytes, "retries": self.retries,
                     "elapsed": round(time.time() - self.started, 3)}
-
-
-def write_json(path: str, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
 
 
 class Getter(object):
