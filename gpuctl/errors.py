@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     CLOUD = 9  # the cloud refused: credentials, permissions, image, quota, leak
     NO_CAPACITY = 10  # no zone had capacity for the request; try later, elsewhere, or on-demand
     DECLINED = 11  # the user answered no to a confirmation: nothing was done (was 1, shared with INTERNAL)
+    DATA = 12  # the data set cannot be used: a malformed s3:// URL, no such bucket, access denied, empty, unsafe keys, no room
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -67,6 +68,13 @@ class NoClusterError(ConflictError):
 class ProjectError(GpuctlError):
     exit_code = ExitCode.PROJECT
     default_hint = "Point gpuctl at a directory holding train.py, or set `[train] entry` in its gpuctl.toml."
+
+
+class DataError(GpuctlError):
+    """`--data s3://...` refused before anything starts (or its fetch failed on the host)."""
+
+    exit_code = ExitCode.DATA
+    default_hint = "Check the URL with `aws s3 ls s3://BUCKET/PREFIX/`; docs/data.md says what gpuctl needs."
 
 
 class RemoteError(GpuctlError):

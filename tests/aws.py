@@ -221,7 +221,9 @@ def moto_server(tmp_path_factory):
 BOUNDARY_POLICY = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
      "Resource": "arn:aws:s3:::gpuctl-*/clusters/*"},
-    {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::gpuctl-*"}]}
+    {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::gpuctl-*"},
+    # The buckets instances may read data sets from (docs/aws-iam.md): the tests' one.
+    {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::training-data/*"}]}
 
 
 def make_boundary() -> str:

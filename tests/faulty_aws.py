@@ -28,6 +28,30 @@ class Fault:
     seen: list[str] = field(default_factory=list)  # the regions of the requests it answered
 
 
+def relay(upstream: urllib.parse.SplitResult, handler: http.server.BaseHTTPRequestHandler, body: bytes | None
+          ) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The request `handler` holds, sent on to `upstream` as it came: (status, headers, body)."""
+    conn = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
+    try:
+        conn.request(handler.command, handler.path, body=body,
+                     headers={k: v for k, v in handler.headers.items() if k.lower() != "connection"})
+        res = conn.getresponse()
+        return res.status, res.getheaders(), res.read()
+    finally:
+        conn.close()
+
+
+def send_head(handler: http.server.BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]],
+              length: int) -> None:
+    """An answer's status and headers as relayed (its own length; no hop-by-hop headers)."""
+    handler.send_response(status)
+    for k, v in headers:
+        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", str(length))
+    handler.end_headers()
+
+
 class FaultyAws:
     def __init__(self, upstream: str):
         self.upstream = urllib.parse.urlsplit(upstream)
@@ -45,20 +69,8 @@ class FaultyAws:
                 fault = proxy._fault(self.headers.get("Authorization", ""), body, self.path)
                 if fault is not None:
                     return proxy._answer(self, fault)
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
-                try:
-                    conn.request(self.command, self.path, body=body,
-                                 headers={k: v for k, v in self.headers.items() if k.lower() != "connection"})
-                    res = conn.getresponse()
-                    data = res.read()
-                finally:
-                    conn.close()
-                self.send_response(res.status)
-                for k, v in res.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
+                status, headers, data = relay(proxy.upstream, self, body)
+                send_head(self, status, headers, len(data))
                 self.wfile.write(data)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _any

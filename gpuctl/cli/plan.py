@@ -44,7 +44,7 @@ def _term_as_interrupt() -> Iterator[None]:
 @click.option("--probe-timeout", default="30m", show_default=True,
               help="A probe still running after this (from its run's start) is stopped and shown as such.")
 @click.option("--from-history", is_flag=True, help="Rank this project's past runs instead; launches nothing.")
-@click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed with the project.")
+@click.option("--data", help="Data directory, pushed with the project (an S3 data set is `train --data`'s to fetch).")
 @click.option("--allow-cpu", is_flag=True, help="Probe even where TensorFlow sees no GPU.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG: projected dollars "
               "against hours, one point per machine.")
@@ -53,7 +53,7 @@ def _term_as_interrupt() -> Iterator[None]:
 @click.pass_context
 def plan(ctx: click.Context, path: Path, args: tuple[str, ...], types: tuple[str, ...], clusters: tuple[str, ...],
          spot: bool | None, epochs: int, probe_epochs: int, max_usd: float, probe_timeout: str, from_history: bool,
-         data: Path | None, allow_cpu: bool, plot_path: Path | None, yes: bool, as_json: bool) -> None:
+         data: str | None, allow_cpu: bool, plot_path: Path | None, yes: bool, as_json: bool) -> None:
     """Which machine trains PATH for the least money: run it for a few epochs on each (--type, --cluster),
     project --epochs N from what they measured, rank by dollars. Script ARGS after `--`.
 
@@ -66,7 +66,9 @@ def plan(ctx: click.Context, path: Path, args: tuple[str, ...], types: tuple[str
     from gpuctl.cli.render import plan as render_plan
     from gpuctl.errors import ConfigError
     from gpuctl.ops import plan as plan_ops
+    from gpuctl.ops.runs import refuse_s3
 
+    refuse_s3(data, "plan")
     if plot_path is not None:
         from gpuctl.cli.render.plot import check_target
 
@@ -87,7 +89,8 @@ def plan(ctx: click.Context, path: Path, args: tuple[str, ...], types: tuple[str
                               "A --cluster probe runs on the cluster as it is; leave the market out.")
         request = plan_ops.PlanRequest(project=path, epochs=epochs, types=types, clusters=clusters, spot=spot,
                                        probe_epochs=probe_epochs, max_usd=max_usd, probe_timeout=probe_timeout,
-                                       args=args, data=data, allow_cpu=allow_cpu)
+                                       args=args, data=Path(data) if data is not None else None,
+                                       allow_cpu=allow_cpu)
         checked = plan_ops.check(s, request)
         if checked.question is not None:
             confirm(yes, checked.question)

@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # the ops are imported when a command runs: `--help` stays fa
               help="Start a failed, stopped, lost or preempted run again from its last checkpoint (same id, "
                    "arguments; with --cluster, on another cluster).")
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
-@click.option("--data", type=click.Path(path_type=Path), help="Data directory, pushed apart from the code ($GPUCTL_DATA_DIR).")
+@click.option("--data", metavar="DIR|s3://BUCKET/PREFIX", help="Data directory, pushed apart from the code; or a data set "
+              "in S3 that each node fetches itself and keeps (docs/data.md). The script finds it at $GPUCTL_DATA_DIR.")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
 @click.option("--budget", type=float, help="Stop this run once its own epochs cost this many dollars (setting "
               "`train.budget_usd`; the cluster's uptime budget is `guard set --budget`).")
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # the ops are imported when a command runs: `--help` stays fa
 @json_option
 @click.pass_context
 def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_run: str | None, cluster: str | None,
-          data: Path | None, entry: str | None, budget: float | None, allow_cpu: bool, recheck: bool,
+          data: str | None, entry: str | None, budget: float | None, allow_cpu: bool, recheck: bool,
           env_names: tuple[str, ...], down_after: bool | None, gpus: int | None, now: bool, wait: bool,
           recover: bool | None, as_json: bool) -> None:
     """Push PATH to the cluster and start training under tmux. Put script ARGS after `--`.
@@ -74,10 +75,14 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     elif path is None:
         raise click.UsageError("give the project to train (PATH), or --resume RUN")
     else:
+        from gpuctl.model.data import is_s3
         from gpuctl.model.requests import TrainRequest
 
+        s3 = data is not None and is_s3(data)
         with progress_sink() as progress:
-            result = runs.train(s, TrainRequest(project=path, cluster=cluster, args=args, data=data,
+            result = runs.train(s, TrainRequest(project=path, cluster=cluster, args=args,
+                                                data=Path(data) if data is not None and not s3 else None,
+                                                data_url=data if s3 else None,
                                                 env_names=env_names, gpus=gpus, now=now, allow_cpu=allow_cpu,
                                                 recheck=recheck, down_after_run=down_after), progress)
         run = result.run
@@ -104,17 +109,19 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
 @click.command(context_settings=CONTEXT)
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--cluster", help="Cluster to push to (default: the default cluster).")
-@click.option("--data", type=click.Path(path_type=Path), help="Also push this data directory.")
+@click.option("--data", help="Also push this data directory (an S3 data set is `train --data`'s to fetch).")
 @json_option
 @click.pass_context
-def sync(ctx: click.Context, path: Path, cluster: str | None, data: Path | None, as_json: bool) -> None:
+def sync(ctx: click.Context, path: Path, cluster: str | None, data: str | None, as_json: bool) -> None:
     """Push PATH (and --data) to the cluster without starting anything."""
     from gpuctl.cli import render
     from gpuctl.cli.render import commands as render_commands
     from gpuctl.ops import runs
 
+    runs.refuse_s3(data, "sync")
     with progress_sink() as progress:
-        result = runs.sync(session(ctx), path, cluster=cluster, data=data, progress=progress)
+        result = runs.sync(session(ctx), path, cluster=cluster, data=Path(data) if data is not None else None,
+                           progress=progress)
     if as_json:
         return render.emit_json(result)
     render_commands.synced(result)

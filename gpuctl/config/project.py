@@ -19,7 +19,7 @@ from gpuctl.config.settings import parse_duration
 FREE = frozenset({
     "train.entry", "train.mixed_precision", "train.memory_growth", "train.tensorflow",
     "train.checkpoint", "train.keras", "train.tf_log_level", "train.gpu_sample_s",
-    "train.requirements",
+    "train.requirements", "train.data",
 })
 
 

@@ -76,6 +76,15 @@ class TrainSettings(_Section):
         "requirements.txt, when there is one): installed on each node into a venv layered on the cluster's "
         "TensorFlow, once per file; a line that would replace TensorFlow is refused."
     )
+    data: str = Field(
+        "", max_length=1100, pattern=r"^(s3://.*)?$", description="A data set in S3 each node fetches itself into "
+        "its data store before the run starts ($GPUCTL_DATA_DIR), kept there for the next run: `s3://BUCKET/PREFIX` "
+        "(docs/data.md); empty: none. Flag: `train --data`, which also takes a local directory to push."
+    )
+    data_link_hours: float = Field(
+        6.0, gt=0, le=168, description="How long the presigned links a host fetches an S3 data set with stay valid "
+        "(made on this machine with your credentials, never a key; made again for every train and resume)."
+    )
 
     @field_validator("keras", mode="before")
     @classmethod

@@ -81,3 +81,20 @@ def interruption_is_free(market: str, state_reason: str | None, launched_at: flo
 # bucket costs (`gpuctl cost`); its requests (a few PUTs per epoch) are left out.
 S3_STANDARD_USD_PER_GB_MONTH = 0.023
 S3_PRICE = f"${S3_STANDARD_USD_PER_GB_MONTH:.3f}/GB-month (S3 Standard list price, us-east-1, 2026-11)"
+
+# Data transfer out of S3 (https://aws.amazon.com/s3/pricing/, "Data Transfer", us-east-1, 2026-11
+# list prices): to an EC2 instance in the bucket's region, free; to another region, $0.02/GB; to
+# the internet (a lab box, this laptop), $0.09/GB for the first 10 TB a month. GETs cost $0.0004
+# per 1,000 on top (10,000 files: $0.004), left out here.
+S3_INTER_REGION_USD_PER_GB = 0.02
+S3_INTERNET_USD_PER_GB = 0.09
+
+
+def s3_transfer(bucket_region: str, where: str | None) -> tuple[float, str]:
+    """What S3 bills a GB fetched from a bucket in `bucket_region` by a machine in region `where`
+    (None: outside AWS), and why, in words."""
+    if where is None:
+        return S3_INTERNET_USD_PER_GB, "this host is outside AWS, so S3 bills transfer out to the internet"
+    if where != bucket_region:
+        return S3_INTER_REGION_USD_PER_GB, f"the cluster is in {where}, so S3 bills the crossing between regions"
+    return 0.0, "in the cluster's region: no transfer charge"

@@ -161,7 +161,12 @@ class RunRecord(Frozen):
     image: Optional[str] = None  # the image its instance booted ("name (ami-...)"), None on hosts gpuctl did not launch
     resumed_at: Optional[float] = None  # the last `train --resume` (its job's times count from here)
     resumes: int = 0
-    data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance
+    data: Optional[str] = None  # the data directory pushed with it (`train --data`), pushed again on a new instance,
+    # or the S3 data set (s3://...) each node fetched, fetched again there
+    # An S3 data set's fetch on the chief when the run was (last) submitted: its seconds (the GPU
+    # waited for them: `cost` counts them) and the bytes it fetched (0: all cached).
+    data_fetch_s: Optional[float] = None
+    data_fetch_bytes: Optional[int] = None
     code: Optional[CodeVersion] = None  # the code it was (last) submitted with; None: recorded before
     # The project's requirements file installed for it ("requirements.txt (sha256 1a2b3c4d)"), and the
     # seconds its install took on the slowest node (0: made by an earlier run); None: it had none.

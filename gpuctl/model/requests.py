@@ -18,6 +18,7 @@ class TrainRequest(Frozen):
     cluster: Optional[str] = None  # None: the default cluster
     args: tuple[str, ...] = ()  # the script's own arguments (recorded in the ledger)
     data: Optional[Path] = None  # pushed apart from the code ($GPUCTL_DATA_DIR)
+    data_url: Optional[str] = None  # `--data s3://BUCKET/PREFIX`: fetched by each node itself (ops/datasets.py)
     env_names: tuple[str, ...] = ()  # variables passed from here to the job; their values never recorded
     gpus: Optional[int] = None  # the GPUs of a node it waits for in the queue (None: all)
     now: bool = False  # start beside the runs there, without waiting

@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional
 
 from gpuctl.model.records import (ClusterRecord, CodeVersion, InstanceRecord, PriceQuote, Resource, RunRecord,
                                   RunState, Segment, SyncStats)
+from gpuctl.model.data import FetchStats
 from gpuctl.model.specs import Frozen, RunFiles
 
 
@@ -34,6 +35,7 @@ class TrainResult(Frozen):
     run: RunRecord
     code_sync: SyncStats
     data_sync: Optional[SyncStats] = None
+    data_fetch: Optional[FetchStats] = None  # an S3 data set, as the chief fetched it
     session: str
     host: str = "local"
     node_gpus: Optional[int] = None  # the chief node's GPUs (0: none, one slot), as the queue counts them
@@ -116,6 +118,9 @@ class RunStatus(Frozen):
     code: Optional[CodeVersion] = None  # the code it was submitted with (ops/provenance.py)
     packages: Optional[str] = None  # RunRecord's: the requirements file installed for it
     packages_s: Optional[float] = None
+    data: Optional[str] = None  # RunRecord's: its --data (a directory here, or s3://...)
+    data_fetch_s: Optional[float] = None  # an S3 data set's fetch on the chief (RunRecord's)
+    data_fetch_bytes: Optional[int] = None
 
 
 class StatusReport(Frozen):
@@ -167,6 +172,9 @@ class RunCost(Frozen):
     lost_s: float = 0.0  # work done again after interruptions (cut epochs), and its dollars
     lost_usd: float = 0.0
     waited_s: float = 0.0  # between instances (recovery)
+    # An S3 data set's fetch before the run started (the GPU waited for it), at the run's $/h.
+    data_fetch_s: Optional[float] = None
+    data_fetch_usd: Optional[float] = None
 
 
 class CostReport(Frozen):

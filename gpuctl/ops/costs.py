@@ -129,7 +129,8 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
             resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
-            packages=r.packages, packages_s=r.packages_s,
+            packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
+            data_fetch_bytes=r.data_fetch_bytes,
         ))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))
@@ -298,5 +299,6 @@ def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
-        tensorflow=run.tensorflow, image=run.image, code=run.code,
+        tensorflow=run.tensorflow, image=run.image, code=run.code, data_fetch_s=run.data_fetch_s,
+        data_fetch_usd=run.data_fetch_s * run.usd_per_hour / 3600 if run.data_fetch_s is not None else None,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuctl.errors import ConfigError, RemoteError, RunFailedError, Unconfirmed
+from gpuctl.model.data import FetchStats
 from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, RunRecord, SyncStats
 from gpuctl.model.results import TfEnv
 from gpuctl.ops.session import Progress, Session, each
@@ -37,6 +38,7 @@ class Node:
     data_dir: str | None = None
     code: SyncStats | None = None
     data: SyncStats | None = None
+    fetched: FetchStats | None = None  # an S3 data set it fetched itself (ops/datasets.py)
     layered: str | None = None  # the Python of the project's packages' venv, over env's (ops/packages.py)
 
     @property

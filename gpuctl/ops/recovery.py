@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Generator, Iterator
 
 from gpuctl.errors import ConflictError, GpuctlError, ProjectError, RecoveryError
+from gpuctl.model.data import S3Source, is_s3, parse_s3
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, InstanceRecord, RunRecord
-from gpuctl.ops import nodes, packages, provenance, release, run_state, runs, stages
+from gpuctl.ops import datasets, nodes, packages, provenance, release, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, quiet
 
 CHECK_INSTANCES_S = 15.0  # how often a follower asks the provider whether the run's instance still exists
@@ -263,13 +264,18 @@ def replace(s: Session, cluster: ClusterRecord, progress: Progress, fallback_on_
     return instances
 
 
-def ready_to_resume(s: Session, run: RunRecord) -> tuple[Path, Path | None, dict[str, str]]:
+Ready = tuple[Path, "Path | S3Source | None", dict[str, str]]  # the project, its data, the --env values
+
+
+def ready_to_resume(s: Session, run: RunRecord) -> Ready:
     """What a resume that starts the run anew (a new instance, several nodes) needs from here,
     checked before anything is launched: the project, its data, the `--env` values."""
     project = Path(run.project)
     if not project.is_dir():
         raise ProjectError(f"cannot resume run {run.run_id}: its project {project} is not here",
                            "Run gpuctl from the machine (and checkout) that started it.")
+    if run.data and is_s3(run.data):  # listed again, and new links made, where it resumes
+        return project, parse_s3(run.data), runs.env_values(s, run.env_names)
     data = Path(run.data) if run.data else None
     if data is not None and not data.is_dir():
         raise ProjectError(f"cannot resume run {run.run_id}: its data {data} is not here",
@@ -278,7 +284,7 @@ def ready_to_resume(s: Session, run: RunRecord) -> tuple[Path, Path | None, dict
 
 
 def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluster: ClusterRecord | None = None,
-                  ready: tuple[Path, Path | None, dict[str, str]] | None = None) -> RunRecord:
+                  ready: Ready | None = None) -> RunRecord:
     """Start the run again, as the same run, on a cluster whose host does not hold its files (a
     replacement instance, another cluster): code and data pushed again, checkpoint and reports
     restored from the store by the launcher; a new segment."""
@@ -287,8 +293,7 @@ def resume_on_new(s: Session, run: RunRecord, progress: Progress = quiet, cluste
         return resume_here(s, record, run, ready, progress)
 
 
-def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[Path, Path | None, dict[str, str]],
-                progress: Progress) -> RunRecord:
+def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: Ready, progress: Progress) -> RunRecord:
     """Start the run on this (locked) cluster's nodes as resumed: code and data pushed, each
     node checked, a new segment; the launcher restores what a node lacks from the store."""
     project, data, secret_env = ready
@@ -297,7 +302,10 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
         each = stages.group_of(s, record)
         nodes.refuse_budget(each, run.budget_usd)
         wanted = packages.requirements_of(loaded, project)
-        each = stages.push_and_check(s, record, each, project, data, progress, run_id=run.run_id)
+        fetch = datasets.check(s, data, s.provider(record.spec).data_region(), progress) \
+            if isinstance(data, S3Source) else None
+        each = stages.push_and_check(s, record, each, project, data if isinstance(data, Path) else None, progress,
+                                     run_id=run.run_id, fetch=fetch)
         each, installed = stages.install_packages(s, record, each, wanted, progress)
         stages.check_keras(each, nodes.keras_for(loaded.settings.train.keras, len(each)))
         inst, host = each[0].inst, each[0].host
@@ -307,7 +315,7 @@ def resume_here(s: Session, record: ClusterRecord, run: RunRecord, ready: tuple[
             "state": "starting", "exit_code": None, "ended_at": None, "resumed_at": now, "resumes": run.resumes + 1,
             "cluster": record.name, "cluster_id": record.id, "usd_per_hour": rate, "nodes": len(each),
             "failed_node": None, "node_states": (), "not_started": (), "code": provenance.of(project),
-            "packages": None, "packages_s": None, **installed,
+            "packages": None, "packages_s": None, **installed, **stages.fetched_of(each[0]),
             "run_dir": run.run_dir if run.run_dir.startswith(host.root + "/runs/") else f"{host.root}/runs/{run.run_id}",
             "segments": run.segments + (stages.segment_on([n.inst for n in each], now, rate),)})
         run = stages.launch(s, loaded, record, run, each, secret_env, resumed=True)

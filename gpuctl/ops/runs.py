@@ -7,11 +7,13 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpuctl.errors import ConfigError, NotFoundError, RemoteError
+from gpuctl.config.load import LoadedSettings
+from gpuctl.errors import ConfigError, DataError, NotFoundError, RemoteError
+from gpuctl.model.data import S3Source, is_s3, parse_s3
 from gpuctl.model.records import RunRecord
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
-from gpuctl.ops import guards, nodes, push, stages
+from gpuctl.ops import datasets, guards, nodes, push, stages
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.payloads.gpuctl_protocol import RUN_DATA_DIR
@@ -57,14 +59,37 @@ def train(s: Session, req: TrainRequest, progress: Progress = quiet) -> TrainRes
     passed from here to the job; their values are never recorded."""
     secret_env = env_values(s, req.env_names)
     project, loaded, entry = push.check_project(s, req.project)
+    source, origin = data_source(req, loaded)  # a malformed s3:// URL: before anything else
     req = req.model_copy(update={"data": push.check_data(req.data)})
-    with s.cluster_lock(s.resolve_cluster(req.cluster), progress) as record:
+    cluster = s.resolve_cluster(req.cluster)
+    # From here, with the user's credentials, before the cluster is touched: the bucket, the objects.
+    fetch = datasets.check(s, source, s.provider(cluster.spec).data_region(), progress, origin) \
+        if source is not None else None
+    with s.cluster_lock(cluster, progress) as record:
         if record.state != "up":  # a `down` released it while this command waited
             raise NotFoundError(f"cluster {record.name!r} was released while this train waited for it",
                                 "Start one with `gpuctl up`, then train again.")
         guards.check_for(s, loaded, record)
         with s.working(record, "train"):  # the push and the preflight are not idleness
-            return stages.start_new(s, req, loaded, project, entry, record, secret_env, progress)
+            return stages.start_new(s, req, loaded, project, entry, record, secret_env, progress, fetch)
+
+
+def data_source(req: TrainRequest, loaded: LoadedSettings) -> tuple[S3Source | None, str]:
+    """The S3 data set of `train --data s3://...`, else of `[train] data` when no --data was given
+    (and the file that set it); DataError when the URL is malformed."""
+    if req.data_url is not None:
+        return parse_s3(req.data_url), ""
+    if req.data is None and loaded.settings.train.data:
+        return parse_s3(loaded.settings.train.data), loaded.sources.get("train.data", "")
+    return None, ""
+
+
+def refuse_s3(data: str | None, command: str) -> None:
+    """`sync` and `plan` push a local directory only: an S3 data set is `train`'s to fetch."""
+    if data is not None and is_s3(data):
+        raise DataError(f"`gpuctl {command} --data` takes a local directory; {data.split('/')[0]}//... is fetched "
+                        "by `gpuctl train --data` itself",
+                        "Train with `gpuctl train PROJECT --data s3://BUCKET/PREFIX` (docs/data.md).")
 
 
 def pull(s: Session, run_id: str | None, dest: Path) -> PullResult:

@@ -31,7 +31,7 @@ from gpuctl.errors import NotFoundError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord, RunRecord, Segment
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import TfEnv, TrainResult
-from gpuctl.ops import guards, nodes, packages, provenance, push, queue, setup
+from gpuctl.ops import datasets, guards, nodes, packages, provenance, push, queue, setup
 from gpuctl.ops.nodes import Node
 from gpuctl.ops.session import Progress, Session, each, quiet, serialized
 from gpuctl.payloads.gpuctl_protocol import RUN_CONFIG_FILE, RunConfig, StoreConfig
@@ -54,8 +54,10 @@ class Stage(str, Enum):
 
 
 def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Path, entry: str,
-              record: ClusterRecord, secret_env: dict[str, str], progress: Progress = quiet) -> TrainResult:
-    """`train` on the (locked) cluster: every stage, in order; the run started and placed."""
+              record: ClusterRecord, secret_env: dict[str, str], progress: Progress = quiet,
+              fetch: datasets.Fetch | None = None) -> TrainResult:
+    """`train` on the (locked) cluster: every stage, in order; the run started and placed.
+    `fetch`: an S3 data set (checked from here already), which each node fetches itself."""
     settings = loaded.settings
     group = group_of(s, record)
     nodes.refuse_budget(group, settings.train.budget_usd)  # before the push
@@ -70,7 +72,7 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     wanted = packages.requirements_of(loaded, project)  # a bad train.requirements: before the push
     say_left_out(project, req.data, req.args, progress)
     group = push_and_check(s, record, group, project, req.data, progress, asked, check=not group[0].host.local,
-                           recheck=req.recheck, allow_cpu=req.allow_cpu, run_id=run_id)
+                           recheck=req.recheck, allow_cpu=req.allow_cpu, run_id=run_id, fetch=fetch)
     refuse_cpu(group, req.allow_cpu)
     chief = group[0]
     check_keras(group, nodes.keras_for(settings.train.keras, len(group)), progress)
@@ -84,7 +86,8 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
                     run_dir=paths.run_dir, tf_log_level=settings.train.tf_log_level,
                     budget_usd=settings.train.budget_usd, env_names=tuple(secret_env),
                     tensorflow=chief.env.tensorflow if chief.env else None, image=_image(chief.inst),
-                    data=str(req.data) if req.data else None, code=provenance.of(project), segments=(segment_on([n.inst for n in group], now, rate),),
+                    data=fetch.listing.source.url if fetch else str(req.data) if req.data else None,
+                    **fetched_of(chief), code=provenance.of(project), segments=(segment_on([n.inst for n in group], now, rate),),
                     nodes=len(group), gpus=want, now=req.now,
                     start_timeout_s=settings.train.start_timeout_s if len(group) > 1 else 0.0, **installed)
     # train --down counts runs that end after this moment (the instance's clock): taken before the
@@ -99,8 +102,15 @@ def start_new(s: Session, req: TrainRequest, loaded: LoadedSettings, project: Pa
     s.ledger.event("train", f"started {entry} in {project}" + (f" on {len(group)} nodes" if len(group) > 1 else ""),
                    cluster=record, run_id=run_id)
     assert chief.code is not None  # push_and_check pushed the code to every node
-    return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, session=run_id, host=chief.host.label,
-                       node_gpus=node_gpus)
+    return TrainResult(run=run, code_sync=chief.code, data_sync=chief.data, data_fetch=chief.fetched, session=run_id,
+                       host=chief.host.label, node_gpus=node_gpus)
+
+
+def fetched_of(chief: Node) -> dict[str, Any]:
+    """The run record's fields of the chief's fetch of an S3 data set (none: no such data set)."""
+    if chief.fetched is None:
+        return {}
+    return {"data_fetch_s": chief.fetched.seconds, "data_fetch_bytes": chief.fetched.fetched_bytes}
 
 
 def group_of(s: Session, record: ClusterRecord) -> list[Node]:
@@ -117,18 +127,31 @@ def group_of(s: Session, record: ClusterRecord) -> list[Node]:
 
 def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project: Path, data: Path | None,
                    progress: Progress, asked: str | None = None, check: bool = False,
-                   recheck: bool = False, allow_cpu: bool | None = None, run_id: str | None = None) -> list[Node]:
+                   recheck: bool = False, allow_cpu: bool | None = None, run_id: str | None = None,
+                   fetch: datasets.Fetch | None = None) -> list[Node]:
     """Push code (and data) to every node and find each one's TensorFlow (set up if need be);
     `check`: the preflight too (`recheck`: not the answer kept from an earlier one); with
     `allow_cpu` given and data to push, its verdict (refuse_cpu) before the push. `run_id`: the
-    run's own copies made on each node right after its push (push.submit), where its job runs."""
+    run's own copies made on each node right after its push (push.submit), where its job runs.
+    `fetch`: an S3 data set each node fetches itself into its data store (what its disk must
+    hold checked on every node first, before anything is set up or pushed)."""
+    lacking: dict[int, list[int]] = {}
+    if fetch is not None:
+        checked = fetch
+        lacking = dict(zip([n.rank for n in group], each(group, lambda n: datasets.prepare(s, n.host, checked))))
+        # Every disk holds it: the cluster's role (where it has one) may read it from now on.
+        fetch = datasets.granted(s, record, fetch, progress)
+
     def pushed(node: Node) -> Node:
-        code, stats, code_dir, data_dir = push.push_all(node.host, project, data,
-                                                        lambda line: progress(nodes.label(node, group) + line))
+        say = lambda line: progress(nodes.label(node, group) + line)  # noqa: E731
+        code, stats, code_dir, data_dir = push.push_all(node.host, project, data, say)
+        fetched = datasets.fetch_on(s, node.host, fetch, lacking[node.rank], say) if fetch is not None else None
+        if fetched is not None:
+            data_dir = fetched.data_dir
         if run_id is not None:
             code_dir, data_dir = push.submit(node.host, posixpath.join(node.host.root, "runs", run_id),
                                              code_dir, data_dir)
-        return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats)
+        return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats, fetched=fetched)
 
     # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the
     # preflight looks: on a new environment that is seconds of TensorFlow import (or the wait for
@@ -138,7 +161,7 @@ def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project
         return [replace(node, env=_env_of(found, node)) for node in each(group, pushed)]
     progress = serialized(progress)  # the pushes' lines and the preflight's come from two threads
     with setup.looking(s, record, found, progress, recheck) as looked:
-        if data is not None and allow_cpu is not None:
+        if (data is not None or fetch is not None) and allow_cpu is not None:
             # The data is the bulk (minutes of it): a node where the run cannot start (no GPU, no
             # usable TensorFlow) is refused before it, not after. The code alone still goes meanwhile.
             refuse_cpu([replace(node, env=_env_of(looked(), node)) for node in group], allow_cpu)

@@ -22,9 +22,10 @@ from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Callable
+    from typing import Callable, Sequence
 
     from gpuctl.config.settings import Settings
+    from gpuctl.model.data import S3Listing, S3Source
     from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
     from gpuctl.model.specs import ClusterSpec
     from gpuctl.remote.host import Host
@@ -108,6 +109,16 @@ class Provider(Protocol):
         """What becomes of the runs' files when the cluster is released (`down` says it; where they
         exist only on the instances, it lists those runs and offers `down --pull`)."""
 
+    def data_region(self) -> str | None:
+        """The AWS region its machines fetch a data set in (what S3 bills the transfer by); None:
+        they are outside AWS."""
+
+    def data_access(self, listing: "S3Listing", progress: "Callable[[str], None]") -> "dict[str, Any] | None":
+        """How its machines read an S3 data set themselves: None, with links made here (the
+        user's credentials); or how an instance signs its own with its role, which may read
+        exactly the listing's prefix from now on (aws with an instance profile):
+        {imds, bucket, prefix, region, endpoint, virtual}."""
+
     def image_store(self) -> "ImageStore":
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
         (`no_image_store`) for a provider that has none."""
@@ -187,6 +198,12 @@ class MachinesThatStay(ProviderBase):
     def remember(self, instances: "list[InstanceRecord]") -> None:
         pass  # the ledger's record is the only one (ssh keeps its own: it overrides this)
 
+    def data_region(self) -> None:
+        return None  # hosts of one's own: outside AWS, as far as gpuctl knows
+
+    def data_access(self, listing: "S3Listing", progress: "Callable[[str], None]") -> None:
+        return None  # no instance role: links made on this machine
+
     def checkpoint_store(self) -> None:
         return None  # checkpoints stay on the host, which outlives the cluster (`gpuctl pull`)
 
@@ -232,6 +249,27 @@ def foreign_error(exc: BaseException) -> GpuctlError | None:
             if said is not None:
                 return said
     return None
+
+
+class DataSets(Protocol):
+    """Data sets in object storage, read from this machine with the user's own credentials
+    (whatever the cluster's provider: a lab box fetches from S3 too)."""
+
+    def listing(self, source: "S3Source") -> "S3Listing":
+        """The objects below the source's prefix; DataError: no such bucket, denied, empty."""
+
+    def links(self, listing: "S3Listing", rels: "Sequence[str]", expires_s: int) -> "list[str]":
+        """A presigned GET link for each path below the prefix, valid `expires_s` seconds."""
+
+
+DATA_SETS = "gpuctl.provision.aws.datasets:S3DataSets"
+
+
+def data_sets(profile: str = "", region: str = "") -> DataSets:
+    """The S3 data sets' reader (imports boto3 only now): `profile` and `region` as the settings
+    say (`aws.profile`; the cluster's region, where the bucket's own cannot be learned)."""
+    module, _, attr = DATA_SETS.partition(":")
+    return cast(DataSets, getattr(importlib.import_module(module), attr)(profile, region))
 
 
 def get_provider(home: "Path", spec: "ClusterSpec") -> Provider:

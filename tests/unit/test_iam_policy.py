@@ -419,6 +419,9 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
             s3.add_response(op, {})
         store = S3Store(ctx)
         store.prepare(CLUSTER, f"{CLUSTER}.0123456789ab", lambda _: None)
+        # `train --data s3://...`: the cluster's role may read exactly that data set from now on.
+        iam.add_response("put_role_policy", {})
+        assert store_iam.grant_data(aws, OWNER, CLUSTER, REGION, "team-datasets", "cifar10/", "aws") is None
         s3.add_response("list_objects_v2", objects)
         assert store.files(CLUSTER, "r1") == [("ckpt.index", 10)]
         s3.add_response("list_objects_v2", objects)

@@ -22,6 +22,8 @@ REVIEWED = {
     "train.entry", "train.mixed_precision", "train.memory_growth", "train.tensorflow", "train.checkpoint",
     "train.keras", "train.tf_log_level", "train.gpu_sample_s",
     "train.requirements",  # a file inside the project (ops/packages.py refuses a path out of it)
+    # the project's data set in S3 (read with the user's credentials: `train` names the file that set it)
+    "train.data",
     # tighten only:
     "guards.max_hours", "guards.budget_usd", "guards.idle", "guards.stall", "guards.on_stall",
     "guards.down_after_run", "train.budget_usd", "train.start_timeout_s",

@@ -14,6 +14,7 @@ from rich.console import Console
 from gpuctl.cli.render import Col, cell, clock, console, duration, notes, say, table, usd
 
 if TYPE_CHECKING:
+    from gpuctl.model.data import FetchStats
     from gpuctl.model.records import InstanceRecord, RunRecord, SettingValue, SyncStats
     from gpuctl.model.results import (
         DownResult,
@@ -93,6 +94,8 @@ def train_started(result: TrainResult, to_stderr: bool) -> None:
             click.echo(f"Pushed {label}: {st.files_copied} of {st.files_total} files, {st.bytes_copied:,} bytes "
                        f"sent in {st.seconds:.2f}s.", err=to_stderr)
             _not_pushed(label, st)
+    if result.data_fetch is not None:
+        click.echo(fetched_text(result.data_fetch), err=to_stderr)
     run = result.run
     if run.state == "queued":
         from gpuctl.payloads.gpuctl_queue import ordinal
@@ -110,6 +113,16 @@ def train_started(result: TrainResult, to_stderr: bool) -> None:
         click.echo(f"Follow it: gpuctl logs -f {run.run_id}")
 
 
+def fetched_text(st: FetchStats) -> str:
+    """"Fetched data: 3 of 10 files (12.3 MB) in 1.20s, 7 already on the host (-> DIR)."."""
+    from gpuctl.model.data import size_text
+
+    kept = f", {st.cached:,} already on the host" if st.cached else ""
+    again = f", {len(st.changed_again)} changed meanwhile and fetched again" if st.changed_again else ""
+    return (f"Fetched data: {st.fetched:,} of {st.files_total:,} files ({size_text(st.fetched_bytes)}) in "
+            f"{st.seconds:.2f}s{kept}{again}.")
+
+
 def synced(result: SyncResult) -> None:
     for label, st, where in (("code", result.code, result.code_dir), ("data", result.data, result.data_dir)):
         if st is not None:
@@ -121,7 +134,7 @@ def synced(result: SyncResult) -> None:
 def pulled(result: PullResult) -> None:
     click.echo(f"Pulled {result.files} file(s) of {result.run_id} into {result.dest}")
     for name in result.left_out:
-        click.echo(f"Left out {name}: the run's copy of its data set (--data), which you have.")
+        click.echo(f"Left out {name}: the run's copy of its data set, which stays where it came from (--data).")
     _left_out("entries not pulled", result.skipped)
 
 

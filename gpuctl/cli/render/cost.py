@@ -35,6 +35,8 @@ from gpuctl.cli.render import (
     text_block,
     usd,
 )
+from gpuctl.model.data import size_text
+from gpuctl.model.untrusted import clean
 from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
 
 if TYPE_CHECKING:
@@ -125,6 +127,9 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
         if r.packages:
             made = f"installed in {duration(r.packages_s)}" if r.packages_s else "made by an earlier run"
             say(out, f"  {r.run_id}: packages: {r.packages}, {made}")
+        if r.data_fetch_s is not None:
+            got = f"{size_text(r.data_fetch_bytes or 0)} fetched" if r.data_fetch_bytes else "all of it cached there"
+            say(out, f"  {r.run_id}: data: {clean(r.data or '', 200)}, {got} in {duration(r.data_fetch_s)}")
         if r.node_states:
             say(out, f"  {r.run_id}: nodes: " + ", ".join(f"{i} {st}" for i, st in enumerate(r.node_states)))
         story = history(r.segments, r.state)
@@ -260,6 +265,9 @@ def epochs(r: RunCost, out: Console) -> list[str]:
     """One run's epoch table and its projection; the headers of the columns hidden to fit."""
     say(out, (r.run_id, "bold"), f" on {r.cluster}: {r.state}, {r.epochs_done}/{r.epochs_planned or '?'} epochs "
                                  f"at {usd(r.usd_per_hour)}/h" + (f"; {code_text(r.code)}" if r.code else ""))
+    if r.data_fetch_s is not None:
+        say(out, f"  its S3 data set was fetched in {duration(r.data_fetch_s)} before it started: "
+                 f"{usd(r.data_fetch_usd or 0.0)} of the machine's time")
     if not r.epochs:
         if r.spent_from == "wall time":
             say(out, f"  no epoch reported{' yet' if r.state in ('starting', 'queued', 'running') else ''}: its "

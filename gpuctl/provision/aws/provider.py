@@ -15,11 +15,12 @@ from gpuctl.config.settings import Settings
 from gpuctl.errors import CloudError, ConfigError, GpuctlError, NoCapacityError, RemoteError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.endpoint import Endpoint
+from gpuctl.model.data import S3Listing
 from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import AwsSpec, Capabilities, RunFiles
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
 from gpuctl.provision import ProviderBase, ignore_launched, remote_spec
-from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records
+from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records, store_iam
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
@@ -340,6 +341,28 @@ class AwsProvider(ProviderBase):
         if self.spec.checkpoints != "s3":
             return None
         return S3Store(self.ctx)
+
+    def data_region(self) -> str | None:
+        return self.spec.region or self.ctx.aws().region  # the region its instances run in
+
+    def data_access(self, listing: S3Listing, progress: Progress = _quiet) -> dict[str, Any] | None:
+        """With an instance profile (`aws.checkpoints = "s3"`): its role may read exactly this
+        data set's objects from now on, and the instance signs its own GETs with the role's
+        credentials (IMDSv2); else (or where IAM refuses) None: links made on this machine."""
+        if self.spec.checkpoints != "s3" or not self.spec.imds_endpoint:
+            return None
+        source = listing.source
+        store = S3Store(self.ctx)  # whose region named the role at `up`
+        why = store_iam.grant_data(self.ctx.aws(), self.owner, self.spec.name, store.region, source.bucket,
+                                   source.prefix, store.partition)
+        if why is not None:
+            progress(f"data: {why}: the instance fetches with links made here instead")
+            return None
+        endpoint = seams.s3_endpoint() or f"https://s3.{listing.region}.amazonaws.com"
+        progress(f"data: the cluster's role may read {source.url} (s3:GetObject, that prefix only)")
+        return {"imds": self.spec.imds_endpoint, "bucket": source.bucket, "prefix": source.prefix,
+                "region": listing.region, "endpoint": endpoint,
+                "virtual": seams.s3_endpoint() is None and "." not in source.bucket}
 
     def image_store(self) -> AwsImages:
         return AwsImages(self.ctx)

@@ -96,6 +96,36 @@ def access_policy(bucket: str, place: str, partition: str = "aws") -> dict[str, 
     ]}
 
 
+DATA_POLICY_NAME = "gpuctl-data"
+
+
+def data_policy(bucket: str, prefix: str, partition: str = "aws") -> dict[str, Any]:
+    """Read the objects of one data set (`prefix`: "" or a folder ending in "/"): nothing else,
+    no listing (the listing is made on the user's machine and handed to the instance)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ReadTheDataSet", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": f"arn:{partition}:s3:::{bucket}/{prefix}*"}]}
+
+
+def grant_data(aws: Aws, owner: str, cluster: str, region: str, bucket: str, prefix: str,
+               partition: str = "aws") -> str | None:
+    """The cluster's role may read exactly this data set from now on (its `gpuctl-data` policy is
+    set to it: the train being started is the one that fetches); why not, or None. Under the
+    permissions boundary, which must allow the bucket too (docs/aws-iam.md)."""
+    name = profile_name(owner, cluster, region)
+    try:
+        aws.client("iam").put_role_policy(RoleName=name, PolicyName=DATA_POLICY_NAME,
+                                          PolicyDocument=json.dumps(data_policy(bucket, prefix, partition)))
+    except aws_errors() as exc:  # a connection failure, an answer that is not the API's too
+        code = error_code(exc)
+        if code == "NoSuchEntity":
+            return f"the cluster has no role {name}"
+        if code in DENIED:
+            return "not allowed to call iam:PutRolePolicy on its role"
+        raise translate(exc, "PutRolePolicy") from exc
+    return None
+
+
 def _tags(cluster: str, owner: str, region: str) -> list[dict[str, str]]:
     return access.tags(cluster, owner) + [{"Key": TAG_REGION, "Value": region}]
 
