@@ -102,6 +102,10 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
         if as_json:
             return render.emit_json(every)
         render_cost.status(every)
+        from gpuctl.cli.render import console
+        from gpuctl.cli.render import volumes as render_volumes
+
+        render_volumes.storage(every.volumes, console())
         click.echo("\nEvery provider's gpuctl resources, ledger or not:")
         return render_commands.inventory(every)
     report = costs.status(session(ctx), run, cluster)
