@@ -9,6 +9,7 @@ ledger keeps (from the moment the provider gave its id, like an instance).
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from gpuctl.errors import ConfigError
 from gpuctl.model.specs import Frozen, VolumeUse as VolumeUse  # re-exported: the spec carries it
@@ -33,6 +34,7 @@ class Volume(Frozen):
     region: str = ""  # aws
     zone: str = ""  # aws: the availability zone; a cluster using it launches there
     host: str = ""  # ssh: the host it lives on (user@host:port), as --host named it
+    identity: Optional[str] = None  # ssh: the key it was made with (later commands reach the host with it)
     path: str = ""  # where a job on the chief finds it ($GPUCTL_VOLUME_DIR)
     usd_per_gb_month: float = 0.0  # aws: gp3's list price; 0 on machines of your own
     attached_to: str = ""  # the provider's word: the instance it is attached to (aws), "" = none

@@ -109,10 +109,10 @@ class SshProvider(MachinesThatStay):
         assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
         return volumes.mount(host, self.spec.volume)
 
-    def _connect_to(self, name: str, workdir: str) -> SshHost:
+    def _connect_to(self, name: str, workdir: str, identity: str | None) -> SshHost:
         """A host as --host names it (resolved through the ssh config as `up` does), for volumes."""
         cfg_path = ssh_resolve.config_path(self.remote.ssh_config)
-        ep = ssh_resolve.resolve(name, ssh_resolve.load(cfg_path), cfg_path, identity=self.spec.identity)
+        ep = ssh_resolve.resolve(name, ssh_resolve.load(cfg_path), cfg_path, identity=identity)
         return self.connect(ep, None, workdir, "gpuctl-volumes", connect_timeout_s=RELEASE_CONNECT_TIMEOUT_S)
 
     def _registry(self) -> Path:

@@ -15,7 +15,7 @@ from gpuctl.model.volumes import Volume, VolumeUse, check_name
 from gpuctl.remote.host import Host
 
 VOLUMES_DIR = "_volumes"
-Connect = Callable[[str, str], Host]  # (--host as given, work dir) -> a connected Host
+Connect = Callable[[str, str, "str | None"], Host]  # (--host as given, work dir, key) -> a connected Host
 
 
 class SshVolumes:
@@ -40,13 +40,13 @@ class SshVolumes:
         return self.spec.hosts[0]
 
     def create(self, name: str, size_gb: int, where: str, created: Callable[[Volume], None]) -> Volume:
-        host = self.connect(where, self._dir(name))
+        host = self.connect(where, self._dir(name), self.spec.identity)
         try:
             if host.run(["test", "-e", host.root], check=False, cwd=False).returncode == 0:
                 raise ConflictError(f"{host.root} exists already on {where}", "Pick another name.")
             host.run(["mkdir", "-p", "-m", "700", host.root], cwd=False)
             volume = Volume(name=name, provider="ssh", id=host.root, path=host.root, host=where, size_gb=size_gb,
-                            created_at=time.time())
+                            created_at=time.time(), identity=self.spec.identity)
         finally:
             host.close()
         created(volume)
@@ -56,7 +56,7 @@ class SshVolumes:
         return []  # lists_its_own is False: the ledger's records are asked instead
 
     def describe(self, volume: Volume) -> Volume | None:
-        host = self.connect(volume.host, volume.id)
+        host = self.connect(volume.host, volume.id, volume.identity or self.spec.identity)
         try:
             there = host.run(["test", "-d", volume.id], check=False, cwd=False).returncode == 0
         finally:
@@ -73,7 +73,7 @@ class SshVolumes:
     def remove(self, volume: Volume, progress: Callable[[str], None]) -> None:
         if posixpath.basename(posixpath.dirname(volume.id)) != VOLUMES_DIR:  # the ledger's word, checked
             raise ConfigError(f"{volume.id} is not a gpuctl volume directory", "Remove it by hand if it is yours.")
-        host = self.connect(volume.host, volume.id)
+        host = self.connect(volume.host, volume.id, volume.identity or self.spec.identity)
         try:
             host.run(["rm", "-rf", "--", volume.id], cwd=False)
         finally:
