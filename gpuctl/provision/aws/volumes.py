@@ -143,10 +143,13 @@ class AwsVolumes:
                              "`gpuctl down` this cluster; `gpuctl volume create` makes a new volume.")
         if now.attached_to == instance_id:
             return
-        if now.attached_to:
-            raise ConflictError(f"volume {use.name!r} is attached to {now.attached_to}",
-                                "`gpuctl down` the cluster that has it first.")
         ec2 = self.aws.ec2()
+        if now.attached_to:
+            # `up` refused a volume another live cluster has before launching: what holds it now is
+            # an instance on its way out (a spot replacement's predecessor, EC2 ending it).
+            progress(f"volume {use.name} is still attached to {now.attached_to}: waiting for EC2 to detach it")
+            wait_for(ec2, "volume_available", self.ctx.spec.wait_timeout_s, what=f"volume {use.id} to be detached",
+                     hint=f"`gpuctl down` the cluster of {now.attached_to} first.", VolumeIds=[use.id])
         call(ec2.attach_volume, VolumeId=use.id, InstanceId=instance_id, Device=mount.DEVICE)
         wait_for(ec2, "volume_in_use", self.ctx.spec.wait_timeout_s, what=f"volume {use.id} to attach",
                  hint="`gpuctl down` releases the instance; the volume stays.", VolumeIds=[use.id])
