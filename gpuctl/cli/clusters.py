@@ -199,9 +199,13 @@ def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool
     render_commands.down(result, everything)
     if everything:  # they hold data: never released by down, named so nobody forgets what they cost
         from gpuctl.cli.render import volumes as render_volumes
+        from gpuctl.errors import GpuctlError
         from gpuctl.ops import volumes
 
-        render_volumes.kept(volumes.kept(s))
+        try:
+            render_volumes.kept(volumes.kept(s))
+        except GpuctlError as exc:  # what is released is released: a ledger that cannot say more changes nothing
+            click.echo(f"Volumes not listed: {exc.message}", err=True)
 
 
 @click.group(context_settings=CONTEXT)

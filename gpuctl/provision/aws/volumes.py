@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gpuctl.errors import CloudError, ConfigError, ConflictError
 from gpuctl.model import billing, untrusted
-from gpuctl.model.volumes import Volume, VolumeUse, mount_point
+from gpuctl.model.volumes import NAME, Volume, VolumeUse, mount_point
 from gpuctl.provision.aws import access, catalog, mount
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.session import aws_errors, call, error_code, translate, wait_for
@@ -56,7 +56,7 @@ class AwsVolumes:
         name = _tag(item, TAG_VOLUME)
         return Volume(name=name, provider="aws", id=item["VolumeId"], size_gb=int(item.get("Size") or 0),
                       created_at=_created(item), region=region or self.region, zone=item.get("AvailabilityZone", ""),
-                      path=mount_point(name), usd_per_gb_month=self.usd_per_gb_month,
+                      path=mount_point(name) if NAME.fullmatch(name) else "", usd_per_gb_month=self.usd_per_gb_month,
                       attached_to=attached[0] if attached else "", state=str(item.get("State") or ""))
 
     # --- the VolumeStore protocol --------------------------------------------------------------
@@ -91,7 +91,9 @@ class AwsVolumes:
     def volumes(self) -> list[Volume]:
         filters = access.owner_filters(self.ctx.owner) + [{"Name": "tag-key", "Values": [TAG_VOLUME]}]
         found = call(self.aws.ec2().describe_volumes, Filters=filters).get("Volumes", [])
-        return [self.record(v) for v in found if v.get("State") not in ("deleting", "deleted")]
+        # A name tag changed by hand into something gpuctl would not make is no volume of gpuctl's to list.
+        return [self.record(v) for v in found if v.get("State") not in ("deleting", "deleted")
+                and NAME.fullmatch(_tag(v, TAG_VOLUME))]
 
     def describe_id(self, volume_id: str, region: str | None = None) -> Volume | None:
         try:
