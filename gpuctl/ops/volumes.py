@@ -75,8 +75,8 @@ def info(s: Session, volume: Volume, removed_at: float | None = None, now: float
 
 def used_by(s: Session, volume: Volume, live: list[ClusterRecord] | None = None, but: str = "") -> str:
     """The live cluster (other than `but`) the volume is given to: a cluster whose spec names it
-    (`up --volume`), or whose instance the provider says it is attached to; else that instance's
-    id where no cluster here has it; "" when free."""
+    (`up --volume`), or whose instance the provider says it is attached to; else "instance ID"
+    where no cluster here has that instance; "" when free."""
     clusters = [c for c in (s.ledger.clusters(include_down=False) if live is None else live) if c.name != but]
     for c in clusters:
         if c.spec.volume is not None and c.provider == volume.provider and c.spec.volume.id == volume.id:
@@ -87,7 +87,7 @@ def used_by(s: Session, volume: Volume, live: list[ClusterRecord] | None = None,
                 return c.name
         mine = s.ledger.live_cluster(but) if but else None
         if mine is None or not any(i.id == volume.attached_to for i in s.ledger.instances(mine.id)):
-            return volume.attached_to
+            return f"instance {volume.attached_to}"  # a space: no cluster name has one
     return ""
 
 
@@ -188,14 +188,18 @@ def removable(s: Session, name: str) -> Volume:
     user = used_by(s, volume)
     if user:
         raise ConflictError(f"volume {name!r} is attached to {_who(user)}; it is not deleted while in use",
-                            f"`gpuctl down {user}` first (the volume stays), then `gpuctl volume rm {name}`."
-                            if not user.startswith(("vol-", "i-")) else
-                            f"Detach it from {user} (EC2 console), then `gpuctl volume rm {name}`.")
+                            f"Detach it from that {user} (EC2 console), then `gpuctl volume rm {name}`."
+                            if _foreign(user) else
+                            f"`gpuctl down {user}` first (the volume stays), then `gpuctl volume rm {name}`.")
     return volume
 
 
+def _foreign(user: str) -> bool:
+    return user.startswith("instance ")
+
+
 def _who(user: str) -> str:
-    return f"instance {user}, which no cluster of this gpuctl home has" if user.startswith("i-") else f"cluster {user!r}"
+    return f"{user}, which no cluster of this gpuctl home has" if _foreign(user) else f"cluster {user!r}"
 
 
 def remove(s: Session, volume: Volume, progress: Progress = quiet) -> VolumeInfo:
@@ -222,8 +226,8 @@ def for_up(s: Session, spec: ClusterSpec, name: str) -> ClusterSpec:
     user = used_by(s, volume, but=spec.name)
     if user:
         raise ConflictError(f"volume {name!r} is attached to {_who(user)}",
-                            f"`gpuctl down {user}` first (the volume stays), or use another volume."
-                            if not user.startswith("i-") else f"Detach it from {user} first (EC2 console).")
+                            f"Detach it from that {user} first (EC2 console)." if _foreign(user) else
+                            f"`gpuctl down {user}` first (the volume stays), or use another volume.")
     return spec.model_copy(update={"volume": store.use(volume)})
 
 

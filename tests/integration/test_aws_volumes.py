@@ -97,3 +97,16 @@ def test_a_volume_the_ledger_lost_is_found_by_its_tags(gpuctl, aws, isolated):
     assert row["name"] == "data" and row["size_gb"] == 10
     gpuctl("volume", "rm", "data", "-y")
     assert volumes(aws) == []
+
+
+def test_a_volume_attached_to_an_instance_no_cluster_has_is_refused_by_up_and_rm(gpuctl, aws):
+    made = json.loads(gpuctl("volume", "create", "data", "--size", "10", "--zone", "us-east-1a", "-y", "--json").stdout)
+    (image,) = aws.describe_images(Owners=["amazon"])["Images"][:1]
+    other = aws.run_instances(ImageId=image["ImageId"], MinCount=1, MaxCount=1, InstanceType="t3.micro",
+                              Placement={"AvailabilityZone": "us-east-1a"})["Instances"][0]["InstanceId"]
+    aws.attach_volume(VolumeId=made["id"], InstanceId=other, Device="/dev/sdg")
+    err = gpuctl(*UP, "--volume", "data", code=5).stderr
+    assert f"Error: volume 'data' is attached to instance {other}, which no cluster of this gpuctl home has" in err
+    assert "Hint: Detach it from that instance" in err and live_instances(aws) == []
+    err = gpuctl("volume", "rm", "data", "-y", code=5).stderr
+    assert f"attached to instance {other}" in err and len(volumes(aws)) == 1
