@@ -14,7 +14,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuctl.errors import ConfigError, ConflictError, NotFoundError
+from gpuctl.errors import ConfigError, ConflictError, GpuctlError, NotFoundError
 from gpuctl.model import billing
 from gpuctl.model.records import ClusterRecord
 from gpuctl.model.specs import ClusterSpec, parse_spec
@@ -42,6 +42,7 @@ class VolumeInfo(Volume):
 class VolumeList(_Result):
     volumes: tuple[VolumeInfo, ...]
     price: str = PRICE
+    notes: tuple[str, ...] = ()  # a provider that could not be asked (the ledger's volumes are listed anyway)
 
 
 class VolumePlan(_Result):
@@ -160,11 +161,16 @@ def ls(s: Session) -> VolumeList:
     """This install's volumes, each with the cluster it is given to and its $/month. The provider
     of the settings is asked afresh where its own word is the truth (aws: what EC2 lists by tag,
     its attachments), and the ledger learns of any it lacked or that went."""
-    store = _store(s, s.settings().settings.provider)
-    if store.lists_its_own:
-        _reconcile(s, store)
+    notes: list[str] = []
+    provider = s.settings().settings.provider
+    try:
+        store = _store(s, provider)
+        if store.lists_its_own:
+            _reconcile(s, store)
+    except GpuctlError as exc:  # offline, no credentials: what the ledger knows is still worth listing
+        notes.append(f"{provider} not asked: {exc.message}")
     live = s.ledger.clusters(include_down=False)
-    return VolumeList(volumes=tuple(info(s, v, live=live) for v, _ in s.ledger.volumes()))
+    return VolumeList(volumes=tuple(info(s, v, live=live) for v, _ in s.ledger.volumes()), notes=tuple(notes))
 
 
 def _reconcile(s: Session, store: VolumeStore) -> None:

@@ -110,3 +110,16 @@ def test_a_volume_attached_to_an_instance_no_cluster_has_is_refused_by_up_and_rm
     assert "Hint: Detach it from that instance" in err and live_instances(aws) == []
     err = gpuctl("volume", "rm", "data", "-y", code=5).stderr
     assert f"attached to instance {other}" in err and len(volumes(aws)) == 1
+
+
+def test_ls_without_credentials_still_lists_what_the_ledger_knows(gpuctl, aws, monkeypatch):
+    gpuctl("volume", "create", "data", "--size", "10", "-y")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    res = gpuctl("volume", "ls")
+    assert "note: aws not asked: no AWS credentials found" in res.stderr and "data" in res.stdout
+    err = gpuctl("volume", "rm", "data", "-y", code=9).stderr  # deleting needs AWS's word: refused, nothing deleted
+    assert "Error: no AWS credentials found" in err
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert len(volumes(aws)) == 1

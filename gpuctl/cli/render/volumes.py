@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 import click
 from rich.console import Console
 
-from gpuctl.cli.render import Col, cell, clock, console, say, table, usd
+from gpuctl.cli.render import Col, cell, clock, console, notes, say, table, usd
 
 if TYPE_CHECKING:
     from gpuctl.ops.volumes import VolumeInfo, VolumeList, VolumePlan, VolumeStorage
@@ -21,6 +21,7 @@ def _where(v: VolumeInfo) -> str:
 
 def listing(result: VolumeList, out: Console | None = None) -> None:
     out = out or console()
+    notes(result.notes)
     if not result.volumes:
         say(out, "No volumes. Make one: gpuctl volume create NAME --size GB")
         return
