@@ -2,10 +2,10 @@
 real /bin/sh, against stand-in commands (mountpoint, findmnt, blkid, mkfs.ext4, mount, chown,
 mkdir, sleep) that record how they were called, and a plain file standing in for the device.
 
-Stand-ins because no real part can run here: formatting and mounting a block device needs a
-real EBS volume on a real EC2 instance (its NVMe name under /dev/disk/by-id included), which
-moto does not attach and the test hosts do not have. That the device shows up under the names
-`candidates` lists, and that mkfs/mount then work, is verifiable only on real EC2."""
+Stand-ins, so that every branch (a device that cannot be probed, one mounted elsewhere, none
+after the wait) runs in the fast tier without root; tests/integration/test_volume_mount_device.py
+runs the same script on a real loop device with the real commands (root). That the EBS volume
+shows up under the names `candidates` lists is verifiable only on real EC2."""
 
 from __future__ import annotations
 

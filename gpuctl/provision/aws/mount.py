@@ -7,9 +7,10 @@ low-level probe that reads the device itself: exit 0 = something is there (a fil
 partition table, a RAID member...: never formatted), 2 = nothing identifiable (a new volume:
 formatted once), anything else = cannot tell (nothing is formatted; the mount fails, named).
 
-tests/unit/test_volume_mount.py runs this script against stand-in commands and a file standing
-in for the device: the device itself, its NVMe name and a real mkfs/mount are verifiable only
-on a real EC2 instance (moto attaches nothing; the test hosts have no block device for it).
+tests/unit/test_volume_mount.py runs this script against stand-in commands (each branch), and
+tests/integration/test_volume_mount_device.py on a real loop device with the real blkid, mkfs and
+mount (root). What only a real EC2 instance can show: that the attached volume appears under the
+names `candidates` lists (moto attaches nothing), and sudo there.
 """
 
 from __future__ import annotations
