@@ -101,3 +101,4 @@ def test_the_device_is_looked_for_by_the_volume_id_nitro_then_xen():
     assert found[0] == "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0"
     assert found[-2:] == ["/dev/xvdf", "/dev/sdf"] and mount.DEVICE == "/dev/sdf"
     assert mount.argv("vol-1", "/mnt/gpuctl/x", "ubuntu", "gpuctl-x")[:4] == ["sudo", "-n", "sh", "-c"]
+    assert mount.argv("vol-1", "/mnt/gpuctl/x", "root", "gpuctl-x")[:2] == ["sh", "-c"]  # root: no sudo needed

@@ -64,6 +64,8 @@ if [ -n "$made" ]; then echo "formatted $dev (ext4), mounted at $mp"; else echo 
 """
 
 
-def argv(volume_id: str, mount_point: str, owner: str, label: str) -> list[str]:
-    """The command the chief runs (its login user has passwordless sudo on EC2's images)."""
-    return ["sudo", "-n", "sh", "-c", script(volume_id, mount_point, owner, label)]
+def argv(volume_id: str, mount_point: str, owner: str, label: str, devices: list[str] | None = None) -> list[str]:
+    """The command the chief runs as root: through sudo (the login user of EC2's images has it,
+    without a password); an image whose login user is root needs none (and may not have it)."""
+    run_as_root = [] if owner == "root" else ["sudo", "-n"]
+    return [*run_as_root, "sh", "-c", script(volume_id, mount_point, owner, label, devices)]

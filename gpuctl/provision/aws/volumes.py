@@ -13,6 +13,7 @@ import datetime as dt
 import time
 from typing import Any, Callable
 
+from gpuctl import seams
 from gpuctl.errors import CloudError, ConfigError, ConflictError
 from gpuctl.model import billing, untrusted
 from gpuctl.model.volumes import NAME, Volume, VolumeUse, mount_point
@@ -159,8 +160,8 @@ class AwsVolumes:
 
     def mount(self, host: Host, use: VolumeUse, user: str) -> str:
         """Format (only a volume with nothing on it) and mount it on the chief; its path."""
-        res = host.run(mount.argv(use.id, use.path, user, f"gpuctl-{use.name}"), check=False,
-                       timeout=MOUNT_TIMEOUT_S, cwd=False)
+        res = host.run(mount.argv(use.id, use.path, user, f"gpuctl-{use.name}", seams.volume_devices(use.id)),
+                       check=False, timeout=MOUNT_TIMEOUT_S, cwd=False)
         # The instance's words: one clean line each (no control sequence reaches the terminal).
         last = untrusted.one_line((res.stdout.strip().splitlines() or [""])[-1], 200)
         if res.returncode != 0 or not last.startswith(mount.DONE):
