@@ -7,10 +7,12 @@ instance's job wrote under $GPUCTL_VOLUME_DIR."""
 import json
 import time
 
+import pytest
+
 from tests.aws import live_instances, moto_client
 from tests.integration.test_resume import RESUMABLE
 from tests.integration.test_spot_notice import epochs_on, spot_terminate, wait_for
-from tests.integration.test_spot_recovery import finished, run_id_on, spot_lab, train_in_background  # noqa: F401
+from tests.integration.test_spot_recovery import finished, run_id_on, spot_world, train_in_background
 
 MOUNTED = "/mnt/gpuctl/data"
 # RESUMABLE, saying on the volume where each of its starts ran.
@@ -19,6 +21,15 @@ with open(os.path.join(os.environ["GPUCTL_VOLUME_DIR"], "starts.txt"), "a") as f
     fh.write(os.environ["GPUCTL_RUN_ID"] + "\\n")
 print("starts:", open(os.path.join(os.environ["GPUCTL_VOLUME_DIR"], "starts.txt")).read().split(), flush=True)
 epochs = int(''', 1)
+
+
+@pytest.fixture
+def spot_lab(aws, monkeypatch, ssh, imds, moto_server, isolated):
+    """The first instance is the first host, every later one the second (test_spot_recovery.py's)."""
+    h0, h1 = ssh.hosts
+    with spot_world(monkeypatch, imds, moto_server, isolated, (h0, h1)):
+        monkeypatch.setenv("GPUCTL_TEST_ENDPOINTS", f"*={h0.ip}")
+        yield h0, h1
 
 
 def test_the_replacement_of_an_interrupted_chief_gets_the_volume_and_its_files(
