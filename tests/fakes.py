@@ -183,7 +183,7 @@ class FakeProvider(MachinesThatStay):
     def volume_store(self) -> NoReturn:
         raise ConfigError("the fake provider has no volumes", "Use local, ssh or aws.")
 
-    def mount_volume(self, host: Host) -> str:
+    def mount_volume(self, host: Host) -> tuple[str, str]:
         raise ConfigError("the fake provider has no volumes", "Use local, ssh or aws.")
 
     def price_quote(self) -> PriceQuote:

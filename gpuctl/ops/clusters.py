@@ -139,7 +139,8 @@ def up(s: Session, req: UpRequest | None = None, progress: Progress = quiet, tol
     s.ledger.event("up", f"{len(instances)} instance(s) via {spec.provider}", cluster=cluster)
     if wait_ssh and spec.volume is not None:  # on the chief, before anything else uses it
         ((_, chief), *_) = s.hosts(cluster)
-        progress(f"volume {spec.volume.name}: {provider.mount_volume(chief)} on the chief (${VOLUME_ENV})")
+        path, done = provider.mount_volume(chief)
+        progress(f"volume {spec.volume.name}: {done}; the chief's jobs find it at ${VOLUME_ENV} ({path})")
     elif spec.volume is not None:  # every train's start mounts it where it is not yet (stages.start)
         progress(f"volume {spec.volume.name}: mounted on the chief by the first `gpuctl train` (--no-wait)")
     if wait_ssh and len(instances) > 1:  # nodes that see one work dir (a shared home) each get their own

@@ -289,7 +289,7 @@ def start(s: Session, record: ClusterRecord, run: RunRecord, group: list[Node], 
         if node.data_dir:
             env["GPUCTL_DATA_DIR"] = node.data_dir
         if node.rank == 0 and record.spec.volume is not None:  # `up --volume`: the chief's, mounted there
-            env[VOLUME_ENV] = s.provider(record.spec).mount_volume(node.host)
+            env[VOLUME_ENV] = s.provider(record.spec).mount_volume(node.host)[0]
         jobs.start_job(node.host, run.run_id, node.code_dir, command, env, paths, secret_env)
 
     try:

@@ -117,9 +117,10 @@ class Provider(Protocol):
         """Where `gpuctl volume` makes named volumes that outlive clusters (aws: EBS; local and
         ssh: a directory on the host)."""
 
-    def mount_volume(self, host: "Host") -> str:
+    def mount_volume(self, host: "Host") -> tuple[str, str]:
         """Make the spec's volume usable on the chief's host (aws: find the attached device,
-        format it if it has no filesystem, mount it) and return the path its jobs find it at."""
+        format it if it has nothing on it, mount it): the path its jobs find it at, and what was
+        done (one clean line: "formatted ... mounted at ...", "mounted ...", "already ...")."""
 
 
 class CheckpointStore(Protocol):

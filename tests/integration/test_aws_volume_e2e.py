@@ -25,13 +25,14 @@ def test_a_volume_formatted_and_written_by_one_aws_cluster_is_read_by_the_next(
     lab_key = (host.base / "authorized_keys").read_text()
     made = json.loads(gpuctl("volume", "create", "data", "--size", "10", "-y", "--json").stdout)
     try:
-        for cluster, project, said in (("first", WRITE, "wrote " + MOUNTED), ("second", READ, "read: fetched once")):
+        for cluster, project, said, how in (("first", WRITE, "wrote " + MOUNTED, "formatted /dev/loop"),
+                                            ("second", READ, "read: fetched once", "mounted /dev/loop")):
             installer = cloud_init(host, isolated, cluster)
             out = gpuctl(*UP, "--name", cluster, "--volume", "data")
             installer.join(60)
             (inst,) = live_instances(aws)
             assert inst["Placement"]["AvailabilityZone"] == made["zone"]
-            assert f"volume data: {MOUNTED} on the chief" in out.stderr
+            assert f"volume data: {how}" in out.stderr and f"$GPUCTL_VOLUME_DIR ({MOUNTED})" in out.stderr
             mounts = host.run(f"findmnt -rn -o FSTYPE,TARGET {MOUNTED}").stdout.split()
             assert mounts == ["ext4", MOUNTED]
             job = gpuctl("train", make_project(cluster, {"train.py": project}), "--allow-cpu", "--wait").stdout

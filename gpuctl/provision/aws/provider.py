@@ -367,7 +367,7 @@ class AwsProvider(ProviderBase):
     def volume_store(self) -> AwsVolumes:
         return AwsVolumes(self.ctx)
 
-    def mount_volume(self, host: Host) -> str:
+    def mount_volume(self, host: Host) -> tuple[str, str]:
         assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
         return self.volume_store().mount(host, self.spec.volume, self.spec.ssh_user)
 

@@ -158,8 +158,9 @@ class AwsVolumes:
                  hint="`gpuctl down` releases the instance; the volume stays.", VolumeIds=[use.id])
         progress(f"volume {use.name} ({use.id}) attached to {instance_id}")
 
-    def mount(self, host: Host, use: VolumeUse, user: str) -> str:
-        """Format (only a volume with nothing on it) and mount it on the chief; its path."""
+    def mount(self, host: Host, use: VolumeUse, user: str) -> tuple[str, str]:
+        """Format (only a volume with nothing on it) and mount it on the chief; its path, and
+        what the script did (its last line)."""
         res = host.run(mount.argv(use.id, use.path, user, f"gpuctl-{use.name}", seams.volume_devices(use.id)),
                        check=False, timeout=MOUNT_TIMEOUT_S, cwd=False)
         # The instance's words: one clean line each (no control sequence reaches the terminal).
@@ -168,4 +169,4 @@ class AwsVolumes:
             why = untrusted.one_line((res.stderr.strip().splitlines() or [last or f"exit {res.returncode}"])[-1], 200)
             raise CloudError(f"volume {use.name!r} could not be mounted at {use.path}: {why}",
                              "`gpuctl ssh` in to look (lsblk, dmesg); `gpuctl down` leaves the volume as it is.")
-        return use.path
+        return use.path, last

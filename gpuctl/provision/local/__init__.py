@@ -93,7 +93,7 @@ class LocalProvider(MachinesThatStay):
     def volume_store(self) -> volumes.LocalVolumes:
         return volumes.LocalVolumes(self.home)
 
-    def mount_volume(self, host: Host) -> str:
+    def mount_volume(self, host: Host) -> tuple[str, str]:
         assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
         return volumes.mount(self.spec.volume)
 

@@ -61,7 +61,7 @@ class LocalVolumes:
         progress(f"removed {path}")
 
 
-def mount(use: VolumeUse) -> str:
+def mount(use: VolumeUse) -> tuple[str, str]:
     """The directory, made again if someone removed it (an empty volume, as a new one)."""
     Path(use.id).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return use.path
+    return use.path, f"directory {use.path}"

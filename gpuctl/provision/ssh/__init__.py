@@ -105,7 +105,7 @@ class SshProvider(MachinesThatStay):
     def volume_store(self) -> volumes.SshVolumes:
         return volumes.SshVolumes(self.spec, self._connect_to)
 
-    def mount_volume(self, host: Host) -> str:
+    def mount_volume(self, host: Host) -> tuple[str, str]:
         assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
         return volumes.mount(host, self.spec.volume)
 

@@ -81,7 +81,7 @@ class SshVolumes:
         progress(f"removed {volume.id} on {volume.host}")
 
 
-def mount(host: Host, use: VolumeUse) -> str:
+def mount(host: Host, use: VolumeUse) -> tuple[str, str]:
     """The directory on the chief, made again if someone removed it."""
     host.run(["mkdir", "-p", "-m", "700", use.id], cwd=False)
-    return use.path
+    return use.path, f"directory {use.path} on {use.host}"
