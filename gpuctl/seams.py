@@ -35,3 +35,20 @@ def s3_endpoint() -> str | None:
     This side keeps boto3's own endpoint (AWS_ENDPOINT_URL in the tests). Unset (always, outside
     the tests), an instance uses AWS's own S3 endpoint of the bucket's region."""
     return os.environ.get(S3_ENDPOINT) or None
+
+
+VOLUME_DEVICES = "GPUCTL_TEST_VOLUME_DEVICES"
+
+
+def volume_devices(volume_id: str) -> list[str] | None:
+    """Where the chief finds an attached volume's device instead of EC2's names, from
+    GPUCTL_TEST_VOLUME_DEVICES="KEY=DEVICE,..." where KEY is a volume id or `*`; the last match wins.
+
+    moto attaches no device; the end-to-end tests give the sshd test host a loop device. Unset
+    (always, outside the tests), the device is looked for where EC2 puts it (aws/mount.py)."""
+    found = None
+    for pair in filter(None, os.environ.get(VOLUME_DEVICES, "").split(",")):
+        key, _, value = pair.partition("=")
+        if key in (volume_id, "*"):
+            found = [value]
+    return found

@@ -36,8 +36,8 @@ TIER_FIXTURES = {
     "tf": {"wheels"},
     # Long without either: `small_wheels` tests make venvs and run pip (~10 s each).
     "slow": {"small_wheels"},
-    # Mounts (a tmpfs of a few MB: a full disk under the gpuctl home), which need root.
-    "root": {"small_disk"},
+    # Mounts (a tmpfs of a few MB: a full disk under the gpuctl home; a loop device), which need root.
+    "root": {"small_disk", "loop_device"},
 }
 FULL_TIER_ONLY = ("sshd", "tf", "slow", "root")
 
@@ -252,6 +252,29 @@ def small_disk(tmp_path):
     yield make
     for where in reversed(mounted):
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """loop_device(mb, prepare=None) -> a real block device (a loop device over a sparse file;
+    `prepare(path)` writes into the file first), detached (and unmounted) after the test."""
+    made: list[str] = []
+
+    def make(mb: int, prepare=None) -> str:
+        image = tmp_path / f"disk{len(made)}.img"
+        with open(image, "wb") as fh:
+            fh.truncate(mb << 20)
+        if prepare is not None:
+            prepare(image)
+        dev = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
+                             text=True).stdout.strip()
+        made.append(dev)
+        return dev
+
+    yield make
+    for dev in reversed(made):
+        subprocess.run(["umount", "-l", dev], check=False, capture_output=True)
+        subprocess.run(["losetup", "-d", dev], check=False)
 
 
 def fill(disk: Path) -> None:

@@ -10,8 +10,9 @@ import secrets
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
+from gpuctl.errors import ConfigError
 from gpuctl.model.records import CommandResult, InstanceRecord, PriceQuote, Resource, SyncStats
 from gpuctl.model.specs import Capabilities, ClusterSpec, RemoteSpec, RunFiles
 from gpuctl.model.untrusted import MAX_READ
@@ -180,6 +181,12 @@ class FakeProvider(MachinesThatStay):
     def check(self) -> None:
         if self.world.get("refuse"):
             raise self.world["refuse"]
+
+    def volume_store(self) -> NoReturn:
+        raise ConfigError("the fake provider has no volumes", "Use local, ssh or aws.")
+
+    def mount_volume(self, host: Host) -> tuple[str, str]:
+        raise ConfigError("the fake provider has no volumes", "Use local, ssh or aws.")
 
     def price_quote(self) -> PriceQuote:
         return PriceQuote(usd_per_hour=self.spec.usd_per_hour, source="the fake's price")

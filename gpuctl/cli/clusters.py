@@ -39,6 +39,9 @@ from gpuctl.cli.common import (
 @click.option("--placement", type=click.Choice(["cluster"]), help="aws, several nodes: a cluster placement group.")
 @click.option("--host", "hosts", multiple=True, help="ssh provider: user@host[:port]; repeat for more hosts.")
 @click.option("--identity", help="ssh provider: private key file (default: ssh-agent and ~/.ssh keys).")
+@click.option("--zone", help="aws: the availability zone to launch in (setting `aws.zone`; default: any offering the type).")
+@click.option("--volume", metavar="NAME", help="A volume (`gpuctl volume create`) attached to the chief and mounted "
+              "at $GPUCTL_VOLUME_DIR (aws: /mnt/gpuctl/NAME, in the volume's zone); `down` leaves it.")
 @click.option("--no-wait", is_flag=True, help="Return once the instance runs, without waiting for SSH.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before starting something that costs money.")
 @json_option
@@ -46,8 +49,8 @@ from gpuctl.cli.common import (
 def up(ctx: click.Context, name: str | None, provider: str | None, instance_type: str | None, spot: bool | None,
        max_price: float | None, fallback_on_demand: bool | None, region: str | None, profile: str | None,
        image: str | None, tensorflow: str | None, disk_gb: int | None, ssh_cidr: str | None, max_hours: float | None,
-       usd_per_hour: float | None, nodes: int | None, placement: str | None, hosts: tuple[str, ...], identity: str | None, no_wait: bool, yes: bool,
-       as_json: bool) -> None:
+       usd_per_hour: float | None, nodes: int | None, placement: str | None, hosts: tuple[str, ...], identity: str | None,
+       zone: str | None, volume: str | None, no_wait: bool, yes: bool, as_json: bool) -> None:
     """Create a cluster and make it the default for later commands (aws: `up` again finds and reuses it)."""
     from gpuctl.cli import render
     from gpuctl.cli.render import commands as render_commands
@@ -59,9 +62,9 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
                     fallback_on_demand=fallback_on_demand, region=region, profile=profile, image=image,
                     tensorflow=tensorflow, disk_gb=disk_gb, ssh_cidr=ssh_cidr, max_hours=max_hours, nodes=nodes,
                     placement=placement, hosts=hosts, identity=identity, usd_per_hour=usd_per_hour,
-                    wait_ssh=not no_wait)
+                    zone=zone, volume=volume, wait_ssh=not no_wait)
     s = session(ctx, **req.flags())
-    question = clusters.launch_question(s, usd_per_hour)
+    question = clusters.launch_question(s, usd_per_hour, volume)
     if question is not None:
         confirm(yes, question)
     held: dict[str, Any] = {}  # the cluster's instances as `up` came to hold them, by id
@@ -99,6 +102,10 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
         if as_json:
             return render.emit_json(every)
         render_cost.status(every)
+        from gpuctl.cli.render import console
+        from gpuctl.cli.render import volumes as render_volumes
+
+        render_volumes.storage(every.volumes, console())
         click.echo("\nEvery provider's gpuctl resources, ledger or not:")
         return render_commands.inventory(every)
     report = costs.status(session(ctx), run, cluster)
@@ -178,7 +185,7 @@ def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool
     s = session(ctx)
     if everything:
         whose = ", whichever gpuctl install made it" if any_owner else ""
-        confirm(yes, f"release everything gpuctl created, in every provider and region{whose}")
+        confirm(yes, f"release everything gpuctl created, in every provider and region{whose} (volumes stay)")
         with progress_sink() as progress:
             result = release.down_all(s, progress, any_owner)
     else:
@@ -190,6 +197,15 @@ def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool
     if as_json:
         return render.emit_json(result)
     render_commands.down(result, everything)
+    if everything:  # they hold data: never released by down, named so nobody forgets what they cost
+        from gpuctl.cli.render import volumes as render_volumes
+        from gpuctl.errors import GpuctlError
+        from gpuctl.ops import volumes
+
+        try:
+            render_volumes.kept(volumes.kept(s))
+        except GpuctlError as exc:  # what is released is released: a ledger that cannot say more changes nothing
+            click.echo(f"Volumes not listed: {exc.message}", err=True)
 
 
 @click.group(context_settings=CONTEXT)

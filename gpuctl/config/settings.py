@@ -180,6 +180,9 @@ class AwsSettings(_Section):
     market: Literal["spot", "on-demand"] = Field("spot", description="spot or on-demand.")
     max_price: float = Field(0.0, ge=0, le=1e6, description="Spot price cap in $/h; 0 = AWS's cap (the on-demand price).")
     fallback_on_demand: bool = Field(False, description="Launch on-demand when spot fails in every zone.")
+    zone: str = Field("", pattern=r"^([a-z]{2}(-[a-z]+)+-[0-9][a-z]|)$",
+                      description="Availability zone to launch in (and to create volumes in), e.g. us-east-1a; "
+                      "empty = any zone offering the type (the cheapest spot price first).")
     placement: Literal["", "cluster"] = Field("", description="Multi-node clusters: \"cluster\" puts the nodes in "
                                               "a cluster placement group (low latency between them); \"\" = none.")
     image: str = Field("", description="AMI id to launch; empty = a baked image, a TensorFlow DLAMI or the base "

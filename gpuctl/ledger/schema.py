@@ -11,7 +11,7 @@ from typing import Mapping
 
 from gpuctl.model.specs import spec_fields
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
 # Removed ones stay (removed_at) for what they cost while they existed.
 IMAGES_TABLE = """
@@ -23,7 +23,20 @@ CREATE TABLE IF NOT EXISTS images (
     record_json TEXT NOT NULL,
     PRIMARY KEY (region, id)
 )"""
-SCHEMA = IMAGES_TABLE + ";" + """
+# Volumes (`gpuctl volume create`), recorded from the moment the provider gave an id; removed ones
+# stay (removed_at) for what they cost while they existed. One live volume per name.
+VOLUMES_TABLE = """
+CREATE TABLE IF NOT EXISTS volumes (
+    provider TEXT NOT NULL,
+    id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    removed_at REAL,
+    record_json TEXT NOT NULL,
+    PRIMARY KEY (provider, id)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS volumes_live_name ON volumes(name) WHERE removed_at IS NULL"""
+SCHEMA = IMAGES_TABLE + ";" + VOLUMES_TABLE + ";" + """
 CREATE TABLE IF NOT EXISTS clusters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -147,4 +160,7 @@ def upgrade(db: sqlite3.Connection) -> None:
             db.execute(IMAGES_TABLE)
         if version < 4:
             _specs_by_provider(db)
+        if version < 5:
+            for statement in VOLUMES_TABLE.split(";"):
+                db.execute(statement)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -53,6 +53,8 @@ class UpRequest(Frozen):
     hosts: tuple[str, ...] = ()
     identity: Optional[str] = None
     usd_per_hour: Optional[float] = None  # local/ssh: the price reports use
+    zone: Optional[str] = None  # aws: the availability zone
+    volume: Optional[str] = None  # a volume's name (`gpuctl volume create`): attached and mounted on the chief
     wait_ssh: bool = True  # False: return once the instances run
     make_default: bool = True  # False: a bake's or a plan's own cluster is nobody's default
     launched_for: str = ""  # the use case launching it for itself (ClusterSpec.launched_for)
@@ -66,7 +68,7 @@ class UpRequest(Frozen):
             "aws.profile": self.profile, "aws.image": self.image, "train.tensorflow": self.tensorflow,
             "aws.disk_gb": self.disk_gb, "aws.ssh_cidr": self.ssh_cidr, "guards.max_hours": self.max_hours,
             "ssh.hosts": list(self.hosts) or None, "ssh.identity": self.identity, "nodes": self.nodes,
-            "aws.placement": self.placement,
+            "aws.placement": self.placement, "aws.zone": self.zone,
         }
         if self.hosts and self.provider is None:
             flags["provider"] = "ssh"  # --host only makes sense for the ssh provider

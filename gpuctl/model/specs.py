@@ -59,6 +59,16 @@ class RemoteSpec(Frozen):
     wheelhouse: str = ""
 
 
+class VolumeUse(Frozen):
+    """What a cluster's spec records of the volume `up --volume` gave it."""
+
+    name: str
+    id: str  # aws: vol-...; local and ssh: the directory
+    path: str  # where the chief's jobs find it
+    zone: str = ""
+    host: str = ""
+
+
 class ClusterSpec(Frozen):
     """What every cluster has; a provider gpuctl does not know (a test's) gets this one."""
 
@@ -76,6 +86,8 @@ class ClusterSpec(Frozen):
     # "": the user's cluster. Else the use case that launched it for itself and releases it ("plan",
     # "bake"): never the cluster a command that names none picks as "the only one up".
     launched_for: str = ""
+    # `up --volume NAME`: the volume attached to (aws) or found on (local, ssh) the chief.
+    volume: Optional[VolumeUse] = None
     remote: RemoteSpec = RemoteSpec()
     # How its instances are billed: "per-second" (EC2: 60 s minimum, piecewise spot, EBS
     # storage) or "hourly-rate" (seconds x the set rate, for machines nobody rents by the second).

@@ -18,7 +18,8 @@ from gpuctl.model.records import ENDED_STATES, ClusterRecord, InstanceRecord, Pr
 from gpuctl.model.requests import UpRequest
 from gpuctl.model.results import LaunchQuestion, TfEnv, UpResult
 from gpuctl.model.specs import ClusterSpec
-from gpuctl.ops import guards, setup, workdirs
+from gpuctl.model.volumes import ENV_VAR as VOLUME_ENV
+from gpuctl.ops import guards, setup, volumes, workdirs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import Provider, provider_class, spec_from_settings
 
@@ -30,24 +31,27 @@ def _rate(usd_per_hour: float | None) -> float | None:
     return usd_per_hour
 
 
-def _asked(s: Session, usd_per_hour: float | None, take: bool = False) -> ClusterSpec:
+def _asked(s: Session, usd_per_hour: float | None, take: bool = False, volume: str | None = None) -> ClusterSpec:
     """The spec `up` launches: the question before the launch is about the very spec launched
     (one launch token, one provider and what it read). The launch `take`s it: a later `up` of the
-    same session makes a new one (its own launch token and checkpoint place)."""
+    same session makes a new one (its own launch token and checkpoint place). `volume`: `up
+    --volume`'s, checked and recorded in it (aws: it picks the zone) before anything is asked."""
     spec = s.launch_specs.pop(usd_per_hour, None)
     if spec is None:
         spec = spec_from_settings(s.settings().settings, _rate(usd_per_hour))
         if spec.tensorflow:  # a version that does not exist fails here, not after an instance boots
             tf_releases.check(spec.tensorflow)
+        if volume is not None:
+            spec = volumes.for_up(s, spec, volume)
     if not take:
         s.launch_specs[usd_per_hour] = spec
     return spec
 
 
-def launch_question(s: Session, usd_per_hour: float | None = None) -> LaunchQuestion | None:
+def launch_question(s: Session, usd_per_hour: float | None = None, volume: str | None = None) -> LaunchQuestion | None:
     """What `up` asks the user to confirm before it spends money; None when it bills nothing (no
     price quote: machines of the user's own, a free local cluster) or reuses what runs."""
-    spec = _asked(s, usd_per_hour)
+    spec = _asked(s, usd_per_hour, volume=volume)
     caps = provider_class(spec.provider).capabilities
     if s.ledger.live_cluster(spec.name) is not None and caps.reuses_live_clusters:
         return None  # reusing what runs already costs nothing new
@@ -87,7 +91,7 @@ def up(s: Session, req: UpRequest | None = None, progress: Progress = quiet, tol
     and again as its record changes: what a failure says still runs (the CLI's last lines)."""
     req = req or UpRequest()
     wait_ssh = req.wait_ssh
-    spec = _asked(s, req.usd_per_hour, take=True)
+    spec = _asked(s, req.usd_per_hour, take=True, volume=req.volume)
     if req.launched_for:
         spec = spec.model_copy(update={"launched_for": req.launched_for})
     guards.check_settings(s.settings())
@@ -133,6 +137,12 @@ def up(s: Session, req: UpRequest | None = None, progress: Progress = quiet, tol
         told(inst)
         s.ledger.put_instance(cluster.id, inst)
     s.ledger.event("up", f"{len(instances)} instance(s) via {spec.provider}", cluster=cluster)
+    if wait_ssh and spec.volume is not None:  # on the chief, before anything else uses it
+        ((_, chief), *_) = s.hosts(cluster)
+        path, done = provider.mount_volume(chief)
+        progress(f"volume {spec.volume.name}: {done}; the chief's jobs find it at ${VOLUME_ENV} ({path})")
+    elif spec.volume is not None:  # every train's start mounts it where it is not yet (stages.start)
+        progress(f"volume {spec.volume.name}: mounted on the chief by the first `gpuctl train` (--no-wait)")
     if wait_ssh and len(instances) > 1:  # nodes that see one work dir (a shared home) each get their own
         instances = workdirs.separate(s, cluster, provider, progress)
     return _armed_and_set_up(s, cluster, provider, instances, progress, wait_ssh, reused=live is not None)
@@ -188,6 +198,10 @@ def _reusable(s: Session, live: ClusterRecord, asked: ClusterSpec) -> ClusterSpe
             f"Use it (`gpuctl train --cluster {asked.name} ...`), pick another --name, or `gpuctl down {asked.name}`.",
         )
     _refuse_other_machines(live.spec, asked)
+    if asked.volume is not None and asked.volume != live.spec.volume:
+        had = live.spec.volume.name if live.spec.volume is not None else "none"
+        raise ConflictError(f"cluster {asked.name!r} is up with another volume ({had})",
+                            f"`gpuctl down {asked.name} -y` first (volumes stay), or pick another --name.")
     return live.spec.model_copy(update=asked.model_dump(include=set(asked.access_fields)))
 
 

@@ -20,12 +20,13 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup
+from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.resume import RESUMABLE, has_checkpoint, in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
+from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
 from gpuctl.remote import jobs
 
@@ -37,6 +38,14 @@ class CostWithImages(CostReport):
     images: ImageStorage = ImageStorage()
     # The runs' checkpoints kept in the providers' stores (S3), asked of the stores at each `cost`.
     checkpoints: CheckpointStorage = CheckpointStorage()
+    # The volumes (`gpuctl volume`), from the ledger: they outlive clusters, so no cluster's dollars.
+    volumes: VolumeStorage = VolumeStorage()
+
+
+class StatusAllWithVolumes(StatusAll):
+    """`status --all`: also the volumes, which belong to no cluster (a key of its own)."""
+
+    volumes: VolumeStorage = VolumeStorage()
 
 
 def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
@@ -153,7 +162,7 @@ def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
         return reported
 
 
-def everything(s: Session) -> StatusAll:
+def everything(s: Session) -> StatusAllWithVolumes:
     """`status --all`: every cluster and run the ledger holds, and every resource each provider
     finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
     (which says so)."""
@@ -176,9 +185,13 @@ def everything(s: Session) -> StatusAll:
         report = status(s, everything=True)
     except ConfigError:
         report = StatusReport(clusters=(), runs=())
-    return StatusAll(resources=tuple(resources), ledger_clusters=tuple(c.name for c in known),
-                     notes=tuple(notes) + report.notes,
-                     clusters=report.clusters, runs=report.runs)
+    try:
+        kept = volumes.storage(s)
+    except ConfigError:  # an unreadable ledger: the providers' answer still comes
+        kept = VolumeStorage()
+    return StatusAllWithVolumes(resources=tuple(resources), ledger_clusters=tuple(c.name for c in known),
+                                notes=tuple(notes) + report.notes,
+                                clusters=report.clusters, runs=report.runs, volumes=kept)
 
 
 def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float
@@ -260,7 +273,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
-                          images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes))
+                          images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
+                          volumes=volumes.storage(s, now))
 
 
 def _rate_at(run: RunRecord, at: float) -> float:

@@ -31,6 +31,7 @@ from gpuctl.errors import NotFoundError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord, RunRecord, Segment
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import TfEnv, TrainResult
+from gpuctl.model.volumes import ENV_VAR as VOLUME_ENV
 from gpuctl.ops import datasets, guards, nodes, packages, provenance, push, queue, setup
 from gpuctl.ops.nodes import Node
 from gpuctl.ops.session import Progress, Session, each, quiet, serialized
@@ -310,6 +311,8 @@ def start(s: Session, record: ClusterRecord, run: RunRecord, group: list[Node], 
                "TF_CPP_MIN_LOG_LEVEL": str(run.tf_log_level), **more}
         if node.data_dir:
             env["GPUCTL_DATA_DIR"] = node.data_dir
+        if node.rank == 0 and record.spec.volume is not None:  # `up --volume`: the chief's, mounted there
+            env[VOLUME_ENV] = s.provider(record.spec).mount_volume(node.host)[0]
         jobs.start_job(node.host, run.run_id, node.code_dir, command, env, paths, secret_env)
 
     try:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gpuctl.model.data import S3Listing, S3Source
     from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
     from gpuctl.model.specs import ClusterSpec
+    from gpuctl.model.volumes import Volume, VolumeUse
     from gpuctl.remote.host import Host
 
 
@@ -123,6 +124,15 @@ class Provider(Protocol):
         """Where `gpuctl image` keeps machine images with TensorFlow baked in; ConfigError
         (`no_image_store`) for a provider that has none."""
 
+    def volume_store(self) -> "VolumeStore":
+        """Where `gpuctl volume` makes named volumes that outlive clusters (aws: EBS; local and
+        ssh: a directory on the host)."""
+
+    def mount_volume(self, host: "Host") -> tuple[str, str]:
+        """Make the spec's volume usable on the chief's host (aws: find the attached device,
+        format it if it has nothing on it, mount it): the path its jobs find it at, and what was
+        done (one clean line: "formatted ... mounted at ...", "mounted ...", "already ...")."""
+
 
 class CheckpointStore(Protocol):
     def target(self, cluster: str) -> StoreTarget:
@@ -168,6 +178,35 @@ class ImageStore(Protocol):
 
     def remove(self, image_id: str, progress: "Callable[[str], None]") -> BakedImage:
         """Delete one of this install's images and its storage; refuses any other image."""
+
+
+class VolumeStore(Protocol):
+    provider: str
+    region: str  # aws: where it lists and creates; "" elsewhere
+    usd_per_gb_month: float  # what a GB of its volumes costs a month (0: your own disk)
+    # True: the provider's own view (EC2's tags) is the truth and the ledger follows it; False:
+    # the ledger's record is the volume (a directory on a machine of the user's).
+    lists_its_own: bool
+
+    def where(self, zone: str | None) -> str:
+        """Where a new volume goes (aws: the zone, --zone or the one `up` would pick; ssh: the
+        host; local: ""), checked before anything is created."""
+
+    def create(self, name: str, size_gb: int, where: str, created: "Callable[[Volume], None]") -> "Volume":
+        """Make the volume, tagged; `created` hears of it as soon as it has an id."""
+
+    def volumes(self) -> "list[Volume]":
+        """This install's volumes as the provider sees them now (aws: with their attachments)."""
+
+    def describe(self, volume: "Volume") -> "Volume | None":
+        """The volume as the provider sees it now; None: it is gone."""
+
+    def use(self, volume: "Volume") -> "VolumeUse":
+        """What the cluster about to launch (the store's spec) records of the volume; ConfigError
+        where it cannot use it (aws: a --zone other than the volume's; ssh: another first host)."""
+
+    def remove(self, volume: "Volume", progress: "Callable[[str], None]") -> None:
+        """Delete it (and what it holds); refuses one attached to an instance."""
 
 
 def tf_matches(asked: str, have: str | None) -> bool:

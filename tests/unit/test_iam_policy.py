@@ -31,6 +31,7 @@ import pytest
 from gpuctl.errors import NoCapacityError
 from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, images, inventory, nodes, store_iam
+from gpuctl.provision.aws import volumes as aws_volumes
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.store import S3Store, bucket_name
@@ -49,9 +50,11 @@ PROFILE = store_iam.profile_name(OWNER, CLUSTER, REGION)
 AMI = "ami-0123456789abcdef0"
 IMAGE_TAGS = {**GPUCTL, images.TAG_TF: "2.21", images.TAG_TF_INSTALLED: "2.21.0", images.TAG_TF_VARIANT: "cuda",
               images.TAG_BASE_IMAGE: "ami-0base", images.TAG_BASE_OS: "ubuntu-22.04"}
+VOLUME_TAGS = {t["Key"]: t["Value"] for t in aws_volumes.tags("data", OWNER)}
 WORLD = {"i-1": GPUCTL, "sg-1": GPUCTL, KEY: GPUCTL, AMI: IMAGE_TAGS, "snap-1": IMAGE_TAGS,
+         "vol-1": VOLUME_TAGS, "vol-root": GPUCTL,  # a named volume; an instance's root volume (no gpuctl:volume)
          "i-foreign": FOREIGN, "sg-foreign": FOREIGN, "prod-key": FOREIGN, "ami-foreign": FOREIGN,
-         "snap-foreign": FOREIGN, "pg-foreign": FOREIGN}
+         "snap-foreign": FOREIGN, "pg-foreign": FOREIGN, "vol-foreign": FOREIGN}
 
 Check = tuple[str, str, dict[str, Any]]  # (action, resource ARN, request context)
 
@@ -217,7 +220,7 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     **{f"ec2:{op}": _anywhere("ec2", op) for op in (
         "DescribeRegions", "DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeSpotPriceHistory",
         "DescribeImages", "DescribeVpcs", "DescribeSubnets", "DescribeKeyPairs", "DescribeSecurityGroups",
-        "DescribeInstances", "DescribePlacementGroups")},
+        "DescribeInstances", "DescribePlacementGroups", "DescribeVolumes")},
     "pricing:GetProducts": _anywhere("pricing", "GetProducts"),
     "ec2:RunInstances": _run_instances,
     "ec2:ImportKeyPair": lambda p: _creating("ImportKeyPair", "key-pair", p["KeyName"],
@@ -240,6 +243,13 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
         _existing("CreateImage", "instance", p["InstanceId"]),
         *_creating("CreateImage", "image", "*", _tags(p.get("TagSpecifications", []), "image"), {}),
         *_creating("CreateImage", "snapshot", "*", _tags(p.get("TagSpecifications", []), "snapshot"), {})],
+    "ec2:CreateVolume": lambda p: _creating("CreateVolume", "volume", "*", _tags(p.get("TagSpecifications", []), "volume"),
+                                            {"ec2:Encrypted": str(p.get("Encrypted", False)).lower(),
+                                             "ec2:VolumeType": p.get("VolumeType", "gp2")}),
+    # AttachVolume authorizes the volume and the instance it is attached to.
+    "ec2:AttachVolume": lambda p: [_existing("AttachVolume", "volume", p["VolumeId"]),
+                                   _existing("AttachVolume", "instance", p["InstanceId"])],
+    "ec2:DeleteVolume": _on("DeleteVolume", "volume", "VolumeId"),
     "ec2:DeregisterImage": _on("DeregisterImage", "image", "ImageId"),
     "ec2:DeleteSnapshot": _on("DeleteSnapshot", "snapshot", "SnapshotId"),
     "ec2:DescribeSnapshots": _anywhere("ec2", "DescribeSnapshots"),
@@ -371,6 +381,7 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
                                      for k, i in (("instance", "i-1"), ("security-group", "sg-1"), ("key-pair", KEY))],
                           lambda _: None)
         _bake_and_remove(ok, aws, tmp_path)
+        _volumes(ok, aws, tmp_path)
         ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
         nodes.launch_nodes(aws, plan("spot", instance_profile=PROFILE), lambda _: None)
         stub.assert_no_pending_responses()
@@ -481,6 +492,29 @@ def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:
     store.remove(AMI, lambda _: None)
 
 
+def _volumes(ok: Callable[..., None], aws: Any, home: Path) -> None:
+    """`volume create`, `volume ls`, `up --volume`'s attach and `volume rm`, as gpuctl sends them."""
+    from gpuctl.model.volumes import VolumeUse
+
+    store = aws_volumes.AwsVolumes(SimpleNamespace(aws=lambda region=None: aws, owner=OWNER, home=home, spec=SimpleNamespace(
+        region=REGION, wait_timeout_s=5, zones=(), instance_type="g5.xlarge", market="spot")))
+    described = {"VolumeId": "vol-1", "Size": 10, "AvailabilityZone": "us-east-1a", "State": "available",
+                 "Tags": [{"Key": k, "Value": v} for k, v in VOLUME_TAGS.items()]}
+    ok("create_volume", {**described, "State": "creating"})
+    ok("describe_volumes", {"Volumes": [described]})  # the waiter
+    ok("describe_volumes", {"Volumes": [described]})
+    made = store.create("data", 10, "us-east-1a", lambda _: None)
+    ok("describe_volumes", {"Volumes": [described]})
+    assert [v.name for v in store.volumes()] == ["data"]
+    ok("describe_volumes", {"Volumes": [described]})
+    ok("attach_volume")
+    ok("describe_volumes", {"Volumes": [{**described, "State": "in-use"}]})  # the waiter
+    store.attach(VolumeUse(name="data", id="vol-1", path="/mnt/gpuctl/data", zone="us-east-1a"), "i-1", lambda _: None)
+    ok("describe_volumes", {"Volumes": [described]})
+    ok("delete_volume")
+    store.remove(made, lambda _: None)
+
+
 def plan(market: str, instance_profile: str = "", nodes: int = 1, placement_group: str = "") -> LaunchPlan:
     return LaunchPlan(cluster=CLUSTER, owner=OWNER, instance_type="g5.xlarge", image_id="ami-1", root_device="/dev/sda1",
                       key_name=KEY, security_group="sg-1", subnets={"us-east-1a": "subnet-1"}, market=market,
@@ -577,6 +611,19 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
         "CopySource": {"Bucket": BUCKET, "Key": "other/x"}, "Bucket": BUCKET, "Key": "clusters/c/runs/r/x"}),
     ("import a key pair without an owner tag", "ec2:ImportKeyPair", {"KeyName": "k", "TagSpecifications": [
         {"ResourceType": "key-pair", "Tags": [{"Key": "gpuctl:created-by", "Value": "gpuctl"}]}]}),
+    ("create an unencrypted volume", "ec2:CreateVolume", {"Encrypted": False, "VolumeType": "gp3", "TagSpecifications": [
+        {"ResourceType": "volume", "Tags": aws_volumes.tags("data", OWNER)}]}),
+    ("create a volume without gpuctl's tags", "ec2:CreateVolume", {"Encrypted": True, "VolumeType": "gp3"}),
+    ("create a volume with no name tag (gpuctl:volume)", "ec2:CreateVolume", {"Encrypted": True, "TagSpecifications": [
+        {"ResourceType": "volume", "Tags": access.tags(CLUSTER, OWNER)}]}),
+    ("create a volume with a foreign tag key", "ec2:CreateVolume", {"Encrypted": True, "TagSpecifications": [
+        {"ResourceType": "volume", "Tags": aws_volumes.tags("data", OWNER) + [{"Key": "team", "Value": "finance"}]}]}),
+    ("delete a foreign volume", "ec2:DeleteVolume", {"VolumeId": "vol-foreign"}),
+    # gpuctl tags an instance's root volume too: only its named volumes may be deleted or attached.
+    ("delete an instance's root volume", "ec2:DeleteVolume", {"VolumeId": "vol-root"}),
+    ("attach a foreign volume to gpuctl's instance", "ec2:AttachVolume", {"VolumeId": "vol-foreign", "InstanceId": "i-1"}),
+    ("attach gpuctl's volume to a foreign instance", "ec2:AttachVolume", {"VolumeId": "vol-1", "InstanceId": "i-foreign"}),
+    ("attach an instance's root volume elsewhere", "ec2:AttachVolume", {"VolumeId": "vol-root", "InstanceId": "i-1"}),
 ])
 def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
     assert refused(policy(), REQUESTS[op](params)), what
@@ -584,7 +631,9 @@ def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
 
 @pytest.mark.parametrize("action, resource", [
     ("ec2:StartInstances", arn("instance", "i-1")),
+    # DeleteVolume: with gpuctl's tag but no gpuctl:volume (an instance's root volume) it stays refused.
     ("ec2:ModifyInstanceAttribute", arn("instance", "i-1")), ("ec2:DeleteVolume", arn("volume", "vol-1")),
+    ("ec2:DetachVolume", arn("volume", "vol-1")),
     ("ec2:DeleteVpc", arn("vpc", "vpc-1")), ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin"),
     ("s3:DeleteBucket", f"arn:aws:s3:::{BUCKET}"), ("iam:AttachRolePolicy", iam_arn("role", PROFILE)),
     ("iam:DeleteRolePermissionsBoundary", iam_arn("role", PROFILE)), ("iam:CreatePolicyVersion",
@@ -629,8 +678,9 @@ def per_owner(pol: dict[str, Any], owner: str) -> dict[str, Any]:
             .replace("instance-profile/gpuctl/*", f"instance-profile/gpuctl/{h}/*")
             .replace("arn:aws:s3:::gpuctl-*", f"arn:aws:s3:::gpuctl-*-{h}"))
     tight = json.loads(text)
-    (release,) = [st for st in tight["Statement"] if st["Sid"] == "ChangeAndReleaseOnlyGpuctlsOwn"]
-    release["Condition"]["StringEquals"]["aws:ResourceTag/gpuctl:owner"] = owner
+    for release in [st for st in tight["Statement"]
+                    if st["Sid"] in ("ChangeAndReleaseOnlyGpuctlsOwn", "AttachAndDeleteOnlyGpuctlsNamedVolumes")]:
+        release["Condition"]["StringEquals"]["aws:ResourceTag/gpuctl:owner"] = owner
     return tight
 
 
@@ -664,6 +714,8 @@ def test_the_per_owner_tightening_keeps_a_colleagues_roles_bucket_and_objects_ou
         ("list a colleague's bucket", [("s3:ListBucket", f"arn:aws:s3:::{their_bucket}", {})]),
         ("terminate a colleague's instance", [("ec2:TerminateInstances", arn("instance", "i-bob"), {
             f"aws:ResourceTag/{t['Key']}": t["Value"] for t in access.tags(CLUSTER, COLLEAGUE)})]),
+        ("delete a colleague's volume", [("ec2:DeleteVolume", arn("volume", "vol-bob"), {
+            f"aws:ResourceTag/{t['Key']}": t["Value"] for t in aws_volumes.tags("data", COLLEAGUE)})]),
     ]:
         assert refused(pol, checks), what
         assert not refused(policy(), checks), f"the untightened policy allows it (so the tightening is what keeps it out): {what}"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpuctl.errors import ConfigError
+from gpuctl.errors import ConfigError, ConflictError
 from gpuctl.ledger import Ledger
 from gpuctl.ledger.schema import SCHEMA_VERSION
 from gpuctl.model.records import EpochReport, InstanceRecord, RunRecord
@@ -146,11 +146,30 @@ def test_a_version_3_ledger_keeps_each_spec_to_its_own_providers_fields(tmp_path
 
 
 def test_a_ledger_from_a_newer_gpuctl_is_refused_not_rewritten(tmp_path):
-    Ledger(tmp_path)._db.execute("PRAGMA user_version = 5")
+    Ledger(tmp_path)._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(ConfigError, match="newer gpuctl"):
         Ledger(tmp_path)
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+
+
+def test_a_version_4_ledger_gets_the_volumes_table_and_keeps_its_clusters(tmp_path):
+    from gpuctl.model.volumes import Volume
+
+    led = Ledger(tmp_path)
+    led.add_cluster(LocalSpec(name="old"))
+    led._db.execute("DROP TABLE volumes")
+    led._db.execute("PRAGMA user_version = 4")
+    led.close()
+    led = Ledger(tmp_path)
+    assert [c.name for c in led.clusters()] == ["old"] and led.volumes() == []
+    led.put_volume(Volume(name="data", provider="local", id="/v/data", size_gb=1, created_at=1.0))
+    with pytest.raises(ConflictError, match="a volume named 'data' exists already"):
+        led.put_volume(Volume(name="data", provider="local", id="/v/other", size_gb=1, created_at=2.0))
+    led.volume_removed("local", "/v/data")
+    led.put_volume(Volume(name="data", provider="local", id="/v/other", size_gb=1, created_at=2.0))  # the name is free again
+    assert [v.id for v, _ in led.volumes(include_removed=True)] == ["/v/data", "/v/other"]
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 def _writer(home, worker, count):

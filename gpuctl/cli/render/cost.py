@@ -35,6 +35,7 @@ from gpuctl.cli.render import (
     text_block,
     usd,
 )
+from gpuctl.cli.render import volumes as render_volumes
 from gpuctl.model.data import size_text
 from gpuctl.model.untrusted import clean
 from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run's place, here and in its log
@@ -186,9 +187,10 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     """Clusters, runs, and epoch tables (every run's if `detailed`, else the RECENT_RUNS newest)."""
     out = out or console()
     notes(report.notes)
-    stored = getattr(report, "images", None), getattr(report, "checkpoints", None)
+    stored = getattr(report, "images", None), getattr(report, "checkpoints", None), getattr(report, "volumes", None)
     if not report.clusters and not report.runs and not any(
-            s is not None and (getattr(s, "images", None) or getattr(s, "runs", None)) for s in stored):
+            s is not None and (getattr(s, "images", None) or getattr(s, "runs", None) or getattr(s, "volumes", None))
+            for s in stored):
         # A fresh home: an empty header row tells a newcomer nothing; say what to do first.
         out.print("No runs yet. Start one with: gpuctl up, then gpuctl train PROJECT", markup=False, highlight=False)
         return
@@ -202,6 +204,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     if not report.runs:
         images(getattr(report, "images", None), out)
         checkpoints(getattr(report, "checkpoints", None), out)
+        render_volumes.storage(getattr(report, "volumes", None), out)
         return
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
@@ -230,6 +233,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     say(out, f"Total across clusters: {usd(report.total_usd)}")
     images(getattr(report, "images", None), out)
     checkpoints(getattr(report, "checkpoints", None), out)
+    render_volumes.storage(getattr(report, "volumes", None), out)
 
 
 # The two run dollars count different things and differ for one run: say so under each table.

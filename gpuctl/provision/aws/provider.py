@@ -27,6 +27,7 @@ from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.session import Aws, call, translate, wait_for
 from gpuctl.provision.aws.store import S3Store
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
+from gpuctl.provision.aws.volumes import AwsVolumes
 from gpuctl.remote import guard
 from gpuctl.remote.host import Host
 from gpuctl.remote.ssh.host import SshHost
@@ -80,7 +81,7 @@ class AwsProvider(ProviderBase):
             max_hours=s.guards.max_hours, remote=remote_spec(s), billing="per-second", checkpoints=a.checkpoints,
             checkpoint_expiry_days=a.checkpoint_expiry_days, checkpoint_versions_days=a.checkpoint_versions_days,
             imds_endpoint=a.imds_endpoint, imds_poll_s=a.imds_poll_s, imds_hop_limit=2 if a.imds_for_containers else 1,
-            store_id=secrets.token_hex(6),
+            store_id=secrets.token_hex(6), zones=(a.zone,) if a.zone else (),
             nodes=s.nodes, placement=a.placement,
             boot_guard={"idle_s": s.guards.seconds("idle"), "check_interval_s": s.guards.seconds("check_interval"),
                         "gpu_idle_percent": s.guards.gpu_idle_percent, "on_fire": s.guards.on_fire or cls.capabilities.default_on_fire,
@@ -99,7 +100,7 @@ class AwsProvider(ProviderBase):
         aws = self.aws(spec.region)
         catalog.instance_type_info(aws, spec.instance_type, spec.image is not None)  # a typo: did-you-mean first
         if spec.market == "spot":
-            offered = set(catalog.zones_offering(aws, spec.instance_type))
+            offered = set(self._zones(catalog.zones_offering(aws, spec.instance_type), aws.region))
             prices = {z: p for z, p in catalog.spot_prices(aws, spec.instance_type).items() if z in offered}
             if prices or not spec.fallback_on_demand:
                 if not prices:
@@ -145,6 +146,8 @@ class AwsProvider(ProviderBase):
             found = ", ".join(f"{i['InstanceId']} ({i['State']['Name']})" for i in ranked)
             progress(f"reusing {found}, found by {'its' if len(ranked) == 1 else 'their'} tags")
             self._open_ssh(aws, ranked[0]["VpcId"], cidr, progress)
+            if spec.volume is not None:  # attached at the `up` that launched it; again if it was not
+                self.volume_store().attach(spec.volume, ranked[0]["InstanceId"], progress)
             return [records.describe(self.home, spec, aws.region, i, None, "recorded at launch") for i in ranked]
 
         # Check everything that can be checked before creating anything.
@@ -161,6 +164,7 @@ class AwsProvider(ProviderBase):
             raise NoCapacityError(
                 f"{spec.instance_type} is not offered in any zone of {aws.region}", "Try another region (--region)."
             )
+        zones = self._zones(zones, aws.region)
         market = spec.market
         spot = catalog.spot_prices(aws, spec.instance_type) if market == "spot" else {}
         if market == "spot" and not spot:
@@ -220,6 +224,8 @@ class AwsProvider(ProviderBase):
         zone = made[0]["Placement"]["AvailabilityZone"]
         progress(f"launched {', '.join(ids)} ({used}) in {zone}")
         running = told.running(sorted(self.wait_running(aws, ids, progress), key=nodes.rank))
+        if spec.volume is not None:  # the chief's; its termination detaches it (DeleteOnTermination false)
+            self.volume_store().attach(spec.volume, running[0].id, progress)
         if wait_ssh and len(running) == 1:  # in this thread: a caller's progress may use its own sqlite
             running = [self._first_login(running[0], progress)]
         elif wait_ssh:
@@ -227,6 +233,20 @@ class AwsProvider(ProviderBase):
             with ThreadPoolExecutor(max_workers=min(8, len(running))) as pool:
                 running = list(pool.map(lambda r: self._first_login(r, progress), running))
         return running
+
+    def _zones(self, offering: list[str], region: str) -> list[str]:
+        """The zones a launch may use: a volume's (`up --volume`), else --zone's, else all offering."""
+        spec = self.spec
+        allowed = (spec.volume.zone,) if spec.volume is not None else spec.zones
+        if not allowed:
+            return offering
+        kept = [z for z in offering if z in allowed]
+        if not kept:
+            why = f"the zone of volume {spec.volume.name!r}" if spec.volume is not None else "--zone"
+            raise ConfigError(f"{spec.instance_type} is not offered in {', '.join(allowed)} ({why}) in {region}",
+                              f"Zones offering it: {', '.join(offering)}; pick another --type, or "
+                              + ("a volume in one of those zones." if spec.volume is not None else "another --zone."))
+        return kept
 
     def _ssh_source(self, progress: Progress) -> str:
         cidr, wide = access.ssh_cidr(self.spec.ssh_cidr)
@@ -366,6 +386,13 @@ class AwsProvider(ProviderBase):
 
     def image_store(self) -> AwsImages:
         return AwsImages(self.ctx)
+
+    def volume_store(self) -> AwsVolumes:
+        return AwsVolumes(self.ctx)
+
+    def mount_volume(self, host: Host) -> tuple[str, str]:
+        assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
+        return self.volume_store().mount(host, self.spec.volume, self.spec.ssh_user)
 
     # --- discover and release: provision/aws/inventory.py ----------------------------------------
 

@@ -20,6 +20,7 @@ from gpuctl.model.records import InstanceRecord, PriceQuote, Resource
 from gpuctl.model.specs import Capabilities, LocalSpec, RunFiles
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
+from gpuctl.provision.local import volumes
 from gpuctl.remote.host import Host
 from gpuctl.remote.local import LocalHost
 from gpuctl.remote.teardown import end_cluster
@@ -88,6 +89,13 @@ class LocalProvider(MachinesThatStay):
 
     def set_hard_cap(self, host: Host, hours: float) -> bool:
         return False
+
+    def volume_store(self) -> volumes.LocalVolumes:
+        return volumes.LocalVolumes(self.home)
+
+    def mount_volume(self, host: Host) -> tuple[str, str]:
+        assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
+        return volumes.mount(self.spec.volume)
 
     def _kept_dir(self) -> Path:
         return self.home / KEPT_RUNS_DIR

@@ -24,6 +24,7 @@ from gpuctl.model.records import InstanceRecord, Resource
 from gpuctl.model.specs import Capabilities, RunFiles, SshSpec
 from gpuctl.payloads.gpuctl_protocol import STOP_JOBS
 from gpuctl.provision import MachinesThatStay, ignore_launched, refuse_placement, remote_spec
+from gpuctl.provision.ssh import volumes
 from gpuctl.remote import guard
 from gpuctl.remote.host import QUICK_CONNECT_S, Host
 from gpuctl.remote.ssh import resolve as ssh_resolve
@@ -100,6 +101,19 @@ class SshProvider(MachinesThatStay):
 
     def run_files(self) -> RunFiles:
         return RunFiles(kept="on_hosts")
+
+    def volume_store(self) -> volumes.SshVolumes:
+        return volumes.SshVolumes(self.spec, self._connect_to)
+
+    def mount_volume(self, host: Host) -> tuple[str, str]:
+        assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"
+        return volumes.mount(host, self.spec.volume)
+
+    def _connect_to(self, name: str, workdir: str, identity: str | None) -> SshHost:
+        """A host as --host names it (resolved through the ssh config as `up` does), for volumes."""
+        cfg_path = ssh_resolve.config_path(self.remote.ssh_config)
+        ep = ssh_resolve.resolve(name, ssh_resolve.load(cfg_path), cfg_path, identity=identity)
+        return self.connect(ep, None, workdir, "gpuctl-volumes", connect_timeout_s=RELEASE_CONNECT_TIMEOUT_S)
 
     def _registry(self) -> Path:
         return self.home / "ssh-clusters"
