@@ -68,6 +68,7 @@ def _ec2(region: str):
     return boto3_session().client("ec2", region_name=region)
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_a_cloud_fault_is_a_cloud_error_and_down_all_goes_on_past_it(gpuctl, aws, faulty, kind="html-500"):
     """Each shape of fault is tried by the test below; this one is about going on past it."""
     gpuctl(*UP, "--type", "g5.xlarge", "--name", "east")

@@ -71,6 +71,7 @@ def test_an_up_whose_ssh_wait_fails_leaves_its_instance_recorded_running_and_bil
     assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "down"
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_ctrl_c_right_after_the_launch_names_the_running_instance_and_its_down(aws, isolated):
     """A real SIGINT to a real gpuctl, as a terminal's Ctrl-C, once it printed "launched i-"."""
     env = dict(os.environ, GPUCTL_REMOTE__CONNECT_TIMEOUT_S="120")  # the SSH wait outlasts the test

@@ -50,6 +50,7 @@ HELD_TRAIN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 @pytest.mark.parametrize("down", [["down", "-y"], ["down", "--force", "-y"], ["down", "--all", "-y"]])
 def test_a_train_stopped_with_ctrl_z_holds_neither_down_nor_stop(gpuctl, make_project, isolated, down):
     from gpuctl.remote.local import LocalHost

@@ -61,6 +61,7 @@ def marked(socket: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 @pytest.mark.parametrize("force", [False, True])
 def test_a_tmux_that_never_answers_hangs_nothing_and_down_ends_the_jobs(gpuctl, make_project, isolated, tmp_path,
                                                                          monkeypatch, force):

@@ -11,7 +11,11 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # the demo script, end to end: full tier (CONTRIBUTING.md, the tiers)
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(600)\n"
 

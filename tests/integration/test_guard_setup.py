@@ -15,6 +15,8 @@ import sys
 import time
 
 
+import pytest
+
 from tests.conftest import MARK, QUICK_TRAIN
 from gpuctl.remote.local import LocalHost
 from tests.integration.test_deadlines import marked
@@ -82,6 +84,7 @@ def test_train_budget_is_the_runs_own_and_is_forgotten_with_it(gpuctl, make_proj
     assert second["state"] == "succeeded" and second["epochs_done"] == 3
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_a_train_racing_a_down_leaves_no_invisible_job(gpuctl, make_project, isolated, monkeypatch):
     """`train & sleep; down -y`: either the train starts first and down stops its run, or it waits
     and is refused; never a job running after down said the jobs ended."""

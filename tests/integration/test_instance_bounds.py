@@ -63,6 +63,7 @@ def test_a_probe_over_ssh_that_hangs_answers_124_and_the_host_answers_on(ssh, tm
         host.close()
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_a_hanging_nvidia_smi_leaves_train_to_start_with_gpus_unknown(gpuctl, quick_project, tmp_path, monkeypatch):
     """The local provider, real tmux: nvidia-smi on PATH never answers (the one mock: no GPU can
     exist here). The host was counted hung after it and `train` failed; now the run starts and

@@ -159,6 +159,7 @@ def _every_look(gpuctl, clusters: list[str], runs: list[str], multi: list[str]) 
             gpuctl(*(a.format(r=r) for a in args))
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_every_look_at_every_state_changes_nothing_outside_the_ledger(gpuctl, make_project, isolated, tmp_path,
                                                                       monkeypatch):
     monkeypatch.setenv("GPUCTL_REMOTE__COMMAND_TIMEOUT_S", str(COMMAND_S))

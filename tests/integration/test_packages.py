@@ -19,6 +19,8 @@ from tests.integration.test_ssh import up_ssh
 from tests.small_wheels import wheel
 from tests.sshd import WORKDIR
 
+pytestmark = pytest.mark.slow  # real pip and venvs: full tier (CONTRIBUTING.md, the tiers)
+
 USES = '''
 import sys
 try:

@@ -1,4 +1,4 @@
-"""The type check, in both tiers: scripts/typecheck runs mypy strict on gpuctl/ (and the fakes
+"""The type check, in both tiers (the proof that it bites, a cold mypy run of a mutated copy, in the full tier): scripts/typecheck runs mypy strict on gpuctl/ (and the fakes
 the tests use, against the protocols they stand in for) as Python 3.10, then on the payloads as
 the instance's Python 3.8 (config: pyproject.toml's [tool.mypy]). The cache (.mypy_cache) keeps a
 warm run to a few seconds."""
@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -25,6 +27,7 @@ def test_the_types_check():
     assert res.stdout.count("Success: no issues found") == 2, res.stdout
 
 
+@pytest.mark.slow  # long waits: full tier (CONTRIBUTING.md, the tiers)
 def test_a_type_error_fails_the_check():
     """The check bites: a copy of the tree where an ops/ module returns a str for an int, a
     payload uses what Python 3.8 lacks (str.removeprefix, 3.9) and the fake host loses a method
