@@ -36,6 +36,10 @@ from gpuctl.remote.sync.link import link_argv
 from gpuctl.remote.sync.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
 from gpuctl.remote.sync.ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host
 
+# How long a finished command's streams may stay open (a background child holding them) before
+# its result is taken without their EOF.
+EXIT_DRAIN_S = 2.0
+
 
 class SshHost(Deadlines):
     """A machine reached over SSH; `root` is gpuctl's work directory there (absolute).
@@ -181,6 +185,7 @@ class SshHost(Deadlines):
         # window, so memory stays flat whatever the command (or the shell's start-up files) prints.
         out, err = Tail(output_limit), Tail(output_limit)
         deadline = None if timeout is None else time.monotonic() + timeout
+        drained: float | None = None  # when to stop waiting for EOF once the exit status is in
         while True:  # read both streams as they come: a full stderr window must not stall stdout
             if deadline and time.monotonic() > deadline:  # a command that never stops printing too
                 chan.close()
@@ -191,10 +196,16 @@ class SshHost(Deadlines):
                 out.add(chan.recv(65536))
             elif chan.recv_stderr_ready():
                 err.add(chan.recv_stderr(65536))
-            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            elif chan.exit_status_ready() and (chan.eof_received or chan.closed or drained is not None
+                                               and time.monotonic() > drained):
                 break
             else:
-                select.select([chan], [], [], 0.5)
+                if chan.exit_status_ready() and drained is None:
+                    # sshd may send the exit status before the last of stderr (seen: 8 bytes of a
+                    # 3 MB stderr came after it): read on until EOF. A background child that
+                    # holds the streams open keeps EOF away, so a short quiet spell ends it too.
+                    drained = time.monotonic() + EXIT_DRAIN_S
+                select.select([chan], [], [], 0.5 if drained is None else 0.1)
         code = chan.recv_exit_status()
         chan.close()
         if code == -1 and not (chan.eof_received and self._connected()):
