@@ -1,0 +1,249 @@
+// gpuctl dashboard: renders /api/view and /api/run/ID. Everything the instances wrote is set as
+// text (textContent, SVG text nodes), never as markup; the server's CSP allows this file only.
+"use strict";
+
+const csrf = document.querySelector('meta[name="csrf"]').content;
+let view = null;
+let selected = null; // the run whose detail is shown
+let detail = null;
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function usd(x) {
+  if (x === null || x === undefined) return "-";
+  return "$" + (Math.abs(x) < 10 ? x.toFixed(4) : x.toFixed(2));
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
+}
+
+function metrics(m) {
+  return Object.entries(m || {}).map(([k, v]) => `${k}=${typeof v === "number" ? +v.toPrecision(4) : v}`).join(" ");
+}
+
+function table(node, head, rows) {
+  node.replaceChildren();
+  const tr = el("tr");
+  head.forEach((h) => tr.appendChild(el("th", h)));
+  node.appendChild(tr);
+  rows.forEach((cells) => {
+    const row = el("tr");
+    cells.forEach((c) => row.appendChild(c instanceof Node ? wrap(c) : el("td", c)));
+    node.appendChild(row);
+  });
+  return node;
+}
+
+function wrap(child) {
+  const td = el("td");
+  td.appendChild(child);
+  return td;
+}
+
+function banner(ok, message, hint) {
+  const b = $("banner");
+  b.replaceChildren();
+  b.className = ok ? "ok" : "error";
+  b.appendChild(el("div", ok ? message : "Error: " + message));
+  if (hint) b.appendChild(el("div", "Hint: " + hint));
+  b.hidden = false;
+}
+
+async function act(name, target, question) {
+  if (!window.confirm(question)) return;
+  const resp = await fetch("/api/" + name, {
+    method: "POST", credentials: "same-origin",
+    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
+    body: JSON.stringify({target: target}),
+  });
+  let res;
+  try { res = await resp.json(); } catch (e) { res = {ok: false, message: `the server answered ${resp.status}`}; }
+  banner(res.ok, res.message, res.hint);
+  refresh();
+}
+
+function button(label, onclick, cls) {
+  const b = el("button", label, cls);
+  b.addEventListener("click", (ev) => { ev.stopPropagation(); onclick(); });
+  return b;
+}
+
+function countdowns(guard) {
+  if (!guard) return "-";
+  if (guard.error) return "watchdog not reachable";
+  if (guard.fired) return `FIRED: ${guard.fired.reason} -> ${guard.fired.action}`;
+  if (guard.watchdog_alive === false) return "NO WATCHDOG";
+  const now = Date.now() / 1000;
+  const parts = Object.entries(guard.fires_at || {}).filter(([, t]) => t).sort((a, b) => a[1] - b[1])
+    .map(([k, t]) => `${k} in ${duration(t - now)}`);
+  if (guard.budget_usd > 0) parts.push(`budget left ${usd(guard.budget_usd - (guard.spent_usd || 0))}`);
+  return parts.join(", ") || "none counting";
+}
+
+function renderClusters() {
+  const up = view.clusters.filter((c) => c.state === "up");
+  const down = view.clusters.filter((c) => c.state !== "up");
+  table($("clusters"), ["cluster", "provider", "state", "$/h", "uptime", "$ so far", "guards", ""],
+    up.map((c) => [c.name + (c.is_default ? " *" : ""), c.provider, c.state, usd(c.usd_per_hour), duration(c.uptime_s),
+                   usd(c.usd), countdowns(c.guard),
+                   button("Release", () => act("release", c.name, `Release cluster ${c.name}? Its runs are stopped.`), "danger")]));
+  table($("released"), ["cluster", "provider", "uptime", "$", "note"],
+    down.map((c) => [c.name, c.provider, duration(c.uptime_s), usd(c.usd), c.note || ""]));
+  const hidden = view.hidden_clusters ? ` (and ${view.hidden_clusters} older: gpuctl status --all)` : "";
+  $("released-summary").textContent = `Released: ${down.length}${hidden}`;
+}
+
+function renderRuns() {
+  const node = table($("runs"), ["run", "cluster", "state", "epoch", "last metrics", "ex/s", "$ spent", "$ projected", ""],
+    view.runs.map((r) => {
+      const s = r.status;
+      const live = s.state === "running" || s.state === "queued" || s.state === "starting";
+      return [s.run_id, s.cluster, s.state + (s.exit_code !== null && s.state === "failed" ? ` (${s.exit_code})` : ""),
+              `${s.epoch}/${s.epochs_planned || "?"}`, metrics(s.metrics),
+              r.examples_per_s ? r.examples_per_s.toFixed(1) : "-", usd(r.spent_usd), usd(r.projected_total_usd),
+              live ? button("Stop", () => act("stop", s.run_id, `Stop run ${s.run_id}? The cluster stays up.`), "danger") : ""];
+    }));
+  Array.from(node.querySelectorAll("tr")).slice(1).forEach((tr, i) => {
+    const id = view.runs[i].status.run_id;
+    tr.className = id === selected ? "selected clickable" : "clickable";
+    tr.dataset.run = id;
+    tr.addEventListener("click", () => select(id));
+  });
+}
+
+function renderSpend() {
+  const s = view.spend;
+  const box = $("spend");
+  box.replaceChildren();
+  [["today", s.today_usd], ["this week", s.week_usd], ["this month", s.month_usd], ["all runs and clusters", view.total_usd]]
+    .forEach(([label, v]) => {
+      const card = el("div", null, "card");
+      card.appendChild(el("div", usd(v), "figure"));
+      card.appendChild(el("div", label, "muted"));
+      box.appendChild(card);
+    });
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, text) {
+  const e = document.createElementNS(SVG, tag);
+  Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, String(v)));
+  if (text !== undefined) e.textContent = String(text);
+  return e;
+}
+
+// A line chart: series of {points: [[x, y]...], cls, label}; axes from 0.
+function chart(node, series, xlabel, ylabel) {
+  node.replaceChildren();
+  const W = 640, H = 240, L = 60, B = 30, T = 24, R = 10;
+  const xs = series.flatMap((s) => s.points.map((p) => p[0])), ys = series.flatMap((s) => s.points.map((p) => p[1]));
+  const xmax = Math.max(1e-9, ...xs), ymax = Math.max(1e-9, ...ys);
+  const X = (x) => L + (W - L - R) * x / xmax, Y = (y) => H - B - (H - B - T) * y / ymax;
+  node.appendChild(svg("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis"}));
+  node.appendChild(svg("line", {x1: L, y1: T, x2: L, y2: H - B, class: "axis"}));
+  node.appendChild(svg("text", {x: L - 4, y: T + 10, "text-anchor": "end", class: "tick"}, usd(ymax)));
+  node.appendChild(svg("text", {x: W - R, y: H - 8, "text-anchor": "end", class: "tick"}, `${+xmax.toPrecision(3)} ${xlabel}`));
+  node.appendChild(svg("text", {x: L - 4, y: H - B, "text-anchor": "end", class: "tick"}, ylabel));
+  series.forEach((s) => {
+    if (!s.points.length) return;
+    node.appendChild(svg("polyline", {points: s.points.map((p) => `${X(p[0])},${Y(p[1])}`).join(" "), class: s.cls}));
+    s.points.forEach((p) => node.appendChild(svg("circle", {cx: X(p[0]), cy: Y(p[1]), r: 2.5, class: s.cls})));
+    const last = s.points[s.points.length - 1];
+    if (s.label) node.appendChild(svg("text", {x: X(last[0]) - 4, y: Y(last[1]) - 6, "text-anchor": "end", class: "label"}, s.label));
+  });
+}
+
+function renderDetail() {
+  const section = $("run-section");
+  if (!detail) { section.hidden = true; return; }
+  section.hidden = false;
+  const s = detail.status, c = detail.cost;
+  $("run-title").textContent = `Run ${s.run_id} on ${s.cluster}: ${s.state}, epoch ${s.epoch}/${s.epochs_planned || "?"}`;
+  const facts = [`elapsed ${duration(s.elapsed_s)}`, `${usd(s.usd_per_hour)}/h`];
+  if (c) facts.push(`spent ${usd(c.spent_usd)}`, `projected ${usd(c.projected_total_usd)}`);
+  if (s.code) facts.push(`code ${s.code.hash || ""}`);
+  $("run-facts").textContent = facts.join(" · ");
+  const epochs = c ? c.epochs : [];
+  const done = [[0, 0], ...epochs.map((e) => [e.epoch, e.cumulative_usd])];
+  const series = [{points: done, cls: "spent", label: "spent"}];
+  if (c && c.projected_total_usd !== null && c.epochs_planned && epochs.length) {
+    const last = epochs[epochs.length - 1];
+    series.push({points: [[last.epoch, last.cumulative_usd], [c.epochs_planned, c.projected_total_usd]], cls: "projected",
+                 label: `projected ${usd(c.projected_total_usd)}`});
+  }
+  chart($("run-chart"), series, "epochs", "$0");
+  table($("run-epochs"), ["epoch", "time", "ex/s", "GPU %", "$ epoch", "$ cumulative", "metrics"],
+    epochs.map((e) => [e.epoch, duration(e.seconds), e.examples_per_s ? e.examples_per_s.toFixed(1) : "-",
+                       e.gpu_util_percent === null ? "-" : e.gpu_util_percent.toFixed(0), usd(e.epoch_cost_usd),
+                       usd(e.cumulative_usd), metrics(e.metrics)]));
+  const segs = (c && c.segments.length > 1) ? c.segments : [];
+  table($("run-segments"), segs.length ? ["segment", "instance", "market", "time", "$", "ended", "lost"] : [],
+    segs.map((g, i) => [i + 1, g.instance_id, g.market, duration(g.seconds), usd(g.usd), g.end || "-",
+                        g.lost_s ? `${duration(g.lost_s)} (${usd(g.lost_usd)})` : "-"]));
+  $("run-log").textContent = detail.log_tail || "(no log lines yet)";
+}
+
+function renderPlan() {
+  const p = view.plan;
+  $("plan-section").hidden = !p;
+  if (!p) return;
+  $("plan-title").textContent = `Plan: ${p.project}, ${p.epochs} epochs (probes cost ${usd(p.plan_usd)})`;
+  table($("plan"), ["#", "machine", "outcome", "$/h", "steady epoch", "projected time", "projected $"],
+    p.rows.map((r) => [r.rank || "-", r.label, r.outcome + (r.problem ? `: ${r.problem}` : ""), usd(r.usd_per_hour),
+                       duration(r.steady_epoch_s), duration(r.projected_s), usd(r.projected_usd)]));
+  chart($("plan-chart"), p.rows.filter((r) => r.projected_s && r.projected_usd !== null)
+    .map((r, i) => ({points: [[0, 0], [r.projected_s / 3600, r.projected_usd]], cls: `plan${i % 4}`, label: r.label})), "hours", "$0");
+  const notes = $("plan-notes");
+  notes.replaceChildren(...p.notes.map((n) => el("li", n)));
+}
+
+function render(data) {
+  if (data.error) banner(false, data.error.message, data.error.hint);
+  if (!data.view) return;
+  view = data.view;
+  renderSpend();
+  renderClusters();
+  renderRuns();
+  renderPlan();
+  $("notes").replaceChildren(...view.notes.map((n) => el("li", n)));
+  $("live").textContent = `looked at ${new Date(view.generated_at * 1000).toLocaleTimeString()} · v${data.version}`;
+  document.body.dataset.version = data.version;
+}
+
+function select(id) {
+  selected = id;
+  renderRuns();
+  refresh();
+}
+
+async function refresh() {
+  const query = selected ? "?run=" + encodeURIComponent(selected) : "";
+  const resp = await fetch("/api/view" + query, {credentials: "same-origin"});
+  if (!resp.ok) { banner(false, `the dashboard answered ${resp.status}`, "Open the URL `gpuctl dashboard` printed."); return; }
+  const data = await resp.json();
+  if (!selected && data.view && data.view.runs.length) { selected = data.view.runs[0].status.run_id; return refresh(); }
+  render(data);
+  detail = data.run;
+  renderDetail();
+}
+
+function live() {
+  const events = new EventSource("/api/events");
+  events.addEventListener("changed", () => refresh());
+  events.onerror = () => { $("live").textContent = "disconnected: is `gpuctl dashboard` still running?"; };
+}
+
+setInterval(() => { if (view) renderClusters(); }, 1000); // the guards' countdowns
+refresh().then(live);
