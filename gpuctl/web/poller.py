@@ -28,6 +28,7 @@ class Poller:
         self.version = 0  # bumped when what the page shows changed
         self.view_json = b""
         self.details: dict[str, bytes] = {}
+        self.default_run = ""  # the run a page shows first: the newest running one, else the newest
         self.error: tuple[str, str] | None = None  # the last look's Error and Hint, until one succeeds
         self.looks = 0  # done
         self.started = 0  # begun (looks are one at a time: look k is done when looks == k)
@@ -112,6 +113,8 @@ class Poller:
             self.looks += 1
             self.view_json = view.model_dump_json().encode()
             self.details = rendered
+            live = [r.status.run_id for r in view.runs if r.status.state == "running"]
+            self.default_run = (live or [r.status.run_id for r in view.runs] or [""])[-1]
             changed = digest != self._digest or self.error is not None
             self.error = None
             self._digest = digest

@@ -99,11 +99,12 @@ def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act]) -> Sta
         return Response(body, media_type="application/json")
 
     async def view(request: Request) -> Response:
-        """The view, the error of the last look, and (?run=ID) that run's detail, all of one look."""
-        run_id = request.query_params.get("run", "")
+        """The view, the error of the last look, and (?run=ID) that run's detail, all of one look;
+        without ?run=, the detail of the newest running run (else of the newest run)."""
+        run_id = request.query_params.get("run")
         with poller.lock:
             body, error, version = poller.view_json, poller.error, poller.version
-            detail = poller.details.get(run_id, b"null")
+            detail = poller.details.get(run_id if run_id is not None else poller.default_run, b"null")
         said = ActionResult(ok=False, message=error[0], hint=error[1]).model_dump_json().encode() if error else b"null"
         return _json(b'{"version":%d,"error":%s,"view":%s,"run":%s}' % (version, said, body or b"null", detail))
 

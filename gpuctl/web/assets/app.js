@@ -6,6 +6,8 @@ const csrf = document.querySelector('meta[name="csrf"]').content;
 let view = null;
 let selected = null; // the run whose detail is shown
 let detail = null;
+let allRuns = false; // the newest SHOWN runs, or all of them
+const SHOWN = 100;
 
 const $ = (id) => document.getElementById(id);
 
@@ -105,8 +107,10 @@ function renderClusters() {
 }
 
 function renderRuns() {
+  const newest = view.runs.slice().reverse();
+  const shown = allRuns ? newest : newest.slice(0, SHOWN);
   const node = table($("runs"), ["run", "cluster", "state", "epoch", "last metrics", "ex/s", "$ spent", "$ projected", ""],
-    view.runs.map((r) => {
+    shown.map((r) => {
       const s = r.status;
       const live = s.state === "running" || s.state === "queued" || s.state === "starting";
       return [s.run_id, s.cluster, s.state + (s.exit_code !== null && s.state === "failed" ? ` (${s.exit_code})` : ""),
@@ -115,11 +119,14 @@ function renderRuns() {
               live ? button("Stop", () => act("stop", s.run_id, `Stop run ${s.run_id}? The cluster stays up.`), "danger") : ""];
     }));
   Array.from(node.querySelectorAll("tr")).slice(1).forEach((tr, i) => {
-    const id = view.runs[i].status.run_id;
+    const id = shown[i].status.run_id;
     tr.className = id === selected ? "selected clickable" : "clickable";
     tr.dataset.run = id;
     tr.addEventListener("click", () => select(id));
   });
+  const more = $("more-runs");
+  more.hidden = newest.length <= SHOWN;
+  more.textContent = allRuns ? `Show the newest ${SHOWN} runs` : `Show all ${newest.length} runs`;
 }
 
 function renderSpend() {
@@ -233,7 +240,7 @@ async function refresh() {
   const resp = await fetch("/api/view" + query, {credentials: "same-origin"});
   if (!resp.ok) { banner(false, `the dashboard answered ${resp.status}`, "Open the URL `gpuctl dashboard` printed."); return; }
   const data = await resp.json();
-  if (!selected && data.view && data.view.runs.length) { selected = data.view.runs[0].status.run_id; return refresh(); }
+  if (!selected && data.run) selected = data.run.status.run_id; // the server's pick: the newest running run
   render(data);
   detail = data.run;
   renderDetail();
@@ -245,5 +252,6 @@ function live() {
   events.onerror = () => { $("live").textContent = "disconnected: is `gpuctl dashboard` still running?"; };
 }
 
+$("more-runs").addEventListener("click", () => { allRuns = !allRuns; renderRuns(); });
 setInterval(() => { if (view) renderClusters(); }, 1000); // the guards' countdowns
 refresh().then(live);
