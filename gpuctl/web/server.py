@@ -103,10 +103,11 @@ def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act]) -> Sta
         without ?run=, the detail of the newest running run (else of the newest run)."""
         run_id = request.query_params.get("run")
         with poller.lock:
-            body, error, version = poller.view_json, poller.error, poller.version
+            body, error, version, looks = poller.view_json, poller.error, poller.version, poller.looks
             detail = poller.details.get(run_id if run_id is not None else poller.default_run, b"null")
         said = ActionResult(ok=False, message=error[0], hint=error[1]).model_dump_json().encode() if error else b"null"
-        return _json(b'{"version":%d,"error":%s,"view":%s,"run":%s}' % (version, said, body or b"null", detail))
+        return _json(b'{"version":%d,"looks":%d,"error":%s,"view":%s,"run":%s}' % (
+            version, looks, said, body or b"null", detail))
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[bytes]:

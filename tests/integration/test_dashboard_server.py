@@ -93,6 +93,39 @@ def test_the_event_stream_says_when_the_view_changed_and_one_poller_serves_all(i
         assert c.get("/api/view", params={"run": "nope"}).json()["run"] is None
 
 
+def test_many_clients_cost_no_more_looks_than_one(isolated, gpuctl, make_project):
+    """Eight clients, each with an event stream open and asking for the view as fast as it can,
+    for 3 s: the poller still looks once per interval (1 s), not once per request."""
+    import threading
+    import time
+
+    gpuctl("up", "--name", "lab")
+    gpuctl("train", make_project("p", {"train.py": QUICK_TRAIN}), "--wait")
+    with dashboard(isolated, interval=1.0) as d:
+        stop = threading.Event()
+        asked = []
+
+        def client() -> None:
+            with _client(d, d.token) as c, c.stream("GET", "/api/events"):
+                while not stop.is_set():
+                    asked.append(c.get("/api/view").status_code)
+
+        with _client(d, d.token) as c:
+            before = c.get("/api/view").json()["looks"]
+            threads = [threading.Thread(target=client) for _ in range(8)]
+            start = time.monotonic()
+            for t in threads:
+                t.start()
+            stop.wait(3)
+            stop.set()
+            for t in threads:
+                t.join()
+            looks = c.get("/api/view").json()["looks"] - before
+            took = time.monotonic() - start
+    assert len(asked) > 8 * 3 and set(asked) == {200}
+    assert looks <= took / 1.0 + 1, (looks, took, len(asked))
+
+
 def test_a_second_dashboard_prints_the_first_and_the_runtime_file_is_private(isolated, gpuctl):
     with dashboard(isolated) as d:
         runtime = isolated / RUNTIME_FILE
