@@ -20,28 +20,34 @@ from tests.web import dashboard, wait_for
 pytestmark = pytest.mark.browser
 
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
-# Three epochs with a hostile metric name and log line; then a fourth once the test says so.
-REPORTS = '''
+# Epochs through gpuctl_report (a stdlib script: the page is tested, not TensorFlow): with
+# `hostile`, a metric named like markup, a log line with a script, three epochs; else five epochs
+# of a plausible run, the fourth once the test says so (the file named by its argument exists).
+SCRIPT = """
 import os, sys, time
 import gpuctl_report
 
 cfg = gpuctl_report.run_config()
 writer = gpuctl_report.ReportWriter.shared(cfg["report_path"], cfg["run_id"], cfg["usd_per_hour"])
 go = sys.argv[1] if len(sys.argv) > 1 else None
-print("<script>window.__pwned=2</script> starting", flush=True)
+print(%(first_line)r, flush=True)
 for epoch in range(1, 6):
     if epoch == 4 and go:
         while not os.path.exists(go):
             time.sleep(0.1)
     start = time.time()
-    time.sleep(0.3)
-    writer.write(start, time.time(), 1000, False, 5, {"loss": 1.0 / epoch, %r: epoch})
-    print("epoch", epoch, "done", flush=True)
+    time.sleep(%(epoch_s)r)
+    metrics = {"loss": round(2.3 / epoch, 4), %(metric)r: round(1 - 0.6 / epoch, 4)}
+    writer.write(start, time.time(), 50000, False, 5, metrics)
+    print("epoch %%d/5: loss %%.4f" %% (epoch, metrics["loss"]), flush=True)
     if epoch == 3 and not go:
         break
 if go:
     time.sleep(600)
-''' % HOSTILE
+"""
+REPORTS = SCRIPT % {"first_line": "<script>window.__pwned=2</script> starting", "epoch_s": 0.3, "metric": HOSTILE}
+LIVE = SCRIPT % {"first_line": "training ResNet-20 on CIFAR-10 (stand-in: no TensorFlow here)", "epoch_s": 1.2,
+                 "metric": "accuracy"}
 
 
 def _open(browser, d):
@@ -102,13 +108,19 @@ def _usd(x: float | None) -> str:
 def test_a_new_epoch_appears_without_a_reload_and_stop_on_the_page_stops_the_run(isolated, gpuctl, make_project,
                                                                                  browser, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCTL_LOCAL__USD_PER_HOUR", "1.006")  # a g5.xlarge's, for the screenshot
+    monkeypatch.setenv("GPUCTL_GUARDS__CHECK_INTERVAL", "1s")  # the watchdog's state.json comes soon
+    monkeypatch.setenv("GPUCTL_GUARDS__BUDGET_USD", "10")  # at $1.006/h it fires in 9 h 56 min
     gpuctl("up", "--name", "lab", "-y")
     go = tmp_path / "go"
-    run = json.loads(gpuctl("train", make_project("live", {"train.py": REPORTS}), "--json", "--", str(go)).stdout)[
+    run = json.loads(gpuctl("train", make_project("cifar10", {"train.py": LIVE}), "--json", "--", str(go)).stdout)[
         "run"]["run_id"]
     with dashboard(isolated) as d:
         page, dialogs = _open(browser, d)
         wait_for(lambda: _row(page, run)[3] == "3/5", 60, "epoch 3 on the page")
+        # The guards as the instance's watchdog wrote them, counting down (a local cluster arms no
+        # hard cap: nothing is rented; the budget guard counts).
+        wait_for(lambda: "budget in 9h5" in page.locator("#clusters").inner_text(), 30, "the budget's countdown")
+        assert "budget left $9.99" in page.locator("#clusters").inner_text()
         page.evaluate("window.__same_page = true")  # gone if the page were loaded again
         go.write_text("")
         wait_for(lambda: _row(page, run)[3] == "4/5", 30, "epoch 4 on the page without a reload")
