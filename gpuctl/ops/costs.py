@@ -8,7 +8,7 @@ import time
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
+from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, InstanceRecord, Resource, RunRecord
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
@@ -194,33 +194,39 @@ def everything(s: Session) -> StatusAllWithVolumes:
                                 clusters=report.clusters, runs=report.runs, volumes=kept)
 
 
-def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float
-                ) -> tuple[float, float, tuple[SegmentCost, ...]]:
+def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+                instances: list[InstanceRecord] | None = None) -> tuple[float, float, tuple[SegmentCost, ...]]:
     """(seconds, dollars, stretches) of the run's whole time on its instances, start-up included:
-    what `status` shows, and what `cost` counts for a run that reports no epochs."""
+    what `status` shows, and what `cost` counts for a run that reports no epochs. `instances`: its
+    cluster's, where the caller read them already (else read here)."""
     if run.state == "queued":  # not started: no time, no dollars yet (its start moves past the wait)
         return 0.0, 0.0, ()
     elapsed = max(0.0, (run.ended_at or now) - run.started_at)
-    segs = _segments(s, run, epochs, now)
+    segs = _segments(s, run, epochs, now, instances)
     return elapsed, sum(g.usd for g in segs) if segs else elapsed * run.usd_per_hour / 3600.0, segs
 
 
-def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float) -> tuple[SegmentCost, ...]:
-    try:
-        instances = {i.id: i for i in s.ledger.instances(run.cluster_id)}
-    except KeyError:
-        instances = {}
-    return segment_costs(run, epochs, instances, now)
+def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+              instances: list[InstanceRecord] | None) -> tuple[SegmentCost, ...]:
+    if not run.segments:
+        return ()
+    if instances is None:
+        try:
+            instances = s.ledger.instances(run.cluster_id)
+        except KeyError:
+            instances = []
+    return segment_costs(run, epochs, {i.id: i for i in instances}, now)
 
 
 FREE_SHARE = 0.01  # epochs' dollars below this share of the run's time on its instances are not believed
 
 
-def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
+def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochReport], now: float,
+                   instances: list[InstanceRecord]) -> RunCost:
     """Every instance the run used, what an interruption threw away, the waits between them; for
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
-    elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
+    elapsed, usd, segs = on_instance(s, run, epochs, now, instances)
     if elapsed > 0 and (not rc.epochs or rc.spent_usd < FREE_SHARE * usd):
         # Epochs that say they cost (next to) nothing, under 1% of the run's time on its
         # instances (the instance is untrusted), count as no report: that time, by this machine's
@@ -239,9 +245,8 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCo
                                  "waited_s": sum(g.waited_s for g in segs)})
 
 
-def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
+def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[InstanceRecord]) -> RunCost:
     """Which machine a run's dollars bought: its cluster's instance type and market."""
-    instances = s.ledger.instances(cluster_id)
     if not instances:
         return rc
     inst = instances[0]
@@ -261,8 +266,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     runs = [run_state.refresh_or_keep(s, r) for r in ([s.find_run(r) for r in run_ids] if run_ids else s.ledger.runs())
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
-    costs = tuple(_with_segments(s, _with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id), r, now)
-                  for r in runs)
+    instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
+    costs = tuple(_one_run_cost(s, r, now, instances) for r in runs)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -275,6 +280,16 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
                           images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
                           volumes=volumes.storage(s, now))
+
+
+def _one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]]) -> RunCost:
+    """A run's epochs and projection, its machine and its stretches: its epochs read (and
+    validated) once, its cluster's instances once per `cost`."""
+    mine = instances.get(run.cluster_id)
+    if mine is None:
+        mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
+    epochs = s.ledger.epochs(run.run_id)
+    return _with_segments(s, _with_machine(s, run_cost(run, epochs), run.cluster_id, mine), run, epochs, now, mine)
 
 
 def _rate_at(run: RunRecord, at: float) -> float:
