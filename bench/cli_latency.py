@@ -147,8 +147,10 @@ def main() -> None:
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> bytes:
-    """The stdout of one command; its exit status must be 0."""
-    return subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True).stdout
+    """The stdout of one command; its exit status must be 0. It runs in its ledger's home: `python
+    -m` puts the cwd first on sys.path, and run from a gpuctl checkout every tree was that one."""
+    return subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
+                          cwd=env["GPUCTL_HOME"]).stdout
 
 
 # Linux counts the pages a process had before exec in its maximum RSS, and a child of this
@@ -167,7 +169,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 def peak_mb(argv: list[str], env: dict[str, str]) -> float:
     """The peak RSS of one run of the command, in MB (ru_maxrss is in kB on Linux)."""
     proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *argv], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, check=True, text=True)
+                          stderr=subprocess.PIPE, check=True, text=True, cwd=env["GPUCTL_HOME"])
     return int(proc.stderr.split()[-1]) / 1024.0
 
 
