@@ -127,15 +127,18 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
         if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
             continue  # filtered before its host is asked
         r = run_state.refresh_or_keep(s, r)
-        epochs = s.ledger.epochs(r.run_id)
-        elapsed, usd, segs = on_instance(s, r, epochs, now)
+        # Only its last epoch is shown: every epoch is read (and validated) only for a run whose
+        # stretches on its instances need their ends (the work an interruption threw away).
+        epochs = s.ledger.epochs(r.run_id) if r.segments else None
+        last = (epochs[-1] if epochs else None) if epochs is not None else s.ledger.last_epoch(r.run_id)
+        elapsed, usd, segs = on_instance(s, r, epochs or [], now)
         runs.append(RunStatus(
             run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
-            epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
-            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
+            epoch=last.epoch if last else 0, epochs_planned=r.epochs_planned,
+            metrics=last.metrics if last else {}, elapsed_s=elapsed, usd=usd,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image, code=r.code,
-            resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
+            resumable=r.state in RESUMABLE and _resumable(s, r, last is not None),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
             packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,

@@ -177,3 +177,14 @@ def test_emit_json_writes_what_json_dumps_with_indent_writes(capsys):
                                                    epochs_done=len(rows), epochs=rows, spent_usd=0.0),), total_usd=0.0)
     render.emit_json(report)
     assert capsys.readouterr().out == json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
+
+
+def test_the_last_epoch_is_the_last_of_all_epochs_today_s_bounds_accept(isolated):
+    """`status` reads a run's last epoch alone; it is what reading them all would end with, also
+    where the latest stored row is refused (r-local-00) and where there is none (r-local-07)."""
+    fill(isolated)
+    led = Ledger(isolated)
+    for run in led.runs():
+        every = led.epochs(run.run_id)
+        assert led.last_epoch(run.run_id) == (every[-1] if every else None), run.run_id
+    assert led.last_epoch("r-local-00") is not None and led.last_epoch("no-such-run") is None
