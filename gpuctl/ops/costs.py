@@ -8,7 +8,7 @@ import time
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, InstanceRecord, Resource, RunRecord
+from gpuctl.model.records import ENDED_STATES, RESUMABLE, ClusterRecord, EpochReport, InstanceRecord, Resource, RunRecord
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
@@ -20,15 +20,13 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup, volumes
+from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
-from gpuctl.ops.resume import RESUMABLE, has_checkpoint, in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
 from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
-from gpuctl.remote import jobs
 
 
 class CostWithImages(CostReport):
@@ -152,6 +150,11 @@ def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
     """Whether `train --resume` has a checkpoint to continue the run from: in its cluster's store,
     or in its run dir on its cluster's host (where `train --resume` looks). A place that cannot be
     asked (a lost host, no credentials): whether the run reported an epoch (each one checkpoints)."""
+    # Imported here, as in everything(): resume and release bring the push, packages and sync
+    # code, which a report (status, cost) of ended runs never runs (issue 39: tens of ms a report).
+    from gpuctl.ops.resume import has_checkpoint, in_store
+    from gpuctl.remote import jobs
+
     live = s.live_cluster_of(run)
     if live is None and run.state != "preempted":
         return False
@@ -169,6 +172,8 @@ def everything(s: Session) -> StatusAllWithVolumes:
     """`status --all`: every cluster and run the ledger holds, and every resource each provider
     finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
     (which says so)."""
+    from gpuctl.ops import release
+
     resources: list[Resource] = []
     notes: list[str] = []
     known = release.live_in_ledger(s, notes.append)
