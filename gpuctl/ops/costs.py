@@ -8,7 +8,7 @@ import time
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
+from gpuctl.model.records import ENDED_STATES, RESUMABLE, ClusterRecord, EpochReport, InstanceRecord, Resource, RunRecord
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
@@ -20,15 +20,13 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup, volumes
+from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
-from gpuctl.ops.resume import RESUMABLE, has_checkpoint, in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
 from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
-from gpuctl.remote import jobs
 
 
 class CostWithImages(CostReport):
@@ -127,15 +125,18 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
         if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
             continue  # filtered before its host is asked
         r = run_state.refresh_or_keep(s, r)
-        epochs = s.ledger.epochs(r.run_id)
-        elapsed, usd, segs = on_instance(s, r, epochs, now)
+        # Only its last epoch is shown: every epoch is read (and validated) only for a run whose
+        # stretches on its instances need their ends (the work an interruption threw away).
+        epochs = s.ledger.epochs(r.run_id) if r.segments else None
+        last = (epochs[-1] if epochs else None) if epochs is not None else s.ledger.last_epoch(r.run_id)
+        elapsed, usd, segs = on_instance(s, r, epochs or [], now)
         runs.append(RunStatus(
             run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
-            epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
-            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
+            epoch=last.epoch if last else 0, epochs_planned=r.epochs_planned,
+            metrics=last.metrics if last else {}, elapsed_s=elapsed, usd=usd,
             log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
             tensorflow=r.tensorflow, image=r.image, code=r.code,
-            resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
+            resumable=r.state in RESUMABLE and _resumable(s, r, last is not None),
             segments=segs, node_states=r.node_states, failed_node=r.failed_node,
             queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
             packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
@@ -149,6 +150,11 @@ def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
     """Whether `train --resume` has a checkpoint to continue the run from: in its cluster's store,
     or in its run dir on its cluster's host (where `train --resume` looks). A place that cannot be
     asked (a lost host, no credentials): whether the run reported an epoch (each one checkpoints)."""
+    # Imported here, as in everything(): resume and release bring the push, packages and sync
+    # code, which a report (status, cost) of ended runs never runs (issue 39: tens of ms a report).
+    from gpuctl.ops.resume import has_checkpoint, in_store
+    from gpuctl.remote import jobs
+
     live = s.live_cluster_of(run)
     if live is None and run.state != "preempted":
         return False
@@ -166,6 +172,8 @@ def everything(s: Session) -> StatusAllWithVolumes:
     """`status --all`: every cluster and run the ledger holds, and every resource each provider
     finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
     (which says so)."""
+    from gpuctl.ops import release
+
     resources: list[Resource] = []
     notes: list[str] = []
     known = release.live_in_ledger(s, notes.append)
@@ -194,33 +202,39 @@ def everything(s: Session) -> StatusAllWithVolumes:
                                 clusters=report.clusters, runs=report.runs, volumes=kept)
 
 
-def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float
-                ) -> tuple[float, float, tuple[SegmentCost, ...]]:
+def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+                instances: list[InstanceRecord] | None = None) -> tuple[float, float, tuple[SegmentCost, ...]]:
     """(seconds, dollars, stretches) of the run's whole time on its instances, start-up included:
-    what `status` shows, and what `cost` counts for a run that reports no epochs."""
+    what `status` shows, and what `cost` counts for a run that reports no epochs. `instances`: its
+    cluster's, where the caller read them already (else read here)."""
     if run.state == "queued":  # not started: no time, no dollars yet (its start moves past the wait)
         return 0.0, 0.0, ()
     elapsed = max(0.0, (run.ended_at or now) - run.started_at)
-    segs = _segments(s, run, epochs, now)
+    segs = _segments(s, run, epochs, now, instances)
     return elapsed, sum(g.usd for g in segs) if segs else elapsed * run.usd_per_hour / 3600.0, segs
 
 
-def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float) -> tuple[SegmentCost, ...]:
-    try:
-        instances = {i.id: i for i in s.ledger.instances(run.cluster_id)}
-    except KeyError:
-        instances = {}
-    return segment_costs(run, epochs, instances, now)
+def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+              instances: list[InstanceRecord] | None) -> tuple[SegmentCost, ...]:
+    if not run.segments:
+        return ()
+    if instances is None:
+        try:
+            instances = s.ledger.instances(run.cluster_id)
+        except KeyError:
+            instances = []
+    return segment_costs(run, epochs, {i.id: i for i in instances}, now)
 
 
 FREE_SHARE = 0.01  # epochs' dollars below this share of the run's time on its instances are not believed
 
 
-def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
+def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochReport], now: float,
+                   instances: list[InstanceRecord]) -> RunCost:
     """Every instance the run used, what an interruption threw away, the waits between them; for
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
-    elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
+    elapsed, usd, segs = on_instance(s, run, epochs, now, instances)
     if elapsed > 0 and (not rc.epochs or rc.spent_usd < FREE_SHARE * usd):
         # Epochs that say they cost (next to) nothing, under 1% of the run's time on its
         # instances (the instance is untrusted), count as no report: that time, by this machine's
@@ -239,9 +253,8 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCo
                                  "waited_s": sum(g.waited_s for g in segs)})
 
 
-def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
+def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[InstanceRecord]) -> RunCost:
     """Which machine a run's dollars bought: its cluster's instance type and market."""
-    instances = s.ledger.instances(cluster_id)
     if not instances:
         return rc
     inst = instances[0]
@@ -261,8 +274,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     runs = [run_state.refresh_or_keep(s, r) for r in ([s.find_run(r) for r in run_ids] if run_ids else s.ledger.runs())
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
-    costs = tuple(_with_segments(s, _with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id), r, now)
-                  for r in runs)
+    instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
+    costs = tuple(_one_run_cost(s, r, now, instances) for r in runs)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -275,6 +288,16 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
                           images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
                           volumes=volumes.storage(s, now))
+
+
+def _one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]]) -> RunCost:
+    """A run's epochs and projection, its machine and its stretches: its epochs read (and
+    validated) once, its cluster's instances once per `cost`."""
+    mine = instances.get(run.cluster_id)
+    if mine is None:
+        mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
+    epochs = s.ledger.epochs(run.run_id)
+    return _with_segments(s, _with_machine(s, run_cost(run, epochs), run.cluster_id, mine), run, epochs, now, mine)
 
 
 def _rate_at(run: RunRecord, at: float) -> float:
