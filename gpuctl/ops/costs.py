@@ -112,38 +112,45 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
     # Read again: reconciling may have closed a cluster the provider ended.
     records = [c for c in s.ledger.clusters() if c.id in wanted]
     now = time.time()
-    out = []
-    for c in records:
-        cost, n = cluster_cost(s, c, now)
-        reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
-        out.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
-                                 guard=guards.status_of(s, c) if c.state == "up" and n else None,
-                                 note="; ".join(sorted(reasons)) or None,
-                                 setup_failed=setup.failed(s, c) if c.state == "up" else None))
+    out = [cluster_status(s, c, now) for c in records]
     runs = []
     for r in s.ledger.runs():
         if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
             continue  # filtered before its host is asked
-        r = run_state.refresh_or_keep(s, r)
-        # Only its last epoch is shown: every epoch is read (and validated) only for a run whose
-        # stretches on its instances need their ends (the work an interruption threw away).
-        epochs = s.ledger.epochs(r.run_id) if r.segments else None
-        last = (epochs[-1] if epochs else None) if epochs is not None else s.ledger.last_epoch(r.run_id)
-        elapsed, usd, segs = on_instance(s, r, epochs or [], now)
-        runs.append(RunStatus(
-            run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
-            epoch=last.epoch if last else 0, epochs_planned=r.epochs_planned,
-            metrics=last.metrics if last else {}, elapsed_s=elapsed, usd=usd,
-            log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
-            tensorflow=r.tensorflow, image=r.image, code=r.code,
-            resumable=r.state in RESUMABLE and _resumable(s, r, last is not None),
-            segments=segs, node_states=r.node_states, failed_node=r.failed_node,
-            queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
-            packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
-            data_fetch_bytes=r.data_fetch_bytes,
-        ))
+        runs.append(run_status(s, run_state.refresh_or_keep(s, r), now))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))
+
+
+def cluster_status(s: Session, c: ClusterRecord, now: float) -> ClusterStatus:
+    """One cluster's line in `status`: its dollars, its guards as its watchdog wrote them."""
+    cost, n = cluster_cost(s, c, now)
+    reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
+    return ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
+                         guard=guards.status_of(s, c) if c.state == "up" and n else None,
+                         note="; ".join(sorted(reasons)) or None,
+                         setup_failed=setup.failed(s, c) if c.state == "up" else None)
+
+
+def run_status(s: Session, r: RunRecord, now: float) -> RunStatus:
+    """One run's line in `status` (the run as looked at already: run_state.refresh_or_keep)."""
+    # Only its last epoch is shown: every epoch is read (and validated) only for a run whose
+    # stretches on its instances need their ends (the work an interruption threw away).
+    epochs = s.ledger.epochs(r.run_id) if r.segments else None
+    last = (epochs[-1] if epochs else None) if epochs is not None else s.ledger.last_epoch(r.run_id)
+    elapsed, usd, segs = on_instance(s, r, epochs or [], now)
+    return RunStatus(
+        run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
+        epoch=last.epoch if last else 0, epochs_planned=r.epochs_planned,
+        metrics=last.metrics if last else {}, elapsed_s=elapsed, usd=usd,
+        log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
+        tensorflow=r.tensorflow, image=r.image, code=r.code,
+        resumable=r.state in RESUMABLE and _resumable(s, r, last is not None),
+        segments=segs, node_states=r.node_states, failed_node=r.failed_node,
+        queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
+        packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
+        data_fetch_bytes=r.data_fetch_bytes,
+    )
 
 
 def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
@@ -275,7 +282,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
     instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
-    costs = tuple(_one_run_cost(s, r, now, instances) for r in runs)
+    costs = tuple(one_run_cost(s, r, now, instances) for r in runs)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -290,7 +297,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
                           volumes=volumes.storage(s, now))
 
 
-def _one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]]) -> RunCost:
+def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]]) -> RunCost:
     """A run's epochs and projection, its machine and its stretches: its epochs read (and
     validated) once, its cluster's instances once per `cost`."""
     mine = instances.get(run.cluster_id)

@@ -1,57 +1,123 @@
-"""The dashboard's use cases: one look at everything (the same results `status --json` and `cost
---json` give), the spend in calendar windows (a pure function), the latest plan, and the two acts
-the page offers, through the CLI's own use cases."""
+"""The dashboard's use cases: its looks (what `status --json` and `cost --json` say, per cluster
+and run), the spend in calendar windows (a pure function), and the two acts the page offers,
+through the CLI's own use cases.
+
+A look is incremental: a run whose ledger key (its record, its epochs) and whose cluster's state
+did not move since the last look, and which has ended, is not read or computed again; its JSON is
+kept. So an update costs what changed (a live run, a new epoch), not the whole ledger."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
 from typing import Iterable
 
 from gpuctl.errors import GpuctlError
+from gpuctl.ledger.keys import run_keys
 from gpuctl.model import billing
 from gpuctl.model.dashboard import DashboardView, RunDetail, RunSummary, Spend
 from gpuctl.model.records import FINAL_RUN_STATES, InstanceRecord
 from gpuctl.model.results import DownResult, StopResult
 from gpuctl.model.untrusted import clean
-from gpuctl.ops import costs, release, run_state, stop
+from gpuctl.ops import clusters, costs, release, run_state, stop
 from gpuctl.ops.latest_plan import last_plan
 from gpuctl.ops.session import Session
 
 LOG_LINES = 20
 
 
-def look(s: Session, now: float, tails: dict[str, tuple[str, str | None]] | None = None
-         ) -> tuple[DashboardView, dict[str, RunDetail]]:
-    """Everything the page shows, from one look (it acts on nothing: costs' looks record in the
-    ledger only); each run's detail apart (its epochs and log tail), so that the view stays small.
-    `tails` (run id -> (its state, its log's tail)) is the caller's cache: an ended run's log is
-    read once, a live one's at every look."""
-    tails = {} if tails is None else tails
-    status = costs.status(s)
-    cost = costs.cost(s)
-    by_id = {rc.run_id: rc for rc in cost.runs}
-    summaries, details = [], {}
-    for r in status.runs:
-        rc = by_id.get(r.run_id)
-        summaries.append(RunSummary(status=r, spent_usd=rc.spent_usd if rc else r.usd,
-                                    projected_total_usd=rc.projected_total_usd if rc else None,
-                                    mean_epoch_usd=rc.mean_epoch_usd if rc else None,
-                                    examples_per_s=rc.examples_per_s if rc else None))
-        known = tails.get(r.run_id)
-        if known is None or known[0] != r.state or r.state not in FINAL_RUN_STATES:
-            tail = r.log_tail if r.log_tail is not None else _log_tail(s, r.run_id)
-            known = tails[r.run_id] = (r.state, clean(tail) if tail else None)
-        details[r.run_id] = RunDetail(status=r, cost=rc, log_tail=known[1])
-    instances = [i for c in s.ledger.clusters() for i in s.ledger.instances(c.id)]
-    view = DashboardView(generated_at=now, clusters=status.clusters, runs=tuple(summaries),
-                         spend=spend(instances, now), total_usd=cost.total_usd,
-                         hidden_clusters=status.hidden_clusters, plan=last_plan(s),
-                         notes=tuple(dict.fromkeys(status.notes + cost.notes)))
-    return view, details
+@dataclass(frozen=True)
+class Looked:
+    """One look, rendered: the view's JSON, each run's detail JSON, the run a page shows first,
+    and a digest that moves when anything the page shows does (a live cluster's dollars and a
+    running run's time move with the clock; a ledger of ended things stays still)."""
+
+    view: bytes
+    details: dict[str, bytes]
+    default_run: str
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class _Kept:
+    key: tuple[object, ...]
+    final: bool  # ended, and nothing of it moves with the clock: kept until its key moves
+    state: str
+    summary: bytes
+    detail: bytes
+    digest: bytes
+
+
+class Looker:
+    """One dashboard's looks; remembers what each run showed (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, _Kept] = {}
+        self.rebuilt = 0  # runs computed by the last look (the bench and a test read it)
+
+    def look(self, s: Session, now: float) -> Looked:
+        """Everything the page shows. It acts on nothing: like `status`, it records what it saw."""
+        s.connect_quickly()
+        clusters.reconcile_live(s)
+        records = s.ledger.clusters()
+        since = now - costs.HIDE_RELEASED_AFTER_S
+        shown = [c for c in records if c.state != "down" or (c.terminated_at or c.created_at) > since]
+        by_id = {c.id: c for c in shown}
+        cluster_rows = tuple(costs.cluster_status(s, c, now) for c in shown)
+        instances = {c.id: s.ledger.instances(c.id) for c in records}
+        total = sum(costs.cluster_cost(s, c, now)[0].usd for c in records)
+        kept, self.rebuilt = {}, 0
+        for rid, key in run_keys(s.ledger).items():
+            cluster = by_id.get(key[0])
+            if cluster is None:
+                continue  # its cluster is hidden (released over a week ago), as in `status`
+            full = (*key, cluster.state, cluster.terminated_at)
+            old = self.kept.get(rid)
+            new = old if old is not None and old.final and old.key == full else self._run(s, rid, full, now,
+                                                                                              instances, old)
+            if new is not None:
+                kept[rid] = new
+        self.kept = kept
+        view = DashboardView(generated_at=now, clusters=cluster_rows, runs=(),
+                             spend=spend([i for mine in instances.values() for i in mine], now), total_usd=total,
+                             hidden_clusters=len(records) - len(shown), plan=last_plan(s),
+                             notes=tuple(dict.fromkeys(s.notes)))
+        rest = view.model_dump_json(exclude={"runs", "generated_at"}).encode()
+        body = b'{"generated_at":%s,"runs":[%s],%s' % (json.dumps(now).encode(),
+                                                      b",".join(k.summary for k in kept.values()), rest[1:])
+        digest = hashlib.sha256(rest + b"".join(k.digest for k in kept.values())).digest()
+        live = [rid for rid, k in kept.items() if k.state == "running"]
+        return Looked(view=body, details={rid: k.detail for rid, k in kept.items()},
+                      default_run=(live or list(kept) or [""])[-1], digest=digest)
+
+    def _run(self, s: Session, run_id: str, key: tuple[object, ...], now: float,
+             instances: dict[int, list[InstanceRecord]], old: _Kept | None) -> _Kept | None:
+        self.rebuilt += 1
+        record = s.ledger.run(run_id)
+        if record is None:
+            return None  # removed (`runs rm`) since its key was read
+        r = run_state.refresh_or_keep(s, record)
+        status = costs.run_status(s, r, now)
+        rc = costs.one_run_cost(s, r, now, instances)
+        summary = RunSummary(status=status, spent_usd=rc.spent_usd, projected_total_usd=rc.projected_total_usd,
+                             mean_epoch_usd=rc.mean_epoch_usd, examples_per_s=rc.examples_per_s)
+        # An ended run's log is read once (it does not change), a live one's at every look.
+        final = r.state in FINAL_RUN_STATES
+        if old is not None and old.final and final and old.state == r.state:
+            tail = RunDetail.model_validate_json(old.detail).log_tail
+        else:
+            text = status.log_tail if status.log_tail is not None else _log_tail(s, r.run_id)
+            tail = clean(text) if text else None
+        detail = RunDetail(status=status, cost=rc, log_tail=tail).model_dump_json().encode()
+        body = summary.model_dump_json().encode()
+        return _Kept(key=key, final=final, state=r.state, summary=body, detail=detail,
+                     digest=hashlib.sha256(body + detail).digest())
 
 
 def _log_tail(s: Session, run_id: str) -> str | None:
-    """A running run's last lines; None where its host does not answer now (the next look tries again)."""
+    """A run's last lines; None where its host does not answer now (the next look tries again)."""
     try:
         return run_state.log_tail(s, s.find_run(run_id), LOG_LINES)
     except GpuctlError:
@@ -87,3 +153,4 @@ def stop_run(s: Session, run_id: str) -> StopResult:
 def release_cluster(s: Session, name: str) -> DownResult:
     """The page's Release: `gpuctl down NAME`."""
     return release.down(s, name)
+

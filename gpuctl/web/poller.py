@@ -4,13 +4,11 @@ looks than one."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from typing import Callable
 
 from gpuctl.errors import GpuctlError
-from gpuctl.model.dashboard import DashboardView, RunDetail
 from gpuctl.model.untrusted import one_line
 from gpuctl.ops import dashboard
 from gpuctl.ops.session import Session
@@ -33,7 +31,7 @@ class Poller:
         self.looks = 0  # done
         self.started = 0  # begun (looks are one at a time: look k is done when looks == k)
         self._digest = b""
-        self._tails: dict[str, tuple[str, str | None]] = {}  # the poller thread's alone
+        self.looker = dashboard.Looker()  # the poller thread's alone
         self._stop = threading.Event()
         self._wake = threading.Event()  # a poke: look now
         self._looked = threading.Condition()  # notified after each look
@@ -87,7 +85,7 @@ class Poller:
         with self.lock:
             self.started += 1
         try:
-            view, details = dashboard.look(self._current(), self.clock(), self._tails)
+            looked = self.looker.look(self._current(), self.clock())
         except GpuctlError as exc:
             self._drop_session()
             self._set_error((one_line(exc.message), one_line(exc.hint)))
@@ -96,7 +94,7 @@ class Poller:
             self._drop_session()
             self._set_error((one_line(f"{type(exc).__name__}: {exc}"), "See the terminal that runs `gpuctl dashboard`."))
             return
-        self._publish(view, details)
+        self._publish(looked)
 
     def _set_error(self, error: tuple[str, str]) -> None:
         with self.lock:
@@ -105,19 +103,13 @@ class Poller:
                 self.error = error
                 self.version += 1
 
-    def _publish(self, view: DashboardView, details: dict[str, RunDetail]) -> None:
-        rendered = {run_id: d.model_dump_json().encode() for run_id, d in details.items()}
-        body = view.model_dump_json(exclude={"generated_at"}).encode()
-        digest = hashlib.sha256(body + b"".join(rendered[k] for k in sorted(rendered))).digest()
+    def _publish(self, looked: dashboard.Looked) -> None:
         with self.lock:
             self.looks += 1
-            self.view_json = view.model_dump_json().encode()
-            self.details = rendered
-            live = [r.status.run_id for r in view.runs if r.status.state == "running"]
-            self.default_run = (live or [r.status.run_id for r in view.runs] or [""])[-1]
-            changed = digest != self._digest or self.error is not None
+            self.view_json, self.details, self.default_run = looked.view, looked.details, looked.default_run
+            changed = looked.digest != self._digest or self.error is not None
             self.error = None
-            self._digest = digest
+            self._digest = looked.digest
             if changed:
                 self.version += 1
 
