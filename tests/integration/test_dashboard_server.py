@@ -166,3 +166,15 @@ def test_bad_inputs_are_one_line_errors(isolated, gpuctl):
 def test_only_the_pages_own_assets_are_served(isolated, path):
     with dashboard(isolated) as d, _client(d, d.token) as c:
         assert c.get(path).status_code == 404
+
+
+def test_the_cli_loads_no_web_framework_but_for_the_dashboard():
+    """`gpuctl --help` and every other command stay as fast as before: Starlette and uvicorn are
+    imported inside the dashboard command only."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gpuctl.cli import cli; import gpuctl.ops.costs; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'anyio')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
