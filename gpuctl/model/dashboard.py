@@ -18,6 +18,14 @@ class Spend(Frozen):
     month_usd: float  # since the 1st, 00:00
 
 
+class Machine(Frozen):
+    """What a cluster runs on, from its latest instance (`status` shows no type: the page does)."""
+
+    instance_type: Optional[str] = None
+    market: Optional[str] = None
+    nodes: int = 1
+
+
 class RunSummary(Frozen):
     """A run's line on the page: its status and, from `cost`, its dollars and projection."""
 
@@ -33,6 +41,7 @@ class DashboardView(Frozen):
 
     generated_at: float
     clusters: tuple[ClusterStatus, ...]  # up, then released (the page folds those)
+    machines: dict[str, Machine] = {}  # by cluster id (as text: a JSON key)
     runs: tuple[RunSummary, ...]
     spend: Spend
     total_usd: float  # `gpuctl cost`'s total

@@ -17,7 +17,7 @@ from typing import Iterable
 from gpuctl.errors import GpuctlError
 from gpuctl.ledger.keys import run_keys
 from gpuctl.model import billing
-from gpuctl.model.dashboard import DashboardView, RunDetail, RunSummary, Spend
+from gpuctl.model.dashboard import DashboardView, Machine, RunDetail, RunSummary, Spend
 from gpuctl.model.records import FINAL_RUN_STATES, InstanceRecord
 from gpuctl.model.results import DownResult, StopResult
 from gpuctl.model.untrusted import clean
@@ -80,7 +80,8 @@ class Looker:
             if new is not None:
                 kept[rid] = new
         self.kept = kept
-        view = DashboardView(generated_at=now, clusters=cluster_rows, runs=(),
+        machines = {str(c.id): _machine(c.spec.nodes, instances[c.id]) for c in shown}
+        view = DashboardView(generated_at=now, clusters=cluster_rows, runs=(), machines=machines,
                              spend=spend([i for mine in instances.values() for i in mine], now), total_usd=total,
                              hidden_clusters=len(records) - len(shown), plan=last_plan(s),
                              notes=tuple(dict.fromkeys(s.notes)))
@@ -114,6 +115,12 @@ class Looker:
         body = summary.model_dump_json().encode()
         return _Kept(key=key, final=final, state=r.state, summary=body, detail=detail,
                      digest=hashlib.sha256(body + detail).digest())
+
+
+def _machine(nodes: int, instances: list[InstanceRecord]) -> Machine:
+    latest = instances[-1] if instances else None
+    return Machine(instance_type=latest.instance_type if latest else None, market=latest.market if latest else None,
+                   nodes=max(nodes, 1))
 
 
 def _log_tail(s: Session, run_id: str) -> str | None:

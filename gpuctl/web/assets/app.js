@@ -96,12 +96,16 @@ function countdowns(guard) {
 function renderClusters() {
   const up = view.clusters.filter((c) => c.state === "up");
   const down = view.clusters.filter((c) => c.state !== "up");
-  table($("clusters"), ["cluster", "provider", "state", "$/h", "uptime", "$ so far", "guards", ""],
-    up.map((c) => [c.name + (c.is_default ? " *" : ""), c.provider, c.state, usd(c.usd_per_hour), duration(c.uptime_s),
+  const machine = (c) => {
+    const m = view.machines[String(c.id)] || {};
+    return (m.instance_type ? `${m.instance_type} ${m.market || ""}` : "-") + (m.nodes > 1 ? ` x${m.nodes}` : "");
+  };
+  table($("clusters"), ["cluster", "provider", "machine", "state", "$/h", "uptime", "$ so far", "guards", ""],
+    up.map((c) => [c.name + (c.is_default ? " *" : ""), c.provider, machine(c), c.state, usd(c.usd_per_hour), duration(c.uptime_s),
                    usd(c.usd), countdowns(c.guard),
                    button("Release", () => act("release", c.name, `Release cluster ${c.name}? Its runs are stopped.`), "danger")]));
-  table($("released"), ["cluster", "provider", "uptime", "$", "note"],
-    down.map((c) => [c.name, c.provider, duration(c.uptime_s), usd(c.usd), c.note || ""]));
+  table($("released"), ["cluster", "provider", "machine", "uptime", "$", "note"],
+    down.map((c) => [c.name, c.provider, machine(c), duration(c.uptime_s), usd(c.usd), c.note || ""]));
   const hidden = view.hidden_clusters ? ` (and ${view.hidden_clusters} older: gpuctl status --all)` : "";
   $("released-summary").textContent = `Released: ${down.length}${hidden}`;
 }
