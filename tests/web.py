@@ -35,8 +35,9 @@ class Served:
 
 @contextmanager
 def dashboard(home: Path, *flags: str, interval: float = 0.3) -> Iterator[Served]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")} | {"GPUCTL_HOME": str(home),
-                                                                                    "GPUCTL_PROVIDER": "local"}
+    # The test's environment (the `isolated` fixture dropped the caller's GPUCTL_* settings; a
+    # test's own monkeypatched ones, such as a provider's, count), over the test's home.
+    env = {**os.environ, "GPUCTL_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "dashboard", "--no-open", "--interval", str(interval),
                              *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
