@@ -30,7 +30,7 @@ class Served:
         parts = urllib.parse.urlsplit(url)
         self.base = f"{parts.scheme}://{parts.netloc}"
         self.port = parts.port
-        self.token = urllib.parse.parse_qs(parts.query)["token"][0]
+        self.token = urllib.parse.parse_qs(parts.fragment)["token"][0]
 
 
 @contextmanager

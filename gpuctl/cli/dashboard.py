@@ -20,6 +20,7 @@ from gpuctl.cli.common import CONTEXT
 def dashboard(ctx: click.Context, port: int, no_open: bool, interval: float) -> None:
     """A live page of every cluster, run, epoch and dollar: served on 127.0.0.1 with a token in its
     URL; Ctrl-C ends it. A second `gpuctl dashboard` prints the running one's URL."""
+    from gpuctl.errors import GpuctlError
     from gpuctl.model.dashboard import ActionResult
     from gpuctl.ops import dashboard as ops
     from gpuctl.ops.session import open_session, Session
@@ -28,10 +29,11 @@ def dashboard(ctx: click.Context, port: int, no_open: bool, interval: float) -> 
     from gpuctl.web.words import acted
 
     home = open_session({}).home
-    found = runtime.running(home)
-    if found is not None:
-        click.echo(f"A dashboard is running already: {found}")
+    held = runtime.claim(home)
+    if held is None:  # another one serves this home, or is in its first look
+        click.echo(f"A dashboard is running already: {runtime.wait_for_other(home)}")
         return
+    ctx.call_on_close(held.close)
     sock = runtime.listen(port)  # before anything starts: a port in use fails here
 
     def fresh() -> Session:
@@ -46,12 +48,29 @@ def dashboard(ctx: click.Context, port: int, no_open: bool, interval: float) -> 
                 s.close()
         return run
 
+    def ask(name: str, target: str) -> str:
+        """The question the CLI itself asks before the act, in its words."""
+        if name == "stop":
+            return f"Stop run {target}? The cluster stays up."
+        from gpuctl.cli.render.questions import down
+        from gpuctl.ops.release import down_question
+
+        s = fresh()
+        try:
+            said = down(down_question(s, target))
+            return said[:1].upper() + said[1:] + "?"
+        except GpuctlError as exc:
+            return f"Release cluster {target}? ({exc.message})"
+        finally:
+            s.close()
+
     def ready(url: str) -> None:
         click.echo(f"Dashboard: {url}")
         click.echo("Ctrl-C ends it (clusters and runs go on).", err=True)
         if not no_open:
             import webbrowser
 
-            webbrowser.open(url)
+            webbrowser.open(runtime.opener(home, url))  # a file that redirects: no token on a command line
 
-    runtime.serve(home, sock, Poller(fresh, interval_s=interval), {"stop": act("stop"), "release": act("release")}, ready)
+    acts = {"stop": act("stop"), "release": act("release")}
+    runtime.serve(home, sock, Poller(fresh, interval_s=interval), acts, ask, ready)

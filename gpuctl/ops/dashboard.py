@@ -11,10 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
-from gpuctl.errors import GpuctlError
+from gpuctl.errors import GpuctlError, RemoteError
 from gpuctl.ledger.keys import run_keys
 from gpuctl.model import billing
 from gpuctl.model.dashboard import DashboardView, Machine, RunDetail, RunSummary, Spend
@@ -40,10 +41,19 @@ class Looked:
     digest: bytes
 
 
+# An ended run's line is kept while its key stands, but computed again after KEEP_S to KEEP_S x 2
+# (spread by its id, so a thousand runs do not all come due in one look): what it shows that its
+# key does not cover (whether it is resumable: its checkpoint store and host; its log's tail from
+# a host that did not answer) is never older than that. A tail not read is tried again sooner.
+KEEP_S = 60.0
+RETRY_TAIL_S = 10.0
+
+
 @dataclass(frozen=True)
 class _Kept:
     key: tuple[object, ...]
-    final: bool  # ended, and nothing of it moves with the clock: kept until its key moves
+    final: bool  # ended: kept until its key moves or `until`
+    until: float
     state: str
     summary: bytes
     detail: bytes
@@ -75,8 +85,8 @@ class Looker:
                 continue  # its cluster is hidden (released over a week ago), as in `status`
             full = (*key, cluster.state, cluster.terminated_at)
             old = self.kept.get(rid)
-            new = old if old is not None and old.final and old.key == full else self._run(s, rid, full, now,
-                                                                                              instances, old)
+            fresh = old is not None and old.final and old.key == full and now < old.until
+            new = old if fresh else self._run(s, rid, full, now, instances, old)
             if new is not None:
                 kept[rid] = new
         self.kept = kept
@@ -106,14 +116,17 @@ class Looker:
                              mean_epoch_usd=rc.mean_epoch_usd, examples_per_s=rc.examples_per_s)
         # An ended run's log is read once (it does not change), a live one's at every look.
         final = r.state in FINAL_RUN_STATES
-        if old is not None and old.final and final and old.state == r.state:
-            tail = RunDetail.model_validate_json(old.detail).log_tail
+        kept_tail = RunDetail.model_validate_json(old.detail).log_tail if old is not None else None
+        if old is not None and old.final and final and old.state == r.state and kept_tail is not None:
+            tail: str | None = kept_tail
         else:
             text = status.log_tail if status.log_tail is not None else _log_tail(s, r.run_id)
-            tail = clean(text) if text else None
+            tail = clean(text) if text is not None else None
         detail = RunDetail(status=status, cost=rc, log_tail=tail).model_dump_json().encode()
         body = summary.model_dump_json().encode()
-        return _Kept(key=key, final=final, state=r.state, summary=body, detail=detail,
+        spread = 1 + zlib.crc32(run_id.encode()) / 2**32
+        until = now + (KEEP_S if tail is not None else RETRY_TAIL_S) * spread
+        return _Kept(key=key, final=final, until=until, state=r.state, summary=body, detail=detail,
                      digest=hashlib.sha256(body + detail).digest())
 
 
@@ -124,11 +137,14 @@ def _machine(nodes: int, instances: list[InstanceRecord]) -> Machine:
 
 
 def _log_tail(s: Session, run_id: str) -> str | None:
-    """A run's last lines; None where its host does not answer now (the next look tries again)."""
+    """A run's last lines ("" for none); None where its host does not answer now (a later look
+    tries again)."""
     try:
         return run_state.log_tail(s, s.find_run(run_id), LOG_LINES)
-    except GpuctlError:
+    except RemoteError:
         return None
+    except GpuctlError:
+        return ""  # no log to read (never written, or gone with its run's files)
 
 
 def windows(now: float) -> tuple[float, float, float]:

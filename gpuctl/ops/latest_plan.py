@@ -16,12 +16,16 @@ MAX_PLAN_BYTES = 4 << 20
 
 
 def remember_plan(s: Session, report: PlanReport) -> None:
-    """Keep the latest plan's report for the dashboard (written whole, then renamed)."""
+    """Keep the latest plan's report for the dashboard (written whole, then renamed). Best effort:
+    a full disk here must not lose the report of probes already paid for (the CLI still prints it)."""
     path = s.home / PLAN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(report.model_dump_json())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(report.model_dump_json())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def last_plan(s: Session) -> PlanReport | None:

@@ -45,18 +45,20 @@ class Poller:
         self._thread.start()
         self._wait_for(0, first_within_s)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 30.0) -> None:
+        """End the looks; waits `wait_s` for one under way (the thread is a daemon: a look stuck
+        on a host ends with the process)."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=wait_s)
 
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # before the look: a poke during it asks for the next one
                 self.poll()
                 self._wake.wait(self.interval_s)
-                self._wake.clear()
         finally:
             self._drop_session()
 

@@ -1,11 +1,14 @@
-"""The dashboard's HTTP side (Starlette): the page, its data, its event stream, and its two acts.
+"""The dashboard's HTTP side (Starlette): the page, its data, its event stream, and its acts.
 
-Reachable by this user only: it listens on 127.0.0.1; every request needs the token (from the URL
-once, then an HttpOnly SameSite=Strict cookie); a Host header other than the loopback address it
-listens on is refused (DNS rebinding); an act is a POST with the page's CSRF token from the same
-origin; no CORS header is ever sent; the Content-Security-Policy allows the package's own script
-and style only, so nothing the instance wrote can run even if it reached the page's markup (the
-page sets text, never markup)."""
+Reachable by this user only: it listens on 127.0.0.1; the page's shell and its script and style
+(no data, nothing secret: they are the package's files) load without a token, everything else
+needs it: as `Authorization: Bearer TOKEN`, which the page's script sends from the URL's
+fragment (`#token=...`: never sent to a server, never in a Referer), and as `?token=` on the
+event stream alone (EventSource sends no header). No cookie: a cookie for 127.0.0.1 goes to every
+port of it (a forwarded TensorBoard's too). A Host header other than the loopback address it
+listens on is refused (DNS rebinding); an act is a POST with the CSRF token the view gave and an
+Origin of the page's own; no CORS header is ever sent; the Content-Security-Policy allows the
+package's own script and style only, and the page sets text, never markup."""
 
 from __future__ import annotations
 
@@ -20,21 +23,25 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gpuctl.model.dashboard import ActionResult
 from gpuctl.web.poller import Poller
 
-COOKIE = "gpuctl_dashboard"
 ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+PUBLIC = {"/", "/favicon.ico", *(f"/static/{name}" for name in ASSETS)}  # the shell: no data in it
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "Cache-Control": "no-store"}
 EVENT_CHECK_S = 0.2  # how often an event stream compares the poller's version (in memory, no look)
 KEEPALIVE_S = 15.0
 
 # An act: (what it is asked for) -> the result the page shows. Runs in a worker thread.
 Act = Callable[[str], ActionResult]
+# What the page asks before an act: (act, target) -> the question, in the CLI's words.
+Ask = Callable[[str, str], str]
 
 
 def csrf_of(token: str) -> str:
@@ -56,12 +63,21 @@ class Guard(BaseHTTPMiddleware):
         self.origins = {f"http://{h}" for h in self.hosts}
 
     def _has_token(self, request: Request) -> bool:
-        given = request.cookies.get(COOKIE) or request.query_params.get("token") or ""
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if request.url.path == "/api/events":
+            given = given or request.query_params.get("token", "")
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await self._answer(request, call_next)
+        response.headers.update(HEADERS)
+        return response
+
+    async def _answer(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         if request.headers.get("host", "") not in self.hosts:
             return PlainTextResponse("Not this host.", status_code=403)
+        if request.url.path in PUBLIC and request.method == "GET":
+            return await call_next(request)
         if not self._has_token(request):
             return PlainTextResponse("A token is needed: open the URL `gpuctl dashboard` printed.", status_code=401)
         if request.method == "POST":
@@ -69,25 +85,16 @@ class Guard(BaseHTTPMiddleware):
             sent = request.headers.get("x-csrf-token", "")
             if origin not in self.origins or not hmac.compare_digest(sent.encode(), self.csrf.encode()):
                 return PlainTextResponse("Refused: not from the dashboard's own page.", status_code=403)
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["Cache-Control"] = "no-store"
-        return response
+        return await call_next(request)
 
 
-def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act]) -> Starlette:
-    """The dashboard's app; `acts` maps an action's name ("stop", "release") to its use case."""
-    csrf = csrf_of(token)
+def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act], ask: Ask) -> Starlette:
+    """The dashboard's app; `acts` maps an action's name ("stop", "release") to its use case,
+    `ask` words the question the page asks before it."""
+    csrf = csrf_of(token).encode()
 
     async def page(request: Request) -> Response:
-        if "token" in request.query_params:  # from the printed URL: into a cookie, out of the address bar
-            response: Response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
-            return response
-        html = asset("index.html").decode().replace("{{csrf}}", csrf)
-        return Response(html, media_type="text/html; charset=utf-8")
+        return Response(asset("index.html"), media_type="text/html; charset=utf-8")
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -106,8 +113,15 @@ def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act]) -> Sta
             body, error, version, looks = poller.view_json, poller.error, poller.version, poller.looks
             detail = poller.details.get(run_id if run_id is not None else poller.default_run, b"null")
         said = ActionResult(ok=False, message=error[0], hint=error[1]).model_dump_json().encode() if error else b"null"
-        return _json(b'{"version":%d,"looks":%d,"error":%s,"view":%s,"run":%s}' % (
-            version, looks, said, body or b"null", detail))
+        return _json(b'{"version":%d,"looks":%d,"csrf":"%s","error":%s,"view":%s,"run":%s}' % (
+            version, looks, csrf, said, body or b"null", detail))
+
+    async def question(request: Request) -> Response:
+        """What the page asks before an act (`down`'s own question names runs only on the instance)."""
+        name, target = request.query_params.get("act", ""), request.query_params.get("target", "")
+        if name not in acts or not target:
+            return JSONResponse({"ok": False, "message": "no such act", "hint": None}, status_code=400)
+        return JSONResponse({"question": await run_in_threadpool(ask, name, target)})
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[bytes]:
@@ -141,6 +155,6 @@ def make_app(poller: Poller, token: str, port: int, acts: dict[str, Act]) -> Sta
         return Response(status_code=204)  # browsers ask for one; a 404 would be an error in the console
 
     routes = [Route("/", page), Route("/favicon.ico", no_icon), Route("/static/{name}", static), Route("/api/view", view),
-              Route("/api/events", events)]
+              Route("/api/question", question), Route("/api/events", events)]
     routes += [Route(f"/api/{name}", acting(name), methods=["POST"]) for name in acts]
     return Starlette(routes=routes, middleware=[Middleware(Guard, token=token, port=port)])

@@ -15,37 +15,40 @@ import stat
 import httpx
 import pytest
 
-from gpuctl.web.runtime import RUNTIME_FILE
-from gpuctl.web.server import COOKIE, csrf_of
+from gpuctl.web.runtime import OPEN_FILE, RUNTIME_FILE
+from gpuctl.web.server import csrf_of
 from tests.conftest import QUICK_TRAIN
 from tests.web import dashboard, wait_for
 
 
 def _client(d, token: str | None = None) -> httpx.Client:
-    return httpx.Client(base_url=d.base, cookies={COOKIE: token} if token else None, timeout=30)
+    return httpx.Client(base_url=d.base, headers={"Authorization": f"Bearer {token}"} if token else None, timeout=30)
 
 
-def test_every_request_needs_the_token_and_the_loopback_host(isolated):
+def test_every_request_for_data_needs_the_token_and_the_loopback_host(isolated):
     with dashboard(isolated) as d:
-        assert d.url.startswith("http://127.0.0.1:")
-        for path in ("/", "/api/view", "/api/view?run=x", "/api/events", "/static/app.js"):
+        assert d.url.startswith("http://127.0.0.1:") and "#token=" in d.url  # a fragment: never sent
+        for path in ("/api/view", "/api/view?run=x", "/api/events", "/api/question?act=stop&target=x"):
             assert httpx.get(d.base + path, timeout=30).status_code == 401, path
-            assert httpx.get(d.base + path, cookies={COOKIE: "wrong"}, timeout=30).status_code == 401, path
+            wrong = httpx.get(d.base + path, headers={"Authorization": "Bearer wrong"}, timeout=30)
+            assert wrong.status_code == 401 and wrong.headers["x-content-type-options"] == "nosniff", path
+        assert httpx.get(d.base + f"/api/view?token={d.token}", timeout=30).status_code == 401  # a header, not a query
         assert httpx.post(d.base + "/api/stop", json={"target": "x"}, timeout=30).status_code == 401
-        # The printed URL's token goes into an HttpOnly cookie and out of the address bar.
-        first = httpx.get(d.url, timeout=30)
-        assert first.status_code == 303 and first.headers["location"] == "/"
-        cookie = first.headers["set-cookie"]
-        assert f"{COOKIE}={d.token}" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+        # The shell (page, script, style) holds no data and nothing secret: it loads without the token.
+        page = httpx.get(d.base + "/", timeout=30)
+        assert page.status_code == 200 and d.token not in page.text and "set-cookie" not in page.headers
+        assert "script-src 'self'" in page.headers["content-security-policy"]
         with _client(d, d.token) as c:
-            page = c.get("/")
-            assert page.status_code == 200 and csrf_of(d.token) in page.text
-            assert "script-src 'self'" in page.headers["content-security-policy"]
-            assert "access-control-allow-origin" not in {k.lower() for k in page.headers}
-            view = c.get("/api/view").json()
-            assert view["view"]["clusters"] == [] and view["error"] is None
+            answer = c.get("/api/view")
+            assert "access-control-allow-origin" not in {k.lower() for k in answer.headers}
+            view = answer.json()
+            assert view["view"]["clusters"] == [] and view["error"] is None and view["csrf"] == csrf_of(d.token)
             # DNS rebinding: a name that resolves here is still not this host.
-            assert c.get("/api/view", headers={"Host": f"evil.example:{d.port}"}).status_code == 403
+            for host in (f"evil.example:{d.port}", f"LOCALHOST:{d.port}", f"[::1]:{d.port}"):
+                assert c.get("/api/view", headers={"Host": host}).status_code == 403, host
+            # The event stream takes the token as a query (EventSource sends no header).
+            with httpx.stream("GET", d.base + f"/api/events?token={d.token}", timeout=30) as events:
+                assert events.status_code == 200 and next(events.iter_lines()) == "event: changed"
         with _client(d, "x" + d.token) as c:
             assert c.get("/api/view").status_code == 401
 
@@ -68,9 +71,39 @@ def test_acts_need_the_pages_csrf_token_from_the_same_origin(isolated, gpuctl, m
         done = c.post("/api/stop", json={"target": run}, headers={**origin, **csrf}).json()
         assert done["ok"] is True and f"Stopped {run}" in done["message"], done
         assert json.loads(gpuctl("status", run, "--json").stdout)["runs"][0]["state"] == "stopped"
+        assert c.get("/api/question", params={"act": "stop", "target": run}).json()["question"] == (
+            f"Stop run {run}? The cluster stays up.")
         # The act's look is in the view by the time it answers.
         shown = {r["status"]["run_id"]: r["status"]["state"] for r in c.get("/api/view").json()["view"]["runs"]}
         assert shown[run] == "stopped"
+
+
+def test_release_asks_downs_own_question_then_releases(isolated, gpuctl, make_project):
+    gpuctl("up", "--name", "lab")
+    gpuctl("train", make_project("p", {"train.py": "import time\ntime.sleep(600)\n"}))
+    with dashboard(isolated) as d, _client(d, d.token) as c:
+        asked = c.get("/api/question", params={"act": "release", "target": "lab"}).json()["question"]
+        assert asked.startswith("Release cluster 'lab' and stop its jobs") and asked.endswith("?")
+        assert c.get("/api/question", params={"act": "rm", "target": "lab"}).status_code == 400
+        headers = {"Origin": d.base, "X-CSRF-Token": csrf_of(d.token)}
+        done = c.post("/api/release", json={"target": "lab"}, headers=headers).json()
+        assert done["ok"] is True and done["message"].startswith("Cluster 'lab' is down: released"), done
+        assert json.loads(gpuctl("status", "--json").stdout)["clusters"][0]["state"] == "down"
+        again = c.post("/api/release", json={"target": "lab"}, headers=headers).json()
+        assert again["ok"] is True and "already down" in again["message"]
+        shown = c.get("/api/view").json()["view"]["clusters"]
+        assert [(x["name"], x["state"]) for x in shown] == [("lab", "down")]
+
+
+def test_the_browser_is_given_a_private_file_not_the_token(isolated):
+    from gpuctl.web.runtime import opener
+
+    isolated.mkdir(parents=True)
+    address = "http://127.0.0.1:1234/#token=secret"
+    uri = opener(isolated, address)
+    page = isolated / OPEN_FILE
+    assert uri == page.as_uri() and "secret" not in uri
+    assert stat.S_IMODE(page.stat().st_mode) == 0o600 and f'content="0;url={address}"' in page.read_text()
 
 
 def test_the_event_stream_says_when_the_view_changed_and_one_poller_serves_all(isolated, gpuctl, make_project):
@@ -162,10 +195,11 @@ def test_bad_inputs_are_one_line_errors(isolated, gpuctl):
         assert "Invalid value" in gpuctl("dashboard", "--no-open", *flags, code=2).stderr
 
 
-@pytest.mark.parametrize("path", ["/static/../server.py", "/static/index.html", "/static/nope.js"])
+@pytest.mark.parametrize("path", ["/static/..%2Fserver.py", "/static/..%2F..%2Fcli%2F__init__.py",
+                                  "/static/index.html", "/static/nope.js", "/static/assets%2Fapp.js"])
 def test_only_the_pages_own_assets_are_served(isolated, path):
     with dashboard(isolated) as d, _client(d, d.token) as c:
-        assert c.get(path).status_code == 404
+        assert c.get(path).status_code in (401, 404)  # a public asset by its exact name only
 
 
 def test_the_cli_loads_no_web_framework_but_for_the_dashboard():

@@ -52,3 +52,22 @@ def test_a_look_shows_what_status_and_cost_say(isolated):
         assert json.loads(looked.details[rc.run_id])["cost"] == json.loads(rc.model_dump_json())
     assert looked.default_run == "bench-00005"  # none runs: the newest
     s.close()
+
+
+def test_an_ended_run_is_computed_again_after_a_while_all_the_same(isolated):
+    """What its key does not cover (resumable, a log tail a host did not give) is never older
+    than KEEP_S x 2, and the runs do not all come due in one look."""
+    from gpuctl.ops.dashboard import KEEP_S
+
+    s = _session(isolated)
+    looker = Looker()
+    now = time.time()
+    looker.look(s, now)
+    looker.look(s, now + KEEP_S * 0.99)
+    assert looker.rebuilt == 0
+    due = []
+    for k in range(1, 11):  # looks every 6 s over the next minute: each run comes due once
+        looker.look(s, now + KEEP_S * (1 + k / 10))
+        due.append(looker.rebuilt)
+    assert sum(due) == 6 and max(due) < 6, due
+    s.close()

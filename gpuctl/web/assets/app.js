@@ -2,8 +2,13 @@
 // text (textContent, SVG text nodes), never as markup; the server's CSP allows this file only.
 "use strict";
 
-const csrf = document.querySelector('meta[name="csrf"]').content;
+// The token is in the URL's fragment (#token=...): never sent to a server; sent by this script as
+// a header (and as ?token= on the event stream, which takes no header).
+const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+let csrf = ""; // from the view (an answer only the token gets)
 let view = null;
+let asked = 0; // refresh answers older than the newest asked are dropped
+let shownRows = ""; // what the tables were last built from: rebuilt only when it changes
 let selected = null; // the run whose detail is shown
 let detail = null;
 let allRuns = false; // the newest SHOWN runs, or all of them
@@ -53,8 +58,17 @@ function wrap(child) {
   return td;
 }
 
-function banner(ok, message, hint) {
+function api(path, options) {
+  const opts = Object.assign({credentials: "omit"}, options || {});
+  opts.headers = Object.assign({"Authorization": "Bearer " + token}, opts.headers || {});
+  return fetch(path, opts);
+}
+
+let bannerFromLook = false; // a look's error goes when a look succeeds; an act's answer stays
+
+function banner(ok, message, hint, fromLook) {
   const b = $("banner");
+  bannerFromLook = !!fromLook;
   b.replaceChildren();
   b.className = ok ? "ok" : "error";
   b.appendChild(el("div", ok ? message : "Error: " + message));
@@ -62,15 +76,20 @@ function banner(ok, message, hint) {
   b.hidden = false;
 }
 
-async function act(name, target, question) {
-  if (!window.confirm(question)) return;
-  const resp = await fetch("/api/" + name, {
-    method: "POST", credentials: "same-origin",
-    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
-    body: JSON.stringify({target: target}),
-  });
+async function act(name, target) {
   let res;
-  try { res = await resp.json(); } catch (e) { res = {ok: false, message: `the server answered ${resp.status}`}; }
+  try {
+    const q = await api(`/api/question?act=${encodeURIComponent(name)}&target=${encodeURIComponent(target)}`);
+    const question = q.ok ? (await q.json()).question : `${name} ${target}?`;
+    if (!window.confirm(question)) return;
+    const resp = await api("/api/" + name, {
+      method: "POST", headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
+      body: JSON.stringify({target: target}),
+    });
+    try { res = await resp.json(); } catch (e) { res = {ok: false, message: `the server answered ${resp.status}`}; }
+  } catch (e) {
+    res = {ok: false, message: "the dashboard does not answer", hint: "Is `gpuctl dashboard` still running?"};
+  }
   banner(res.ok, res.message, res.hint);
   refresh();
 }
@@ -93,6 +112,13 @@ function countdowns(guard) {
   return parts.join(", ") || "none counting";
 }
 
+function tickCountdowns() {
+  document.querySelectorAll("td[data-guard]").forEach((td) => {
+    const c = view.clusters.find((x) => String(x.id) === td.dataset.guard);
+    if (c) td.textContent = countdowns(c.guard);
+  });
+}
+
 function renderClusters() {
   const up = view.clusters.filter((c) => c.state === "up");
   const down = view.clusters.filter((c) => c.state !== "up");
@@ -100,10 +126,10 @@ function renderClusters() {
     const m = view.machines[String(c.id)] || {};
     return (m.instance_type ? `${m.instance_type} ${m.market || ""}` : "-") + (m.nodes > 1 ? ` x${m.nodes}` : "");
   };
-  table($("clusters"), ["cluster", "provider", "machine", "state", "$/h", "uptime", "$ so far", "guards", ""],
+  const node = table($("clusters"), ["cluster", "provider", "machine", "state", "$/h", "uptime", "$ so far", "guards", ""],
     up.map((c) => [c.name + (c.is_default ? " *" : ""), c.provider, machine(c), c.state, usd(c.usd_per_hour), duration(c.uptime_s),
-                   usd(c.usd), countdowns(c.guard),
-                   button("Release", () => act("release", c.name, `Release cluster ${c.name}? Its runs are stopped.`), "danger")]));
+                   usd(c.usd), countdowns(c.guard), button("Release", () => act("release", c.name), "danger")]));
+  Array.from(node.querySelectorAll("tr")).slice(1).forEach((tr, i) => { tr.children[7].dataset.guard = String(up[i].id); });
   table($("released"), ["cluster", "provider", "machine", "uptime", "$", "note"],
     down.map((c) => [c.name, c.provider, machine(c), duration(c.uptime_s), usd(c.usd), c.note || ""]));
   const hidden = view.hidden_clusters ? ` (and ${view.hidden_clusters} older: gpuctl status --all)` : "";
@@ -120,7 +146,7 @@ function renderRuns() {
       return [s.run_id, s.cluster, s.state + (s.exit_code !== null && s.state === "failed" ? ` (${s.exit_code})` : ""),
               `${s.epoch}/${s.epochs_planned || "?"}`, metrics(s.metrics),
               r.examples_per_s ? r.examples_per_s.toFixed(1) : "-", usd(r.spent_usd), usd(r.projected_total_usd),
-              live ? button("Stop", () => act("stop", s.run_id, `Stop run ${s.run_id}? The cluster stays up.`), "danger") : ""];
+              live ? button("Stop", () => act("stop", s.run_id), "danger") : ""];
     }));
   Array.from(node.querySelectorAll("tr")).slice(1).forEach((tr, i) => {
     const id = shown[i].status.run_id;
@@ -221,29 +247,49 @@ function renderPlan() {
 }
 
 function render(data) {
-  if (data.error) banner(false, data.error.message, data.error.hint);
+  if (data.error) banner(false, data.error.message, data.error.hint, true);
+  else if (bannerFromLook) $("banner").hidden = true;
   if (!data.view) return;
   view = data.view;
-  renderSpend();
-  renderClusters();
-  renderRuns();
-  renderPlan();
-  $("notes").replaceChildren(...view.notes.map((n) => el("li", n)));
+  csrf = data.csrf;
+  // Tables are built again only when what they show changed (a Stop button under the cursor, or
+  // a run id being selected, is not replaced by an identical one every second).
+  const rows = JSON.stringify([view.clusters, view.machines, view.runs, view.spend, view.total_usd, view.plan, selected, allRuns]);
+  if (rows !== shownRows) {
+    shownRows = rows;
+    renderSpend();
+    renderClusters();
+    renderRuns();
+    renderPlan();
+    $("notes").replaceChildren(...view.notes.map((n) => el("li", n)));
+  }
   $("live").textContent = `looked at ${new Date(view.generated_at * 1000).toLocaleTimeString()} · v${data.version}`;
   document.body.dataset.version = data.version;
 }
 
 function select(id) {
   selected = id;
-  renderRuns();
+  shownRows = "";
   refresh();
 }
 
 async function refresh() {
+  const mine = ++asked;
   const query = selected ? "?run=" + encodeURIComponent(selected) : "";
-  const resp = await fetch("/api/view" + query, {credentials: "same-origin"});
-  if (!resp.ok) { banner(false, `the dashboard answered ${resp.status}`, "Open the URL `gpuctl dashboard` printed."); return; }
-  const data = await resp.json();
+  let data;
+  try {
+    const resp = await api("/api/view" + query);
+    if (!resp.ok) {
+      banner(false, `the dashboard answered ${resp.status}`, "Open the URL `gpuctl dashboard` printed (its #token=... part too).", true);
+      return;
+    }
+    data = await resp.json();
+  } catch (e) {
+    banner(false, "the dashboard does not answer", "Is `gpuctl dashboard` still running?", true);
+    return;
+  }
+  if (mine !== asked) return; // a newer answer is on its way
+  if (selected && data.view && !data.run) { selected = null; return refresh(); } // the run was removed
   if (!selected && data.run) selected = data.run.status.run_id; // the server's pick: the newest running run
   render(data);
   detail = data.run;
@@ -251,11 +297,11 @@ async function refresh() {
 }
 
 function live() {
-  const events = new EventSource("/api/events");
+  const events = new EventSource("/api/events?token=" + encodeURIComponent(token));
   events.addEventListener("changed", () => refresh());
   events.onerror = () => { $("live").textContent = "disconnected: is `gpuctl dashboard` still running?"; };
 }
 
-$("more-runs").addEventListener("click", () => { allRuns = !allRuns; renderRuns(); });
-setInterval(() => { if (view) renderClusters(); }, 1000); // the guards' countdowns
+$("more-runs").addEventListener("click", () => { allRuns = !allRuns; shownRows = ""; if (view) renderRuns(); });
+setInterval(() => { if (view) tickCountdowns(); }, 1000); // the guards' countdowns, in place
 refresh().then(live);
