@@ -188,3 +188,17 @@ def test_the_last_epoch_is_the_last_of_all_epochs_today_s_bounds_accept(isolated
         every = led.epochs(run.run_id)
         assert led.last_epoch(run.run_id) == (every[-1] if every else None), run.run_id
     assert led.last_epoch("r-local-00") is not None and led.last_epoch("no-such-run") is None
+
+
+def test_cost_without_the_older_runs_rows_says_every_figure_the_same(isolated, still):
+    """The plain `cost` table asks for the rows of its newest runs only: every other figure of
+    every run is what the full report says (the golden outputs check the table itself)."""
+    from gpuctl.ops import costs
+    from gpuctl.ops.session import Session
+
+    fill(isolated)
+    s = Session(isolated, env={"GPUCTL_PROVIDER": "local", "HOME": str(isolated.parent / "user")})
+    full, slim = costs.cost(s), costs.cost(s, rows_of_last=2)
+    assert slim.runs[-2:] == full.runs[-2:] and slim.runs[-2].epochs  # r-spot (r-spot-none has none)
+    assert slim.runs[:-2] == tuple(r.model_copy(update={"epochs": ()}) for r in full.runs[:-2])
+    assert slim.model_copy(update={"runs": full.runs}) == full
