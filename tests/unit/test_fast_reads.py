@@ -173,8 +173,12 @@ def test_emit_json_writes_what_json_dumps_with_indent_writes(capsys):
     rows = tuple(EpochRow(epoch=i + 1, seconds=abs(f) if math.isfinite(f) else 1.0, examples=i, examples_per_s=f,
                           epoch_cost_usd=abs(f), cumulative_usd=abs(f), metrics={rnd.choice(names): f, "n": i})
                  for i, f in enumerate(floats))
-    report = CostReport(clusters=(), runs=(RunCost(run_id="r-é😀", cluster="c", state="succeeded", usd_per_hour=1e-5,
-                                                   epochs_done=len(rows), epochs=rows, spent_usd=0.0),), total_usd=0.0)
+    run = RunCost(run_id="r-é😀", cluster="c", state="succeeded", usd_per_hour=1e-5, epochs_done=len(rows),
+                  epochs=rows, spent_usd=0.0)
+    # A lone surrogate (a path of bytes that are not UTF-8, decoded as Python decodes file names)
+    # that pydantic's serializer refuses: that part goes the long way.
+    odd = run.model_copy(update={"run_id": "r-\udcff", "epochs": rows[:3]})
+    report = CostReport(clusters=(), runs=(run, odd, run.model_copy(update={"epochs": ()})), total_usd=0.0)
     render.emit_json(report)
     assert capsys.readouterr().out == json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
 
