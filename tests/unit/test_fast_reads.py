@@ -178,7 +178,8 @@ def test_emit_json_writes_what_json_dumps_with_indent_writes(capsys):
     # A lone surrogate (a path of bytes that are not UTF-8, decoded as Python decodes file names)
     # that pydantic's serializer refuses: that part goes the long way.
     odd = run.model_copy(update={"run_id": "r-\udcff", "epochs": rows[:3]})
-    report = CostReport(clusters=(), runs=(run, odd, run.model_copy(update={"epochs": ()})), total_usd=0.0)
+    report = CostReport(clusters=(), runs=(run, odd, run.model_copy(update={"epochs": ()})), total_usd=0.0,
+                        notes=("a note", "ünïcode"))
     render.emit_json(report)
     assert capsys.readouterr().out == json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
 

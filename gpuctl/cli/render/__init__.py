@@ -122,6 +122,8 @@ def _json_parts(data: BaseModel) -> Iterator[str]:
     with its own fields alone)."""
     import typing
 
+    from pydantic import BaseModel
+
     fields = type(data).model_fields
     if type(data).model_computed_fields or any(f.alias or f.serialization_alias for f in fields.values()):
         yield _dumped(data)
@@ -131,6 +133,7 @@ def _json_parts(data: BaseModel) -> Iterator[str]:
         value, args = getattr(data, name), typing.get_args(info.annotation)
         tail = ",\n" if n < len(fields) - 1 else "\n"
         if (isinstance(value, tuple) and value and len(args) == 2 and args[1] is Ellipsis
+                and isinstance(args[0], type) and issubclass(args[0], BaseModel)
                 and all(type(item) is args[0] for item in value)):
             yield f"  {json.dumps(name)}: [\n"
             for m, item in enumerate(value):
