@@ -125,7 +125,9 @@ def _json_parts(data: BaseModel) -> Iterator[str]:
     from pydantic import BaseModel
 
     fields = type(data).model_fields
-    if type(data).model_computed_fields or any(f.alias or f.serialization_alias for f in fields.values()):
+    whole = (type(data).model_computed_fields or type(data).__pydantic_decorators__.model_serializers
+             or any(f.alias or f.serialization_alias or f.exclude for f in fields.values()))
+    if whole:  # written otherwise than field by field: at once
         yield _dumped(data)
         return
     yield "{\n"
