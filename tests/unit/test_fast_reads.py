@@ -207,3 +207,17 @@ def test_cost_without_the_older_runs_rows_says_every_figure_the_same(isolated, s
     assert slim.runs[-2:] == full.runs[-2:] and slim.runs[-2].epochs  # r-spot (r-spot-none has none)
     assert slim.runs[:-2] == tuple(r.model_copy(update={"epochs": ()}) for r in full.runs[:-2])
     assert slim.model_copy(update={"runs": full.runs}) == full
+
+
+def test_epoch_rows_share_their_fields_set_and_a_copy_gets_its_own(isolated, still):
+    from gpuctl.model.results import EpochRow
+    from gpuctl.ops import costs
+    from gpuctl.ops.session import Session
+
+    fill(isolated)
+    s = Session(isolated, env={"GPUCTL_PROVIDER": "local", "HOME": str(isolated.parent / "user")})
+    rows = [row for run in costs.cost(s).runs for row in run.epochs]
+    assert len({id(row.model_fields_set) for row in rows}) == 1 and rows[0].model_fields_set == set(EpochRow.model_fields)
+    copy = rows[0].model_copy(update={"epoch": 99})
+    assert copy.model_fields_set is not rows[0].model_fields_set and rows[1].epoch != 99
+    assert rows[1].model_fields_set == set(EpochRow.model_fields)
