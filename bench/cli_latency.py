@@ -1,6 +1,6 @@
 """How fast the CLI answers: `gpuctl --help`, `status` and `cost` against a ledger holding many runs,
 each as a ratio to a bare `python -c pass` and to `gpuctl --help` measured in the same run, with
-each command's peak memory (the child's maximum RSS, from wait4). Targets: `--help` within 0.10 s;
+each command's CPU time and peak memory (the child's, from wait4). Targets: `--help` within 0.10 s;
 at 1,000 runs x 20 epochs (issue 39) `status` 150 ms, `cost` 200 ms, `cost --json` 250 ms, every
 report under 100 MB, growing linearly with the runs.
 
@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -115,25 +114,30 @@ def main() -> None:
                 env["PYTHONPATH"] = str(tree)
             envs[prefix] = env
         times: dict[str, list[float]] = {label: [] for label in commands}
+        cpus: dict[str, list[float]] = {label: [] for label in commands}
+        peaks: dict[str, float] = {label: 0.0 for label in commands}
         for n in range(args.repeat + 1):
             for label, (argv, prefix) in commands.items():
-                t0 = time.perf_counter()
-                out = run_once(argv, envs[prefix])
+                out, wall, cpu, peak = run_once(argv, envs[prefix])
                 if n:  # round 0 writes the bytecode
-                    times[label].append(time.perf_counter() - t0)
+                    times[label].append(wall)
+                    cpus[label].append(cpu)
+                    peaks[label] = max(peaks[label], peak)
                 elif args.outputs is not None and label.split(": ", 1)[-1].startswith("gpuctl "):
                     args.outputs.mkdir(parents=True, exist_ok=True)
                     name = (prefix.strip(": ") + "-" if prefix else "") + label.split(": ", 1)[-1][7:]
                     (args.outputs / (name.replace(" ", "_").replace("-", "") or "x")).write_bytes(out)
-        # One more, untimed round for memory: each command started by a small launcher (see peak_mb).
-        peaks = {label: peak_mb(argv, envs[prefix]) for label, (argv, prefix) in commands.items()}
     base = statistics.median(times["python -c pass"])
-    print(f"ledger: {args.runs} runs x {args.epochs} epochs; median of {args.repeat} runs each, round-robin")
-    print(f"{'command':<32}{'median ms':>10}{'max ms':>8}{'x python':>10}{'x --help':>10}{'peak MB':>9}")
+    print(f"ledger: {args.runs} runs x {args.epochs} epochs; median of {args.repeat} runs each, round-robin; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'command':<32}{'wall ms':>8}{'max ms':>8}{'CPU ms':>8}{'x python':>10}{'x --help':>10}"
+          f"{'CPU x --help':>14}{'peak MB':>9}")
     for label, ts in times.items():
         med = statistics.median(ts)
+        cpu = statistics.median(cpus[label])
         prefix, name = label.split(": ", 1) if ": " in label else ("", label)
-        helped = statistics.median(times[f"{prefix + ': ' if prefix else ''}gpuctl --help"])
+        help_label = f"{prefix + ': ' if prefix else ''}gpuctl --help"
+        helped, help_cpu = statistics.median(times[help_label]), statistics.median(cpus[help_label])
         sub = name[len("gpuctl "):]
         target = (HELP_TARGET_S if sub == "--help"
                   else TARGETS_AT_1000_S.get(sub, REPORT_TARGET_S) * max(args.runs, 1000) / 1000
@@ -142,35 +146,39 @@ def main() -> None:
         verdict = [] if target is None else ["ok" if med <= target else f"SLOW (target {target * 1000:.0f} ms)"]
         if target is not None and peak > MEMORY_TARGET_MB:
             verdict.append(f"BIG (target {MEMORY_TARGET_MB:.0f} MB)")
-        print(f"{label:<32}{med * 1000:>10.0f}{max(ts) * 1000:>8.0f}{med / base:>9.2f}x{med / helped:>9.2f}x"
-              f"{peak:>9.1f}  {' '.join(verdict)}")
+        print(f"{label:<32}{med * 1000:>8.0f}{max(ts) * 1000:>8.0f}{cpu * 1000:>8.0f}{med / base:>9.2f}x"
+              f"{med / helped:>9.2f}x{cpu / help_cpu:>13.2f}x{peak:>9.1f}  {' '.join(verdict)}")
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> bytes:
-    """The stdout of one command; its exit status must be 0. It runs in its ledger's home: `python
-    -m` puts the cwd first on sys.path, and run from a gpuctl checkout every tree was that one."""
-    return subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
-                          cwd=env["GPUCTL_HOME"]).stdout
+def run_once(argv: list[str], env: dict[str, str]) -> tuple[bytes, float, float, float]:
+    """(stdout, wall seconds, CPU seconds (user + system), peak RSS in MB) of one run of the
+    command, started by a bare launcher (see _LAUNCHER); its exit status must be 0. It runs in its
+    ledger's home: `python -m` puts the cwd first on sys.path, and run from a gpuctl checkout
+    every tree was that one."""
+    with tempfile.TemporaryFile() as figures:
+        proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, str(figures.fileno()), *argv], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
+                              cwd=env["GPUCTL_HOME"], pass_fds=(figures.fileno(),))
+        figures.seek(0)
+        wall, cpu, maxrss = figures.read().split()
+    return proc.stdout, float(wall), float(cpu), int(maxrss) / 1024.0  # ru_maxrss is in kB on Linux
 
 
-# Linux counts the pages a process had before exec in its maximum RSS, and a child of this
-# process (which holds gpuctl and a filled ledger's objects) starts with all of them: each
-# command is forked from a bare `python -S` instead, which reports the command's wait4 figure.
-_LAUNCHER = """import os, sys
+# Each command is forked from a bare `python -S`, which times it (its own start-up not counted)
+# and reports its wait4 figures. Linux counts the pages a process had before exec in its maximum
+# RSS, and a child of this process (which holds gpuctl and a filled ledger's objects) would start
+# with all of them. CPU time says what wall time on a busy machine cannot: the command's own work.
+_LAUNCHER = """import os, sys, time
+fd = int(sys.argv[1])
+t0 = time.perf_counter()
 pid = os.fork()
 if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
+    os.execv(sys.argv[2], sys.argv[2:])
 _, status, usage = os.wait4(pid, 0)
-print(usage.ru_maxrss, file=sys.stderr)
+wall = time.perf_counter() - t0
+os.write(fd, f"{wall} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss}".encode())
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-
-
-def peak_mb(argv: list[str], env: dict[str, str]) -> float:
-    """The peak RSS of one run of the command, in MB (ru_maxrss is in kB on Linux)."""
-    proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *argv], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, check=True, text=True, cwd=env["GPUCTL_HOME"])
-    return int(proc.stderr.split()[-1]) / 1024.0
 
 
 if __name__ == "__main__":

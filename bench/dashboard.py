@@ -98,7 +98,7 @@ def main() -> None:
             rid = f"bench-{args.runs - 1:05d}"
             led = Session(home)
             latencies = []
-            for k in range(args.repeat):
+            for _ in range(args.repeat):
                 last = led.ledger.epochs(rid)[-1]
                 t = time.perf_counter()
                 led.ledger.put_epochs([last.model_copy(update={"epoch": last.epoch + 1})])

@@ -141,7 +141,10 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
         from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
-    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster)
+    # The plain table shows the epochs of the RECENT_RUNS newest runs only: no rows for the others.
+    table = not (as_json or as_csv or compare or show_all or runs or plot_path is not None)
+    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster,
+                        rows_of_last=RECENT_RUNS if table else None)
     if plot_path is not None:
         from gpuctl.cli.render.plot import plot
 

@@ -5,6 +5,7 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
@@ -242,7 +243,7 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochRe
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
     elapsed, usd, segs = on_instance(s, run, epochs, now, instances)
-    if elapsed > 0 and (not rc.epochs or rc.spent_usd < FREE_SHARE * usd):
+    if elapsed > 0 and (not rc.epochs_done or rc.spent_usd < FREE_SHARE * usd):
         # Epochs that say they cost (next to) nothing, under 1% of the run's time on its
         # instances (the instance is untrusted), count as no report: that time, by this machine's
         # clock, is what it cost.
@@ -269,10 +270,12 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[Inst
                                  "market": inst.market})
 
 
-def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None) -> CostWithImages:
+def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None,
+         rows_of_last: int | None = None) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more); with `cluster`, only the clusters of
-    that name and their runs (as `status --cluster`)."""
+    that name and their runs (as `status --cluster`). With `rows_of_last` N, only the last N runs
+    keep their per-epoch rows (a table that shows no more), every run its figures."""
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
@@ -282,7 +285,8 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
     instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
-    costs = tuple(one_run_cost(s, r, now, instances) for r in runs)
+    first_rows = 0 if rows_of_last is None else max(len(runs) - rows_of_last, 0)
+    costs = tuple(one_run_cost(s, r, now, instances, n >= first_rows) for n, r in enumerate(runs))
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -297,49 +301,70 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
                           volumes=volumes.storage(s, now))
 
 
-def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]]) -> RunCost:
+def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]],
+                 rows: bool = True) -> RunCost:
     """A run's epochs and projection, its machine and its stretches: its epochs read (and
     validated) once, its cluster's instances once per `cost`."""
     mine = instances.get(run.cluster_id)
     if mine is None:
         mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
     epochs = s.ledger.epochs(run.run_id)
-    return _with_segments(s, _with_machine(s, run_cost(run, epochs), run.cluster_id, mine), run, epochs, now, mine)
+    return _with_segments(s, _with_machine(s, run_cost(run, epochs, rows), run.cluster_id, mine), run, epochs, now,
+                          mine)
 
 
 def _rate_at(run: RunRecord, at: float) -> float:
     """The $/h this machine gave the run for the stretch it was in at `at` (the latest, failing that)."""
+    if not run.segments:
+        return run.usd_per_hour
     inside = [g for g in run.segments if g.started_at <= at and (g.ended_at is None or at <= g.ended_at)]
     return inside[-1].usd_per_hour if inside else run.usd_per_hour
 
 
-def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def _row(**values: Any) -> EpochRow:
+    """An EpochRow, validated. pydantic gives every model a set of the names of the fields it was
+    given (728 bytes for an EpochRow's 9, more than the rest of the row: 70 MB of `cost --json` at
+    5,000 runs x 20 epochs); rows given the same fields share one. A frozen row never adds to it,
+    and model_copy copies it before an update does."""
+    row = EpochRow(**values)
+    object.__setattr__(row, "__pydantic_fields_set__", _FIELDS_SETS.setdefault(frozenset(values), set(values)))
+    return row
+
+
+def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> RunCost:
     """Per-epoch rows plus the projection: mean epoch cost x planned epochs. An epoch costs what
     its report says (the instance may know a newer spot price), but never less than its seconds at
-    the run's own rate: a report cannot make an epoch, or the run's projection, free."""
-    rows = []
+    the run's own rate: a report cannot make an epoch, or the run's projection, free. Without
+    `rows`, the same figures and no per-epoch rows (`epochs` empty: a table that shows none)."""
+    usds = []
+    kept = []
     cumulative = 0.0
     for e in epochs:
         usd = max(e.epoch_cost_usd, max(e.seconds, e.end - e.start, 0.0) * _rate_at(run, e.end) / 3600)
         cumulative += usd
-        rows.append(EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
+        usds.append(usd)
+        if rows:
+            kept.append(_row(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
                              epoch_cost_usd=usd, cumulative_usd=cumulative, metrics=e.metrics,
                              gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib))
-    done = len(rows)
+    done = len(usds)
     planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
-    spent = sum(r.epoch_cost_usd for r in rows)
+    spent = sum(usds)
     mean_usd = spent / done if done else None
-    mean_s = sum(r.seconds for r in rows) / done if done else None
+    mean_s = sum(e.seconds for e in epochs) / done if done else None
     total = remaining = finish = None
     if mean_usd is not None and planned:
         total = mean_usd * planned
         remaining = mean_usd * max(planned - done, 0)
         finish = epochs[-1].end + (mean_s or 0.0) * max(planned - done, 0)
-    examples = sum(r.examples or 0 for r in rows)
-    seconds = sum(r.seconds for r in rows)
+    examples = sum(e.examples or 0 for e in epochs)
+    seconds = sum(e.seconds for e in epochs)
     return RunCost(
         run_id=run.run_id, cluster=run.cluster, state=run.state, usd_per_hour=run.usd_per_hour, epochs_done=done,
-        epochs_planned=planned, epochs=tuple(rows), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
+        epochs_planned=planned, epochs=tuple(kept), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,

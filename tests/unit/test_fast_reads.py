@@ -173,8 +173,13 @@ def test_emit_json_writes_what_json_dumps_with_indent_writes(capsys):
     rows = tuple(EpochRow(epoch=i + 1, seconds=abs(f) if math.isfinite(f) else 1.0, examples=i, examples_per_s=f,
                           epoch_cost_usd=abs(f), cumulative_usd=abs(f), metrics={rnd.choice(names): f, "n": i})
                  for i, f in enumerate(floats))
-    report = CostReport(clusters=(), runs=(RunCost(run_id="r-é😀", cluster="c", state="succeeded", usd_per_hour=1e-5,
-                                                   epochs_done=len(rows), epochs=rows, spent_usd=0.0),), total_usd=0.0)
+    run = RunCost(run_id="r-é😀", cluster="c", state="succeeded", usd_per_hour=1e-5, epochs_done=len(rows),
+                  epochs=rows, spent_usd=0.0)
+    # A lone surrogate (a path of bytes that are not UTF-8, decoded as Python decodes file names)
+    # that pydantic's serializer refuses: that part goes the long way.
+    odd = run.model_copy(update={"run_id": "r-\udcff", "epochs": rows[:3]})
+    report = CostReport(clusters=(), runs=(run, odd, run.model_copy(update={"epochs": ()})), total_usd=0.0,
+                        notes=("a note", "ünïcode"))
     render.emit_json(report)
     assert capsys.readouterr().out == json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
 
@@ -188,3 +193,31 @@ def test_the_last_epoch_is_the_last_of_all_epochs_today_s_bounds_accept(isolated
         every = led.epochs(run.run_id)
         assert led.last_epoch(run.run_id) == (every[-1] if every else None), run.run_id
     assert led.last_epoch("r-local-00") is not None and led.last_epoch("no-such-run") is None
+
+
+def test_cost_without_the_older_runs_rows_says_every_figure_the_same(isolated, still):
+    """The plain `cost` table asks for the rows of its newest runs only: every other figure of
+    every run is what the full report says (the golden outputs check the table itself)."""
+    from gpuctl.ops import costs
+    from gpuctl.ops.session import Session
+
+    fill(isolated)
+    s = Session(isolated, env={"GPUCTL_PROVIDER": "local", "HOME": str(isolated.parent / "user")})
+    full, slim = costs.cost(s), costs.cost(s, rows_of_last=2)
+    assert slim.runs[-2:] == full.runs[-2:] and slim.runs[-2].epochs  # r-spot (r-spot-none has none)
+    assert slim.runs[:-2] == tuple(r.model_copy(update={"epochs": ()}) for r in full.runs[:-2])
+    assert slim.model_copy(update={"runs": full.runs}) == full
+
+
+def test_epoch_rows_share_their_fields_set_and_a_copy_gets_its_own(isolated, still):
+    from gpuctl.model.results import EpochRow
+    from gpuctl.ops import costs
+    from gpuctl.ops.session import Session
+
+    fill(isolated)
+    s = Session(isolated, env={"GPUCTL_PROVIDER": "local", "HOME": str(isolated.parent / "user")})
+    rows = [row for run in costs.cost(s).runs for row in run.epochs]
+    assert len({id(row.model_fields_set) for row in rows}) == 1 and rows[0].model_fields_set == set(EpochRow.model_fields)
+    copy = rows[0].model_copy(update={"epoch": 99})
+    assert copy.model_fields_set is not rows[0].model_fields_set and rows[1].epoch != 99
+    assert rows[1].model_fields_set == set(EpochRow.model_fields)
