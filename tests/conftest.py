@@ -38,8 +38,9 @@ TIER_FIXTURES = {
     "slow": {"small_wheels"},
     # Mounts (a tmpfs of a few MB: a full disk under the gpuctl home; a loop device), which need root.
     "root": {"small_disk", "loop_device"},
+    "browser": {"browser"},
 }
-FULL_TIER_ONLY = ("sshd", "tf", "slow", "root")
+FULL_TIER_ONLY = ("sshd", "tf", "slow", "root", "browser")
 
 
 def pytest_addoption(parser):
@@ -201,6 +202,15 @@ class Cli:
 @pytest.fixture
 def gpuctl():
     return Cli()
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium from Debian's packages, driven by Playwright (tests/web.py); one per test."""
+    from tests.web import chromium
+
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture

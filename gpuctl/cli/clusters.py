@@ -13,6 +13,7 @@ from gpuctl.cli.common import (
     after_failure,
     confirm,
     json_option,
+    no_cycle_collection,
     progress_sink,
     session,
 )
@@ -93,6 +94,7 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
     from gpuctl.cli.render import cost as render_cost
     from gpuctl.ops import costs
 
+    no_cycle_collection(ctx)
     if everything and (run is not None or cluster is not None):
         raise click.UsageError("--all searches everything: give no RUN or --cluster with it")
     if everything:
@@ -134,11 +136,15 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
     from gpuctl.cli.render import cost as render_cost
     from gpuctl.ops import costs
 
+    no_cycle_collection(ctx)
     if plot_path is not None:
         from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
-    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster)
+    # The plain table shows the epochs of the RECENT_RUNS newest runs only: no rows for the others.
+    table = not (as_json or as_csv or compare or show_all or runs or plot_path is not None)
+    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster,
+                        rows_of_last=RECENT_RUNS if table else None)
     if plot_path is not None:
         from gpuctl.cli.render.plot import plot
 

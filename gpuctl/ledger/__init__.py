@@ -312,6 +312,17 @@ class Ledger(VolumeRows):
         rows = self._all("SELECT report_json FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))
         return [r for r in map(self._epoch_or_none, rows) if r is not None]
 
+    def last_epoch(self, run_id: str) -> EpochReport | None:
+        """The run's latest epoch that today's bounds accept (epochs()[-1], what `status` shows):
+        one row read and validated, not all of them, unless the latest is refused."""
+        row = self._db.execute("SELECT report_json FROM epochs WHERE run_id = ? ORDER BY epoch DESC LIMIT 1",
+                               (run_id,)).fetchone()
+        last = self._epoch_or_none(row) if row else None
+        if row is None or last is not None:
+            return last
+        rest = self.epochs(run_id)
+        return rest[-1] if rest else None
+
     @staticmethod
     def _epoch_or_none(row: tuple[Any, ...]) -> EpochReport | None:
         """A stored report, unless it fails today's bounds (a `start` of 1e308 that a gpuctl

@@ -15,6 +15,7 @@ from gpuctl.model.specs import AnySpec, Frozen
 # queued: its job waits on the instance for its GPUs (the cluster's queue, ops/queue.py).
 RunState = Literal["starting", "queued", "running", "succeeded", "failed", "stopped", "lost", "preempted"]
 FINAL_RUN_STATES = frozenset({"succeeded", "failed", "stopped", "lost", "preempted"})
+RESUMABLE = ("failed", "stopped", "lost", "preempted")  # `train --resume` continues a run in these states
 
 
 # An instance in these states is gone (its billing ended), whatever its provider.

@@ -5,10 +5,11 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, EpochReport, Resource, RunRecord
+from gpuctl.model.records import ENDED_STATES, RESUMABLE, ClusterRecord, EpochReport, InstanceRecord, Resource, RunRecord
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
@@ -20,15 +21,13 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, release, run_state, setup, volumes
+from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
-from gpuctl.ops.resume import RESUMABLE, has_checkpoint, in_store
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
 from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
-from gpuctl.remote import jobs
 
 
 class CostWithImages(CostReport):
@@ -114,41 +113,56 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
     # Read again: reconciling may have closed a cluster the provider ended.
     records = [c for c in s.ledger.clusters() if c.id in wanted]
     now = time.time()
-    out = []
-    for c in records:
-        cost, n = cluster_cost(s, c, now)
-        reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
-        out.append(ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
-                                 guard=guards.status_of(s, c) if c.state == "up" and n else None,
-                                 note="; ".join(sorted(reasons)) or None,
-                                 setup_failed=setup.failed(s, c) if c.state == "up" else None))
+    out = [cluster_status(s, c, now) for c in records]
     runs = []
     for r in s.ledger.runs():
         if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
             continue  # filtered before its host is asked
-        r = run_state.refresh_or_keep(s, r)
-        epochs = s.ledger.epochs(r.run_id)
-        elapsed, usd, segs = on_instance(s, r, epochs, now)
-        runs.append(RunStatus(
-            run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
-            epoch=epochs[-1].epoch if epochs else 0, epochs_planned=r.epochs_planned,
-            metrics=epochs[-1].metrics if epochs else {}, elapsed_s=elapsed, usd=usd,
-            log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
-            tensorflow=r.tensorflow, image=r.image, code=r.code,
-            resumable=r.state in RESUMABLE and _resumable(s, r, bool(epochs)),
-            segments=segs, node_states=r.node_states, failed_node=r.failed_node,
-            queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
-            packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
-            data_fetch_bytes=r.data_fetch_bytes,
-        ))
+        runs.append(run_status(s, run_state.refresh_or_keep(s, r), now))
     return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
                         notes=tuple(s.notes))
+
+
+def cluster_status(s: Session, c: ClusterRecord, now: float) -> ClusterStatus:
+    """One cluster's line in `status`: its dollars, its guards as its watchdog wrote them."""
+    cost, n = cluster_cost(s, c, now)
+    reasons = {i.state_reason for i in s.ledger.instances(c.id) if i.state_reason} if n else set()
+    return ClusterStatus(**cost.model_dump(), is_default=c.is_default, instances=n,
+                         guard=guards.status_of(s, c) if c.state == "up" and n else None,
+                         note="; ".join(sorted(reasons)) or None,
+                         setup_failed=setup.failed(s, c) if c.state == "up" else None)
+
+
+def run_status(s: Session, r: RunRecord, now: float) -> RunStatus:
+    """One run's line in `status` (the run as looked at already: run_state.refresh_or_keep)."""
+    # Only its last epoch is shown: every epoch is read (and validated) only for a run whose
+    # stretches on its instances need their ends (the work an interruption threw away).
+    epochs = s.ledger.epochs(r.run_id) if r.segments else None
+    last = (epochs[-1] if epochs else None) if epochs is not None else s.ledger.last_epoch(r.run_id)
+    elapsed, usd, segs = on_instance(s, r, epochs or [], now)
+    return RunStatus(
+        run_id=r.run_id, cluster=r.cluster, state=r.state, exit_code=r.exit_code,
+        epoch=last.epoch if last else 0, epochs_planned=r.epochs_planned,
+        metrics=last.metrics if last else {}, elapsed_s=elapsed, usd=usd,
+        log_tail=run_state.log_tail(s, r, 5) if r.state in ("failed", "lost") else None,
+        tensorflow=r.tensorflow, image=r.image, code=r.code,
+        resumable=r.state in RESUMABLE and _resumable(s, r, last is not None),
+        segments=segs, node_states=r.node_states, failed_node=r.failed_node,
+        queue_position=r.queue_position if r.state == "queued" else None, usd_per_hour=r.usd_per_hour,
+        packages=r.packages, packages_s=r.packages_s, data=r.data, data_fetch_s=r.data_fetch_s,
+        data_fetch_bytes=r.data_fetch_bytes,
+    )
 
 
 def _resumable(s: Session, run: RunRecord, reported: bool) -> bool:
     """Whether `train --resume` has a checkpoint to continue the run from: in its cluster's store,
     or in its run dir on its cluster's host (where `train --resume` looks). A place that cannot be
     asked (a lost host, no credentials): whether the run reported an epoch (each one checkpoints)."""
+    # Imported here, as in everything(): resume and release bring the push, packages and sync
+    # code, which a report (status, cost) of ended runs never runs (issue 39: tens of ms a report).
+    from gpuctl.ops.resume import has_checkpoint, in_store
+    from gpuctl.remote import jobs
+
     live = s.live_cluster_of(run)
     if live is None and run.state != "preempted":
         return False
@@ -166,6 +180,8 @@ def everything(s: Session) -> StatusAllWithVolumes:
     """`status --all`: every cluster and run the ledger holds, and every resource each provider
     finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
     (which says so)."""
+    from gpuctl.ops import release
+
     resources: list[Resource] = []
     notes: list[str] = []
     known = release.live_in_ledger(s, notes.append)
@@ -194,34 +210,40 @@ def everything(s: Session) -> StatusAllWithVolumes:
                                 clusters=report.clusters, runs=report.runs, volumes=kept)
 
 
-def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float
-                ) -> tuple[float, float, tuple[SegmentCost, ...]]:
+def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+                instances: list[InstanceRecord] | None = None) -> tuple[float, float, tuple[SegmentCost, ...]]:
     """(seconds, dollars, stretches) of the run's whole time on its instances, start-up included:
-    what `status` shows, and what `cost` counts for a run that reports no epochs."""
+    what `status` shows, and what `cost` counts for a run that reports no epochs. `instances`: its
+    cluster's, where the caller read them already (else read here)."""
     if run.state == "queued":  # not started: no time, no dollars yet (its start moves past the wait)
         return 0.0, 0.0, ()
     elapsed = max(0.0, (run.ended_at or now) - run.started_at)
-    segs = _segments(s, run, epochs, now)
+    segs = _segments(s, run, epochs, now, instances)
     return elapsed, sum(g.usd for g in segs) if segs else elapsed * run.usd_per_hour / 3600.0, segs
 
 
-def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float) -> tuple[SegmentCost, ...]:
-    try:
-        instances = {i.id: i for i in s.ledger.instances(run.cluster_id)}
-    except KeyError:
-        instances = {}
-    return segment_costs(run, epochs, instances, now)
+def _segments(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,
+              instances: list[InstanceRecord] | None) -> tuple[SegmentCost, ...]:
+    if not run.segments:
+        return ()
+    if instances is None:
+        try:
+            instances = s.ledger.instances(run.cluster_id)
+        except KeyError:
+            instances = []
+    return segment_costs(run, epochs, {i.id: i for i in instances}, now)
 
 
 FREE_SHARE = 0.01  # epochs' dollars below this share of the run's time on its instances are not believed
 
 
-def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCost:
+def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochReport], now: float,
+                   instances: list[InstanceRecord]) -> RunCost:
     """Every instance the run used, what an interruption threw away, the waits between them; for
     a run that reported no epoch, its dollars are its whole time on the instance (it ran: a custom
     loop without the report API, or one still in its first epoch, is never $0)."""
-    elapsed, usd, segs = on_instance(s, run, s.ledger.epochs(run.run_id), now)
-    if elapsed > 0 and (not rc.epochs or rc.spent_usd < FREE_SHARE * usd):
+    elapsed, usd, segs = on_instance(s, run, epochs, now, instances)
+    if elapsed > 0 and (not rc.epochs_done or rc.spent_usd < FREE_SHARE * usd):
         # Epochs that say they cost (next to) nothing, under 1% of the run's time on its
         # instances (the instance is untrusted), count as no report: that time, by this machine's
         # clock, is what it cost.
@@ -239,9 +261,8 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, now: float) -> RunCo
                                  "waited_s": sum(g.waited_s for g in segs)})
 
 
-def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
+def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[InstanceRecord]) -> RunCost:
     """Which machine a run's dollars bought: its cluster's instance type and market."""
-    instances = s.ledger.instances(cluster_id)
     if not instances:
         return rc
     inst = instances[0]
@@ -249,10 +270,12 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int) -> RunCost:
                                  "market": inst.market})
 
 
-def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None) -> CostWithImages:
+def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None,
+         rows_of_last: int | None = None) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more); with `cluster`, only the clusters of
-    that name and their runs (as `status --cluster`)."""
+    that name and their runs (as `status --cluster`). With `rows_of_last` N, only the last N runs
+    keep their per-epoch rows (a table that shows no more), every run its figures."""
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
@@ -261,8 +284,9 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     runs = [run_state.refresh_or_keep(s, r) for r in ([s.find_run(r) for r in run_ids] if run_ids else s.ledger.runs())
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
-    costs = tuple(_with_segments(s, _with_machine(s, run_cost(r, s.ledger.epochs(r.run_id)), r.cluster_id), r, now)
-                  for r in runs)
+    instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
+    first_rows = 0 if rows_of_last is None else max(len(runs) - rows_of_last, 0)
+    costs = tuple(one_run_cost(s, r, now, instances, n >= first_rows) for n, r in enumerate(runs))
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -277,39 +301,70 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
                           volumes=volumes.storage(s, now))
 
 
+def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]],
+                 rows: bool = True) -> RunCost:
+    """A run's epochs and projection, its machine and its stretches: its epochs read (and
+    validated) once, its cluster's instances once per `cost`."""
+    mine = instances.get(run.cluster_id)
+    if mine is None:
+        mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
+    epochs = s.ledger.epochs(run.run_id)
+    return _with_segments(s, _with_machine(s, run_cost(run, epochs, rows), run.cluster_id, mine), run, epochs, now,
+                          mine)
+
+
 def _rate_at(run: RunRecord, at: float) -> float:
     """The $/h this machine gave the run for the stretch it was in at `at` (the latest, failing that)."""
+    if not run.segments:
+        return run.usd_per_hour
     inside = [g for g in run.segments if g.started_at <= at and (g.ended_at is None or at <= g.ended_at)]
     return inside[-1].usd_per_hour if inside else run.usd_per_hour
 
 
-def run_cost(run: RunRecord, epochs: list[EpochReport]) -> RunCost:
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def _row(**values: Any) -> EpochRow:
+    """An EpochRow, validated. pydantic gives every model a set of the names of the fields it was
+    given (728 bytes for an EpochRow's 9, more than the rest of the row: 70 MB of `cost --json` at
+    5,000 runs x 20 epochs); rows given the same fields share one. A frozen row never adds to it,
+    and model_copy copies it before an update does."""
+    row = EpochRow(**values)
+    object.__setattr__(row, "__pydantic_fields_set__", _FIELDS_SETS.setdefault(frozenset(values), set(values)))
+    return row
+
+
+def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> RunCost:
     """Per-epoch rows plus the projection: mean epoch cost x planned epochs. An epoch costs what
     its report says (the instance may know a newer spot price), but never less than its seconds at
-    the run's own rate: a report cannot make an epoch, or the run's projection, free."""
-    rows = []
+    the run's own rate: a report cannot make an epoch, or the run's projection, free. Without
+    `rows`, the same figures and no per-epoch rows (`epochs` empty: a table that shows none)."""
+    usds = []
+    kept = []
     cumulative = 0.0
     for e in epochs:
         usd = max(e.epoch_cost_usd, max(e.seconds, e.end - e.start, 0.0) * _rate_at(run, e.end) / 3600)
         cumulative += usd
-        rows.append(EpochRow(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
+        usds.append(usd)
+        if rows:
+            kept.append(_row(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
                              epoch_cost_usd=usd, cumulative_usd=cumulative, metrics=e.metrics,
                              gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib))
-    done = len(rows)
+    done = len(usds)
     planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
-    spent = sum(r.epoch_cost_usd for r in rows)
+    spent = sum(usds)
     mean_usd = spent / done if done else None
-    mean_s = sum(r.seconds for r in rows) / done if done else None
+    mean_s = sum(e.seconds for e in epochs) / done if done else None
     total = remaining = finish = None
     if mean_usd is not None and planned:
         total = mean_usd * planned
         remaining = mean_usd * max(planned - done, 0)
         finish = epochs[-1].end + (mean_s or 0.0) * max(planned - done, 0)
-    examples = sum(r.examples or 0 for r in rows)
-    seconds = sum(r.seconds for r in rows)
+    examples = sum(e.examples or 0 for e in epochs)
+    seconds = sum(e.seconds for e in epochs)
     return RunCost(
         run_id=run.run_id, cluster=run.cluster, state=run.state, usd_per_hour=run.usd_per_hour, epochs_done=done,
-        epochs_planned=planned, epochs=tuple(rows), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
+        epochs_planned=planned, epochs=tuple(kept), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
         projected_remaining_usd=remaining, projected_total_usd=total,
         examples_per_s=examples / seconds if examples and seconds else None,
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,

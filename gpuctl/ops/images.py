@@ -21,10 +21,8 @@ from gpuctl.model import billing
 from gpuctl.model.images import BakeContents, BakedImage
 from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.model.requests import UpRequest
-from gpuctl.ops import clusters, packages, release
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import TF_VERSION, ImageStore, tf_matches
-from gpuctl.remote import preflight
 
 # Snapshot storage, standard tier: the us-east-1 list price; reports name it with its date.
 SNAPSHOT_USD_PER_GB_MONTH = 0.05
@@ -77,6 +75,8 @@ def info(image: BakedImage, removed_at: float | None = None, now: float | None =
 
 def _store(s: Session) -> ImageStore:
     """The image store of the provider the settings name (ConfigError where it has none)."""
+    from gpuctl.ops import release  # the release code (and the push code it imports) not for `cost`
+
     # release.searcher builds that provider from the settings, also where they could not
     # launch a cluster (an ssh provider without hosts), so its refusal is about images.
     return release.searcher(s, s.settings().settings.provider).image_store()
@@ -130,6 +130,8 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False,
     file on an instance of the image then installs nothing), make the image (tagged with its
     snapshots; in the ledger as soon as it exists), release the cluster. The cluster is released
     however the bake ends."""
+    from gpuctl.ops import clusters  # only for a bake: `cost` imports this module for storage()
+
     started = time.monotonic()
     store = _store(s)
     tf = s.settings().settings.train.tensorflow
@@ -158,7 +160,8 @@ def bake(s: Session, progress: Progress = quiet, allow_cpu: bool = False,
 
 def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: str, base: str, allow_cpu: bool,
              requirements: tuple[str, bytes] | None, progress: Progress) -> BakedImage:
-    from gpuctl.ops import setup  # the setup step (and what it imports) only for a bake
+    from gpuctl.ops import packages, setup  # the setup step (and what it imports) only for a bake
+    from gpuctl.remote import preflight
 
     # The preflight `up` started in the background is this very environment's, just made: its
     # answer (waited for on the host) is the proof.
@@ -189,6 +192,8 @@ def _capture(bs: Session, cluster: ClusterRecord, instance: InstanceRecord, tf: 
 
 
 def _release(bs: Session, name: str, ok: bool, progress: Progress) -> None:
+    from gpuctl.ops import release
+
     release.release_own(bs, name, progress, f"{'' if ok else 'bake failed: '}releasing the bake's cluster {name} "
                                              "(instance, security group, key pair)")
 

@@ -26,6 +26,7 @@ from typing import Optional
 from gpuctl.config.settings import parse_duration
 from gpuctl.errors import CloudError, ConfigError, NotFoundError, RunFailedError
 from gpuctl.model.results import PlanReport, PlanRow
+from gpuctl.ops.latest_plan import remember_plan
 from gpuctl.ops import clusters, costs, push
 from gpuctl.ops.probes import ProbeJob, Target, figures, probe
 from gpuctl.ops.projection import STARVED_PERCENT, Measured, bounded, rank, starved
@@ -180,7 +181,9 @@ def run(s: Session, checked: CheckedPlan, progress: Progress = quiet,
     finally:
         pool.shutdown(wait=True)
     rows = [f.result() for f in futures]
-    return report(checked.job, rows, checked.worst_case_usd)
+    done = report(checked.job, rows, checked.worst_case_usd)
+    remember_plan(s, done)  # for `gpuctl dashboard`
+    return done
 
 
 def report(job: ProbeJob, rows: list[PlanRow], worst_case_usd: float = 0.0) -> PlanReport:
@@ -253,4 +256,6 @@ def from_history(s: Session, project: Path, epochs: int) -> PlanReport:
                             f"Measure it instead: gpuctl plan {shlex.quote(str(project))} --type g5.xlarge ... "
                             "(or --cluster NAME).")
     job = ProbeJob(project=path, args=(), data=None, allow_cpu=False, probe_epochs=0, epochs=epochs, timeout_s=0)
-    return report(job, list(newest.values()))
+    done = report(job, list(newest.values()))
+    remember_plan(s, done)  # for `gpuctl dashboard`
+    return done

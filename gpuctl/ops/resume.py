@@ -19,13 +19,12 @@ from pathlib import Path
 
 from gpuctl.errors import ConflictError, GpuctlError, NotFoundError, RemoteError
 from gpuctl.model import untrusted
-from gpuctl.model.records import ENDED_STATES, ClusterRecord, RunRecord
+from gpuctl.model.records import ENDED_STATES, RESUMABLE, ClusterRecord, RunRecord
 from gpuctl.ops import nodes, provenance, push, recovery, run_state, runs, stages
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.remote import jobs
 from gpuctl.remote.host import Host
 
-RESUMABLE = ("failed", "stopped", "lost", "preempted")
 
 
 def resume(s: Session, run_id: str, progress: Progress = quiet, on: str | None = None) -> RunRecord:

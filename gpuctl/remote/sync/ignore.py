@@ -16,9 +16,11 @@ import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+import functools
+from typing import TYPE_CHECKING, NamedTuple
 
-from pathspec import GitIgnoreSpec, Pattern
+if TYPE_CHECKING:  # pathspec is imported when a rule is compiled: a report (status, cost) never needs it
+    from pathspec import Pattern
 
 MANIFEST = ".gpuctl-manifest"
 
@@ -55,6 +57,8 @@ def _compile(lines: Iterable[str], source: str = "") -> _Spec | None:
     """None when no line is a pattern. Each line is compiled alone, so one that pathspec rejects
     (a lone `!`, a lone trailing backslash, a range like `[z-a]`: git matches nothing with those
     either) is dropped instead of failing the push."""
+    from pathspec import GitIgnoreSpec
+
     kept: list[tuple[Rule, Pattern]] = []
     with warnings.catch_warnings():  # re's FutureWarning about `[[` in a glob is noise to a user
         warnings.simplefilter("ignore", FutureWarning)
@@ -68,8 +72,12 @@ def _compile(lines: Iterable[str], source: str = "") -> _Spec | None:
     return _Spec(kept) if kept else None
 
 
-# pathspec (1.1) reads `x/**/` as `x/`, naming x itself; git names only the directories below x.
-_DIR_GLOBSTAR_NAMES_ITSELF = GitIgnoreSpec.from_lines(["x/**/"]).patterns[0].match_file("x/") is not None
+@functools.cache
+def _dir_globstar_names_itself() -> bool:
+    """pathspec (1.1) reads `x/**/` as `x/`, naming x itself; git names only the directories below x."""
+    from pathspec import GitIgnoreSpec
+
+    return GitIgnoreSpec.from_lines(["x/**/"]).patterns[0].match_file("x/") is not None
 
 
 class _Spec:
@@ -91,7 +99,7 @@ class _Spec:
             core = glob.rstrip("/")
             core = core[3:] if core.startswith("**/") and "/" not in core[3:] else core
             anchored = "/" in core
-            below = _DIR_GLOBSTAR_NAMES_ITSELF and glob.endswith("/**/")
+            below = glob.endswith("/**/") and _dir_globstar_names_itself()
             self._rules.append((rule, pattern, glob.endswith("/"), anchored, anchored and not core.endswith("/**"),
                                 below))
 
