@@ -128,6 +128,10 @@ class Provider(Protocol):
         """Where `gpuctl volume` makes named volumes that outlive clusters (aws: EBS; local and
         ssh: a directory on the host)."""
 
+    def snapshot_store(self) -> "SnapshotStore":
+        """Where `gpuctl data push` keeps named data snapshots (aws: the gpuctl bucket of the
+        region, under data/); ConfigError (`no_snapshot_store`) for a provider that has none."""
+
     def mount_volume(self, host: "Host") -> tuple[str, str]:
         """Make the spec's volume usable on the chief's host (aws: find the attached device,
         format it if it has nothing on it, mount it): the path its jobs find it at, and what was
@@ -209,6 +213,30 @@ class VolumeStore(Protocol):
         """Delete it (and what it holds); refuses one attached to an instance."""
 
 
+class SnapshotStore(Protocol):
+    @property
+    def region(self) -> str:
+        """The region of the bucket."""
+
+    @property
+    def bucket(self) -> str:
+        """The bucket the snapshots are in (gpuctl's of this account, region and owner)."""
+
+    def push(self, name: str, directory: "Path", manifest: "Path", progress: "Callable[[str], None]"
+             ) -> "dict[str, Any]":
+        """Upload what changed in `directory` to the snapshot `name` (the bucket made first if need
+        be), and remove the objects whose file is gone; `manifest`: where what was uploaded is
+        remembered (size, mtime, ETag). The summary: files, total_bytes, uploaded, bytes, deleted."""
+
+    def remove(self, name: str) -> int:
+        """Delete every object of the snapshot; how many."""
+
+
+def no_snapshot_store(provider: str) -> ConfigError:
+    return ConfigError(f"the {provider} provider has no bucket for data snapshots",
+                       "`gpuctl data push` uploads to your gpuctl bucket in S3 (the aws provider's settings).")
+
+
 def tf_matches(asked: str, have: str | None) -> bool:
     """Whether TensorFlow `have` serves a request for `asked`: '2.21' is any 2.21.x (and 2.21
     itself); '2.21.0' is exactly that. The setup payload's rule, the one the instance applies."""
@@ -233,6 +261,9 @@ class MachinesThatStay(ProviderBase):
 
     def image_store(self) -> NoReturn:
         raise no_image_store(self.name)
+
+    def snapshot_store(self) -> NoReturn:
+        raise no_snapshot_store(self.name)
 
     def remember(self, instances: "list[InstanceRecord]") -> None:
         pass  # the ledger's record is the only one (ssh keeps its own: it overrides this)
