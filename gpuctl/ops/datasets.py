@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Collection, Iterator
 
 from gpuctl.errors import DataError, RemoteError
 from gpuctl.model import billing, untrusted
@@ -39,6 +39,8 @@ THREADS = 16  # objects fetched at once on each node
 SHOWN = 5  # refused or failed keys named in an error
 MAX_ANSWER = 16 << 20  # `need`'s answer: the index of every missing object (100,000 objects: ~700 KB)
 FOLLOW_S = 24 * 3600.0  # a fetch followed this long is given up on (it goes on there)
+Signer = tuple[dict[str, str], Callable[[str], str]]  # DataSets.signer's
+PLAN_CHUNK = 2000  # objects of the plan made into text at once
 VOLUME_STORE = ".gpuctl-data"  # on a cluster's volume: the chief's data store (store_on)
 
 
@@ -120,18 +122,36 @@ def data_dir(host: Host, source: S3Source, store: str | None = None) -> str:
     return posixpath.join(store or posixpath.join(host.root, "data"), source.place)
 
 
-def _plan(host: Host, fetch: Fetch, links: dict[int, str], sign: bool = False, store: str | None = None) -> str:
+def _plan(host: Host, fetch: Fetch, missing: Collection[int] = (), sign: bool = False, store: str | None = None,
+          signer: Signer | None = None) -> str:
     """The plan written on the host (0600: links are bearer tokens until they expire); its path.
-    `sign`: the host signs its own GETs (fetch.access) instead."""
+    `signer`: (what the links share, a function signing one path) for the `missing` objects'
+    links (gpuctl_s3sign.template_link); `sign`: the host signs its own GETs (fetch.access)
+    instead. Signed and written a part at a time: neither the plan of 100,000 objects nor their
+    signatures are ever all in memory here."""
+    template, signed = signer if signer is not None else (None, None)
     source = fetch.listing.source
     path = posixpath.join(meta_dir(host, source, store), "plan.json")
-    objects = [[rel, size, etag, links.get(i)] for i, (rel, size, etag) in enumerate(fetch.listing.objects)]
-    plan: dict[str, Any] = {"version": cache.PLAN_VERSION, "dir": data_dir(host, source, store), "source": source.url,
-                            "threads": THREADS, "objects": objects}
+    head: dict[str, Any] = {"version": cache.PLAN_VERSION, "dir": data_dir(host, source, store), "source": source.url,
+                            "threads": THREADS}
+    if template is not None:
+        head["link"] = template
     if sign and fetch.access is not None:
-        plan["sign"] = fetch.access
-    host.write_text(path, json.dumps(plan), mode=0o600)
+        head["sign"] = fetch.access
+    objects = fetch.listing.objects
+    chunks = (",".join(json.dumps([rel, size, etag, signed(rel) if signed is not None and i in missing else None],
+                                  separators=(",", ":"))
+                       for i, (rel, size, etag) in enumerate(objects[at:at + PLAN_CHUNK], at)).encode()
+              for at in range(0, len(objects), PLAN_CHUNK))
+    host.write_chunks(path, _joined(json.dumps(head)[:-1].encode() + b', "objects": [', chunks, b"]}"), mode=0o600)
     return path
+
+
+def _joined(first: bytes, middle: Iterator[bytes], last: bytes) -> Iterator[bytes]:
+    yield first
+    for i, chunk in enumerate(middle):
+        yield (b"," if i else b"") + chunk
+    yield last
 
 
 def _payload(s: Session, host: Host, *args: str) -> list[str]:
@@ -142,7 +162,7 @@ def _payload(s: Session, host: Host, *args: str) -> list[str]:
 def prepare(s: Session, host: Host, fetch: Fetch, store: str | None = None) -> list[int]:
     """What the node's cache lacks (indices into the listing); DataError when its disk cannot
     hold that. Nothing is set up, pushed or started before this. `store`: store_on's."""
-    plan = _plan(host, fetch, {}, store=store)
+    plan = _plan(host, fetch, store=store)
     res = host.run(_payload(s, host, "need", plan), check=False, output_limit=MAX_ANSWER)
     try:
         answer = untrusted.loads(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None, MAX_ANSWER)
@@ -222,10 +242,8 @@ def _refuse_failed(fetch: Fetch, host: Host, result: dict[str, Any]) -> None:
 def _fetch_once(s: Session, host: Host, fetch: Fetch, missing: list[int], progress: Progress,
                 store: str | None = None) -> tuple[dict[str, Any], FetchStats]:
     source = fetch.listing.source
-    rels = [fetch.listing.objects[i][0] for i in missing]
-    links = dict(zip(missing, fetch.reader.links(fetch.listing, rels, fetch.link_s))) \
-        if missing and fetch.access is None else {}
-    plan = _plan(host, fetch, links, sign=True, store=store)
+    signer = fetch.reader.signer(fetch.listing, fetch.link_s) if missing and fetch.access is None else None
+    plan = _plan(host, fetch, set(missing), sign=True, store=store, signer=signer)
     meta = meta_dir(host, source, store)
     pid = jobs.start_detached(host, _payload(s, host, "fetch", plan), "the data fetch")
     try:

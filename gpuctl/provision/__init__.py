@@ -22,7 +22,7 @@ from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Callable, Sequence
+    from typing import Callable
 
     from gpuctl.config.settings import Settings
     from gpuctl.model.data import S3Listing, S3Source
@@ -328,8 +328,10 @@ class DataSets(Protocol):
     def listing(self, source: "S3Source") -> "S3Listing":
         """The objects below the source's prefix; DataError: no such bucket, denied, empty."""
 
-    def links(self, listing: "S3Listing", rels: "Sequence[str]", expires_s: int) -> "list[str]":
-        """A presigned GET link for each path below the prefix, valid `expires_s` seconds."""
+    def signer(self, listing: "S3Listing", expires_s: int) -> "tuple[dict[str, str], Callable[[str], str]]":
+        """Presigned GET links for the paths below the prefix, valid `expires_s` seconds, as a
+        fetch plan carries them: the template they share, and a function giving one path's
+        signature (gpuctl_s3sign.template_link makes the link of the two)."""
 
 
 DATA_SETS = "gpuctl.provision.aws.datasets:S3DataSets"
