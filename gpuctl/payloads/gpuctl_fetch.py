@@ -8,11 +8,9 @@ Python 3.8+.
 
 PLAN is a JSON file gpuctl writes (mode 0600: its links are presigned, bearer tokens until they
 expire): {"version": 1, "dir": DATA_DIR, "source": "s3://BUCKET/PREFIX/", "threads": N,
-"link": {"base", "query"}, "objects": [[rel, size, etag, signature or null], ...]}: each
-object's link is the template completed by its signature (gpuctl_s3sign.template_link: 100,000
-links with a session token would be ~150 MB of plan, their signatures are 6.4 MB); a plan
-without "link" gives each object's whole link instead. `need` reads no link; `fetch` needs one
-for each object `need` named. No key or secret ever reaches this side. On an aws instance with its
+"link": {"base", "query"}, "objects": [[rel, size, etag, signature or null], ...]}: a link is
+the template completed by the object's signature (gpuctl_s3sign.template_link); without "link",
+each object's whole link. `need` reads none; `fetch` needs one for each object `need` named. No key or secret ever reaches this side. On an aws instance with its
 cluster's role the plan has no links but "sign": {imds, bucket, prefix, region, endpoint,
 virtual}: the links are signed here with the role's own credentials (gpuctl_s3sign.py), which
 may read exactly that prefix.

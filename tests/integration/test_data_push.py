@@ -19,29 +19,14 @@ import pytest
 
 from gpuctl.provision.aws.store import bucket_name
 from tests.aws import moto_client
-
-READER = '''
-import hashlib, os
-data = os.environ["GPUCTL_DATA_DIR"]
-for top, _, files in sorted(os.walk(data)):
-    for name in sorted(files):
-        path = os.path.join(top, name)
-        print("file", os.path.relpath(path, data), hashlib.md5(open(path, "rb").read()).hexdigest(), flush=True)
-print("done", flush=True)
-'''
+from tests.integration.test_s3_data import READER, files_seen, md5
 
 
 @pytest.fixture
 def s3_local(aws, monkeypatch):
-    """moto's S3 and a local cluster: the aws fixture's credentials and endpoint, provider local."""
+    """moto's S3 and a local cluster (provider local; the aws fixture's credentials and endpoint)."""
     monkeypatch.setenv("GPUCTL_PROVIDER", "local")
     return moto_client("s3")
-
-
-def md5(body: bytes) -> str:
-    import hashlib
-
-    return hashlib.md5(body).hexdigest()
 
 
 def tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -57,12 +42,6 @@ def keys(s3) -> dict[str, int]:
         for o in s3.list_objects_v2(Bucket=b["Name"], Prefix="data/").get("Contents", []):
             out[o["Key"]] = o["Size"]
     return out
-
-
-def files_seen(gpuctl, run_id: str) -> dict[str, str]:
-    log = gpuctl("logs", run_id, "-f").stdout
-    assert "done" in log, log
-    return {line.split()[1]: line.split()[2] for line in log.splitlines() if line.startswith("file ")}
 
 
 def one_line_error(res, needle: str) -> str:
