@@ -33,6 +33,9 @@ class Snapshot(Frozen):
     pushed_at: float  # its latest push
     last_used_at: Optional[float] = None  # the latest `train --data gpuctl:NAME`
     source_dir: str = ""  # the directory pushed last (shown; never read again)
+    # False from the start of a push to its end: a push cut short (Ctrl-C, a network) leaves a data
+    # set that is part old, part new, which `train` refuses and the next push completes.
+    complete: bool = True
     usd_per_gb_month: float = billing.S3_STANDARD_USD_PER_GB_MONTH
 
     @property

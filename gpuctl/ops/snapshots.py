@@ -126,14 +126,16 @@ def push(s: Session, directory: Path, name: str | None, progress: Progress = qui
                             f"Push with --region {before.region}, or `gpuctl data rm {name}` first.")
     if before is not None and before.source_dir and before.source_dir != str(resolved):
         progress(f"data set {name}: was pushed from {before.source_dir}; now it mirrors {resolved}")
-    started = time.monotonic()
+    started, now = time.monotonic(), time.time()
+    # Recorded before the first byte goes: a push cut short leaves objects that `data ls`, `cost`
+    # and `data rm` know of (marked incomplete until a push ends).
+    pending = (before or Snapshot(name=name, region=store.region, bucket=store.bucket, files=0, bytes=0,
+                                  created_at=now, pushed_at=now)).model_copy(update={"complete": False})
+    s.ledger.put_snapshot(pending)
     progress(f"data push: {resolved} -> s3://{store.bucket}/data/{name}/ (changed files only)")
     summary = store.push(name, resolved, _manifest(s, name), progress)
-    now = time.time()
-    snapshot = Snapshot(name=name, region=store.region, bucket=store.bucket, files=int(summary["files"]),
-                        bytes=int(summary["total_bytes"]), created_at=before.created_at if before else now,
-                        pushed_at=now, last_used_at=before.last_used_at if before else None,
-                        source_dir=str(resolved))
+    snapshot = pending.model_copy(update={"files": int(summary["files"]), "bytes": int(summary["total_bytes"]),
+                                          "pushed_at": time.time(), "source_dir": str(resolved), "complete": True})
     s.ledger.put_snapshot(snapshot)
     s.ledger.event("data-push", f"{name}: {snapshot.files} files, {snapshot.bytes} bytes, "
                                 f"{summary['uploaded']} uploaded, {summary['deleted']} deleted")
@@ -158,6 +160,10 @@ def _named(s: Session, name: str, shown: str) -> Snapshot:
 def resolve(s: Session, text: str) -> S3Source:
     """`gpuctl:NAME` as the S3 data set it is (and marked used now); NotFoundError for none."""
     snapshot = _named(s, name_of(text), "--data gpuctl:NAME:")
+    if not snapshot.complete:
+        raise DataError(f"data set {snapshot.name!r} is incomplete: its last push did not finish (or runs now)",
+                        f"Push it again (`gpuctl data push DIR --name {snapshot.name}`: only what is missing goes), "
+                        "then train; nothing was started.")
     s.ledger.snapshot_used(snapshot.name)
     return snapshot.source
 

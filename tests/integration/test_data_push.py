@@ -166,3 +166,36 @@ def test_the_snapshot_bucket_is_the_checkpoint_store_s(gpuctl, s3_local, tmp_pat
     gpuctl("data", "push", tree(tmp_path / "d", {"a": b"a"}), "--name", "d")
     mine = bucket_name("123456789012", "us-east-1", owner_id(isolated))
     assert [b["Name"] for b in s3_local.list_buckets()["Buckets"]] == [mine]
+
+
+def test_a_push_cut_short_is_recorded_incomplete_refused_by_train_and_completed_by_the_next(
+        gpuctl, s3_local, make_project, tmp_path, monkeypatch):
+    from gpuctl.errors import CloudError
+    from gpuctl.provision.aws import snapshots
+
+    src = tree(tmp_path / "d", {f"f{i}": bytes([i]) * 10 for i in range(4)})
+    real, sent = snapshots._Bucket.upload, []
+
+    def cut(self, path, key):
+        # Stands in for S3 failing mid-push (moto cannot fail one PUT of several): the third fails.
+        if len(sent) == 2:
+            raise CloudError("S3 did not answer (PutObject)")
+        sent.append(key)
+        real(self, path, key)
+
+    monkeypatch.setattr(snapshots._Bucket, "upload", cut)
+    err = gpuctl("data", "push", src, "--name", "cut", code=9).stderr
+    assert "Error: S3 did not answer (PutObject)\nHint: " in err
+    monkeypatch.setattr(snapshots._Bucket, "upload", real)
+    (row,) = json.loads(gpuctl("data", "ls", "--json").stdout)["snapshots"]
+    assert (row["name"], row["complete"]) == ("cut", False) and len(keys(s3_local)) == 2
+    assert "cut (incomplete)" in gpuctl("data", "ls").stdout
+    gpuctl("up", "-y")
+    proj = make_project("r", {"train.py": READER})
+    one_line_error(gpuctl("train", proj, "--data", "gpuctl:cut", code=12), "is incomplete")
+    assert json.loads(gpuctl("status", "--json").stdout)["runs"] == []
+
+    done = json.loads(gpuctl("data", "push", src, "--name", "cut", "--json").stdout)
+    assert done["snapshot"]["complete"] and done["snapshot"]["files"] == 4 and len(keys(s3_local)) == 4
+    run = json.loads(gpuctl("train", proj, "--data", "gpuctl:cut", "--json").stdout)["run"]
+    assert len(files_seen(gpuctl, run["run_id"])) == 4

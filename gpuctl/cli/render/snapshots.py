@@ -36,7 +36,7 @@ def listing(result: SnapshotList, out: Console | None = None) -> None:
         return
     cols = [Col("data set"), Col("files", True), Col("size", True), Col("$/month", True),
             Col("last used", True, drop=2), Col("pushed", True, drop=1), Col("region", drop=3)]
-    table(out, cols, [(cell(v.name), f"{v.files:,}", _size(v.bytes), usd(v.monthly_usd),
+    table(out, cols, [(cell(v.name if v.complete else f"{v.name} (incomplete)"), f"{v.files:,}", _size(v.bytes), usd(v.monthly_usd),
                        clock(v.last_used_at, "%Y-%m-%d %H:%M") if v.last_used_at else "never",
                        clock(v.pushed_at, "%Y-%m-%d %H:%M"), cell(v.region)) for v in result.snapshots])
     total = sum(v.monthly_usd for v in result.snapshots)
