@@ -127,13 +127,13 @@ def push(s: Session, directory: Path, name: str | None, progress: Progress = qui
     if before is not None and before.source_dir and before.source_dir != str(resolved):
         progress(f"data set {name}: was pushed from {before.source_dir}; now it mirrors {resolved}")
     started, now = time.monotonic(), time.time()
-    # Recorded before the first byte goes: a push cut short leaves objects that `data ls`, `cost`
-    # and `data rm` know of (marked incomplete until a push ends).
+    # Recorded as the first byte is about to go (not before: a refusal, say access denied, records
+    # nothing): a push cut short leaves objects that `data ls`, `cost` and `data rm` know of
+    # (marked incomplete until a push ends).
     pending = (before or Snapshot(name=name, region=store.region, bucket=store.bucket, files=0, bytes=0,
                                   created_at=now, pushed_at=now)).model_copy(update={"complete": False})
-    s.ledger.put_snapshot(pending)
     progress(f"data push: {resolved} -> s3://{store.bucket}/data/{name}/ (changed files only)")
-    summary = store.push(name, resolved, _manifest(s, name), progress)
+    summary = store.push(name, resolved, _manifest(s, name), progress, lambda: s.ledger.put_snapshot(pending))
     snapshot = pending.model_copy(update={"files": int(summary["files"]), "bytes": int(summary["total_bytes"]),
                                           "pushed_at": time.time(), "source_dir": str(resolved), "complete": True})
     s.ledger.put_snapshot(snapshot)

@@ -222,11 +222,12 @@ class SnapshotStore(Protocol):
     def bucket(self) -> str:
         """The bucket the snapshots are in (gpuctl's of this account, region and owner)."""
 
-    def push(self, name: str, directory: "Path", manifest: "Path", progress: "Callable[[str], None]"
-             ) -> "dict[str, Any]":
+    def push(self, name: str, directory: "Path", manifest: "Path", progress: "Callable[[str], None]",
+             starting: "Callable[[], None]") -> "dict[str, Any]":
         """Upload what changed in `directory` to the snapshot `name` (the bucket made first if need
         be), and remove the objects whose file is gone; `manifest`: where what was uploaded is
-        remembered (size, mtime, ETag). The summary: files, total_bytes, uploaded, bytes, deleted."""
+        remembered (size, mtime, ETag); `starting` hears, once, that the first byte is about to go.
+        The summary: files, total_bytes, uploaded, bytes, deleted."""
 
     def remove(self, name: str) -> int:
         """Delete every object of the snapshot; how many."""

@@ -496,7 +496,7 @@ def _snapshots(s3: Any, store: S3Store, home: Path) -> None:
     s3.add_response("delete_object", {})
     s3.add_response("list_objects_v2", {"Contents": [{"Key": "data/cifar/big.bin", "Size": 6 << 20, "ETag": '"b-2"'},
                                                      {"Key": "data/cifar/small.txt", "Size": 1, "ETag": '"s"'}]})
-    summary = snaps.push("cifar", src, home / "manifests" / "cifar.json", lambda _: None)
+    summary = snaps.push("cifar", src, home / "manifests" / "cifar.json", lambda _: None, lambda: None)
     assert (summary["uploaded"], summary["deleted"]) == (2, 1)
     s3.add_response("create_multipart_upload", {"UploadId": "u2"})
     s3.add_client_error("upload_part", "InternalError", "no", http_status_code=500)

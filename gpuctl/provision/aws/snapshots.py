@@ -77,7 +77,8 @@ class S3Snapshots:
     def bucket(self) -> str:
         return self.store.bucket
 
-    def push(self, name: str, directory: Path, manifest: Path, progress: Progress) -> dict[str, Any]:
+    def push(self, name: str, directory: Path, manifest: Path, progress: Progress,
+             starting: Callable[[], None] = lambda: None) -> dict[str, Any]:
         prefix = prefix_of(name)
         self.store.ensure_bucket()
         bucket = _Bucket(self.store, self.transfer)
@@ -85,6 +86,8 @@ class S3Snapshots:
         said, sent, sent_bytes = [0.0], [0], [0]
 
         def heard(rel: str, size: int) -> None:
+            if not sent[0]:
+                starting()
             sent[0] += 1
             sent_bytes[0] += size
             if time.monotonic() - said[0] >= SAY_EVERY_S:
