@@ -86,7 +86,7 @@ def gpuctl_fetch(endpoint: str, prefix: str, dest: Path) -> dict[str, float]:
     root = dest / "data" / listing.source.place
     plan = {"version": cache.PLAN_VERSION, "dir": str(root), "source": listing.source.url, "threads": 16,
             "objects": [[r, s, e, None] for r, s, e in listing.objects]}
-    missing = cache.need(cache.load_plan_data(plan))["missing"]
+    missing = cache.need(cache.load_plan_data(dict(plan, objects=list(plan["objects"]))))["missing"]  # (a copy: made tuples)
     template, signed = reader.signer(listing, 3600)
     plan["link"] = template
     for i in missing:
