@@ -86,10 +86,11 @@ def gpuctl_fetch(endpoint: str, prefix: str, dest: Path) -> dict[str, float]:
     root = dest / "data" / listing.source.place
     plan = {"version": cache.PLAN_VERSION, "dir": str(root), "source": listing.source.url, "threads": 16,
             "objects": [[r, s, e, None] for r, s, e in listing.objects]}
-    missing = cache.need(cache.load_plan_data(plan))["missing"]
-    links = dict(zip(missing, reader.links(listing, [listing.objects[i][0] for i in missing], 3600)))
-    for i, link in links.items():
-        plan["objects"][i][3] = link
+    missing = cache.need(cache.load_plan_data(dict(plan, objects=list(plan["objects"]))))["missing"]  # (a copy: made tuples)
+    template, signed = reader.signer(listing, 3600)
+    plan["link"] = template
+    for i in missing:
+        plan["objects"][i][3] = signed(listing.objects[i][0])
     signed = time.perf_counter()
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / "plan.json"

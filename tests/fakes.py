@@ -10,7 +10,7 @@ import secrets
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Sequence
 
 from gpuctl.errors import ConfigError
 from gpuctl.model.records import CommandResult, InstanceRecord, PriceQuote, Resource, SyncStats
@@ -88,6 +88,9 @@ class FakeHost(Deadlines):
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         self.files[path] = data
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mode: int = 0o644) -> None:
+        self.files[path] = b"".join(chunks)
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         n = 0

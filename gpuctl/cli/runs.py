@@ -24,8 +24,9 @@ if TYPE_CHECKING:  # the ops are imported when a command runs: `--help` stays fa
               help="Start a failed, stopped, lost or preempted run again from its last checkpoint (same id, "
                    "arguments; with --cluster, on another cluster).")
 @click.option("--cluster", help="Cluster to train on (default: the default cluster).")
-@click.option("--data", metavar="DIR|s3://BUCKET/PREFIX", help="Data directory, pushed apart from the code; or a data set "
-              "in S3 that each node fetches itself and keeps (docs/data.md). The script finds it at $GPUCTL_DATA_DIR.")
+@click.option("--data", metavar="DIR|s3://BUCKET/PREFIX|gpuctl:NAME", help="Data directory, pushed apart from the code; "
+              "or a data set in S3 that each node fetches itself and keeps (gpuctl:NAME: one `gpuctl data push` "
+              "uploaded; docs/data.md). The script finds it at $GPUCTL_DATA_DIR.")
 @click.option("--entry", help="Script to run, relative to PATH (setting `train.entry`).")
 @click.option("--budget", type=float, help="Stop this run once its own epochs cost this many dollars (setting "
               "`train.budget_usd`; the cluster's uptime budget is `guard set --budget`).")
@@ -77,8 +78,9 @@ def train(ctx: click.Context, path: Path | None, args: tuple[str, ...], resume_r
     else:
         from gpuctl.model.data import is_s3
         from gpuctl.model.requests import TrainRequest
+        from gpuctl.model.snapshots import is_snapshot
 
-        s3 = data is not None and is_s3(data)
+        s3 = data is not None and (is_s3(data) or is_snapshot(data))
         with progress_sink() as progress:
             result = runs.train(s, TrainRequest(project=path, cluster=cluster, args=args,
                                                 data=Path(data) if data is not None and not s3 else None,

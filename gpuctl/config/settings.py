@@ -77,9 +77,9 @@ class TrainSettings(_Section):
         "TensorFlow, once per file; a line that would replace TensorFlow is refused."
     )
     data: str = Field(
-        "", max_length=1100, pattern=r"^(s3://.*)?$", description="A data set in S3 each node fetches itself into "
-        "its data store before the run starts ($GPUCTL_DATA_DIR), kept there for the next run: `s3://BUCKET/PREFIX` "
-        "(docs/data.md); empty: none. Flag: `train --data`, which also takes a local directory to push."
+        "", max_length=1100, pattern=r"^(s3://.*|gpuctl:.*)?$", description="A data set in S3 each node fetches "
+        "itself into its data store before the run starts ($GPUCTL_DATA_DIR), kept there for the next run: "
+        "`s3://BUCKET/PREFIX`, or `gpuctl:NAME` for one `gpuctl data push` uploaded (docs/data.md); empty: none. Flag: `train --data`, which also takes a local directory to push."
     )
     data_link_hours: float = Field(
         6.0, gt=0, le=168, description="How long the presigned links a host fetches an S3 data set with stay valid "

@@ -1,5 +1,5 @@
 """The ledger: one SQLite database (WAL) under the gpuctl home holding clusters, instances, runs,
-epochs, events, the machine images gpuctl baked and the volumes it made (ledger/volumes.py). It outlives instances, so reports still work after `gpuctl down`.
+epochs, events, the machine images gpuctl baked, the volumes it made (ledger/volumes.py) and the data snapshots it pushed (ledger/snapshots.py). It outlives instances, so reports still work after `gpuctl down`.
 
 Several gpuctl processes may write at once (a `logs -f` beside a `train`, two terminals): every
 write is one short `BEGIN IMMEDIATE` transaction and readers never block writers (WAL).
@@ -19,6 +19,7 @@ from gpuctl import retry
 from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFoundError
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
+from gpuctl.ledger.snapshots import SnapshotRows
 from gpuctl.ledger.volumes import VolumeRows
 from gpuctl.model.images import BakedImage
 from gpuctl.model.records import ClusterRecord, EpochReport, InstanceRecord, RunRecord
@@ -44,7 +45,7 @@ def _skippable(method: F) -> F:
     return write  # type: ignore[return-value]
 
 
-class Ledger(VolumeRows):
+class Ledger(VolumeRows, SnapshotRows):
     """Typed access to the ledger. Open one per command; it is cheap."""
 
     def __init__(self, home: Path):

@@ -11,7 +11,7 @@ from typing import Mapping
 
 from gpuctl.model.specs import spec_fields
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
 # Removed ones stay (removed_at) for what they cost while they existed.
 IMAGES_TABLE = """
@@ -36,7 +36,18 @@ CREATE TABLE IF NOT EXISTS volumes (
     PRIMARY KEY (provider, id)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS volumes_live_name ON volumes(name) WHERE removed_at IS NULL"""
-SCHEMA = IMAGES_TABLE + ";" + VOLUMES_TABLE + ";" + """
+# Data snapshots (`gpuctl data push`), recorded once a push is done; removed ones stay (removed_at)
+# for what they cost while they existed. One live snapshot per name.
+SNAPSHOTS_TABLE = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    removed_at REAL,
+    record_json TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS snapshots_live_name ON snapshots(name) WHERE removed_at IS NULL"""
+SCHEMA = IMAGES_TABLE + ";" + VOLUMES_TABLE + ";" + SNAPSHOTS_TABLE + ";" + """
 CREATE TABLE IF NOT EXISTS clusters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -162,5 +173,8 @@ def upgrade(db: sqlite3.Connection) -> None:
             _specs_by_provider(db)
         if version < 5:
             for statement in VOLUMES_TABLE.split(";"):
+                db.execute(statement)
+        if version < 6:
+            for statement in SNAPSHOTS_TABLE.split(";"):
                 db.execute(statement)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -21,11 +21,12 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, volumes
+from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, snapshots, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
+from gpuctl.ops.snapshots import SnapshotStorage
 from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
 
@@ -39,6 +40,8 @@ class CostWithImages(CostReport):
     checkpoints: CheckpointStorage = CheckpointStorage()
     # The volumes (`gpuctl volume`), from the ledger: they outlive clusters, so no cluster's dollars.
     volumes: VolumeStorage = VolumeStorage()
+    # The data sets `gpuctl data push` uploaded (S3), from the ledger, the same way.
+    data: SnapshotStorage = SnapshotStorage()
 
 
 class StatusAllWithVolumes(StatusAll):
@@ -298,7 +301,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
                           images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
-                          volumes=volumes.storage(s, now))
+                          volumes=volumes.storage(s, now), data=snapshots.storage(s, now))
 
 
 def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Collection, Iterator
 
 from gpuctl.errors import DataError, RemoteError
 from gpuctl.model import billing, untrusted
@@ -39,6 +39,9 @@ THREADS = 16  # objects fetched at once on each node
 SHOWN = 5  # refused or failed keys named in an error
 MAX_ANSWER = 16 << 20  # `need`'s answer: the index of every missing object (100,000 objects: ~700 KB)
 FOLLOW_S = 24 * 3600.0  # a fetch followed this long is given up on (it goes on there)
+Signer = tuple[dict[str, str], Callable[[str], str]]  # DataSets.signer's
+PLAN_CHUNK = 2000  # objects of the plan made into text at once
+VOLUME_STORE = ".gpuctl-data"  # on a cluster's volume: the chief's data store (store_on)
 
 
 @dataclass
@@ -96,26 +99,59 @@ def describe(fetch: Fetch) -> str:
 
 # --- on a node ------------------------------------------------------------------------------------
 
-def meta_dir(host: Host, source: S3Source) -> str:
-    return cache.meta_dir(data_dir(host, source))
+def store_on(s: Session, record: ClusterRecord, rank: int, host: Host) -> str | None:
+    """Where this node keeps its S3 data sets when not in its work dir's data/: on the cluster's
+    volume for the chief of `up --volume` (VOLUME/.gpuctl-data, mounted first if need be), so the
+    next cluster that mounts the volume finds them warm; None: the work dir's data/."""
+    if rank != 0 or record.spec.volume is None:
+        return None
+    return posixpath.join(s.provider(record.spec).mount_volume(host)[0], VOLUME_STORE)
 
 
-def data_dir(host: Host, source: S3Source) -> str:
-    return posixpath.join(host.root, "data", source.place)
+def run_copies(store: str | None) -> str | None:
+    """Where the runs' own copies of a data set kept in `store` go, when not in their run dirs:
+    beside it on the volume (hard links cannot cross from a volume to the instance's disk)."""
+    return posixpath.join(store, "runs") if store is not None else None
 
 
-def _plan(host: Host, fetch: Fetch, links: dict[int, str], sign: bool = False) -> str:
+def meta_dir(host: Host, source: S3Source, store: str | None = None) -> str:
+    return cache.meta_dir(data_dir(host, source, store))
+
+
+def data_dir(host: Host, source: S3Source, store: str | None = None) -> str:
+    return posixpath.join(store or posixpath.join(host.root, "data"), source.place)
+
+
+def _plan(host: Host, fetch: Fetch, missing: Collection[int] = (), sign: bool = False, store: str | None = None,
+          signer: Signer | None = None) -> str:
     """The plan written on the host (0600: links are bearer tokens until they expire); its path.
-    `sign`: the host signs its own GETs (fetch.access) instead."""
+    `signer`: (what the links share, a function signing one path) for the `missing` objects'
+    links (gpuctl_s3sign.template_link); `sign`: the host signs its own GETs (fetch.access)
+    instead. Signed and written a part at a time: neither the plan of 100,000 objects nor their
+    signatures are ever all in memory here."""
+    template, signed = signer if signer is not None else (None, None)
     source = fetch.listing.source
-    path = posixpath.join(meta_dir(host, source), "plan.json")
-    objects = [[rel, size, etag, links.get(i)] for i, (rel, size, etag) in enumerate(fetch.listing.objects)]
-    plan: dict[str, Any] = {"version": cache.PLAN_VERSION, "dir": data_dir(host, source), "source": source.url,
-                            "threads": THREADS, "objects": objects}
+    path = posixpath.join(meta_dir(host, source, store), "plan.json")
+    head: dict[str, Any] = {"version": cache.PLAN_VERSION, "dir": data_dir(host, source, store), "source": source.url,
+                            "threads": THREADS}
+    if template is not None:
+        head["link"] = template
     if sign and fetch.access is not None:
-        plan["sign"] = fetch.access
-    host.write_text(path, json.dumps(plan), mode=0o600)
+        head["sign"] = fetch.access
+    objects = fetch.listing.objects
+    chunks = (",".join(json.dumps([rel, size, etag, signed(rel) if signed is not None and i in missing else None],
+                                  separators=(",", ":"))
+                       for i, (rel, size, etag) in enumerate(objects[at:at + PLAN_CHUNK], at)).encode()
+              for at in range(0, len(objects), PLAN_CHUNK))
+    host.write_chunks(path, _joined(json.dumps(head)[:-1].encode() + b', "objects": [', chunks, b"]}"), mode=0o600)
     return path
+
+
+def _joined(first: bytes, middle: Iterator[bytes], last: bytes) -> Iterator[bytes]:
+    yield first
+    for i, chunk in enumerate(middle):
+        yield (b"," if i else b"") + chunk
+    yield last
 
 
 def _payload(s: Session, host: Host, *args: str) -> list[str]:
@@ -123,10 +159,10 @@ def _payload(s: Session, host: Host, *args: str) -> list[str]:
     return [facts.python_of(host), posixpath.join(guards.push_payload(host, facts), PAYLOAD), *args]
 
 
-def prepare(s: Session, host: Host, fetch: Fetch) -> list[int]:
+def prepare(s: Session, host: Host, fetch: Fetch, store: str | None = None) -> list[int]:
     """What the node's cache lacks (indices into the listing); DataError when its disk cannot
-    hold that. Nothing is set up, pushed or started before this."""
-    plan = _plan(host, fetch, {})
+    hold that. Nothing is set up, pushed or started before this. `store`: store_on's."""
+    plan = _plan(host, fetch, store=store)
     res = host.run(_payload(s, host, "need", plan), check=False, output_limit=MAX_ANSWER)
     try:
         answer = untrusted.loads(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None, MAX_ANSWER)
@@ -145,12 +181,16 @@ def prepare(s: Session, host: Host, fetch: Fetch) -> list[int]:
     return missing
 
 
-def fetch_on(s: Session, host: Host, fetch: Fetch, missing: list[int], progress: Progress) -> FetchStats:
+def fetch_on(s: Session, host: Host, fetch: Fetch, missing: list[int], progress: Progress,
+             store: str | None = None) -> FetchStats:
     """Fetch what the node lacks, following its progress; once more after a fresh listing for
     objects that changed meanwhile. The stats of the fetch; DataError naming what failed."""
     again: tuple[str, ...] = ()
+    if store is not None:
+        progress(f"data: kept on the cluster's volume ({data_dir(host, fetch.listing.source, store)}): "
+                 "the next cluster that mounts it finds it there")
     for attempt in (1, 2):
-        result, stats = _fetch_once(s, host, fetch, missing, progress)
+        result, stats = _fetch_once(s, host, fetch, missing, progress, store)
         changed = [c[0] for c in _items(result, "changed") if isinstance(c, list) and c and isinstance(c[0], str)]
         if not changed:
             _refuse_failed(fetch, host, result)
@@ -160,7 +200,7 @@ def fetch_on(s: Session, host: Host, fetch: Fetch, missing: list[int], progress:
         progress(f"data: {len(changed)} object(s) changed while fetched ({_named(changed)}): listing again")
         fetch = replace(fetch, listing=fetch.reader.listing(fetch.listing.source))  # this node's own (threads)
         refuse_unsafe(fetch.listing)
-        missing = prepare(s, host, fetch)
+        missing = prepare(s, host, fetch, store)
         again = tuple(changed)
     raise DataError(f"{len(changed)} object(s) of {fetch.listing.source.url} changed while {host.label} fetched them, "
                     f"twice: {_named(changed)}",
@@ -199,14 +239,12 @@ def _refuse_failed(fetch: Fetch, host: Host, result: dict[str, Any]) -> None:
         raise DataError(f"the data fetch on {host.label} failed: {untrusted.clean(str(result['error']), 300)}")
 
 
-def _fetch_once(s: Session, host: Host, fetch: Fetch, missing: list[int], progress: Progress
-                ) -> tuple[dict[str, Any], FetchStats]:
+def _fetch_once(s: Session, host: Host, fetch: Fetch, missing: list[int], progress: Progress,
+                store: str | None = None) -> tuple[dict[str, Any], FetchStats]:
     source = fetch.listing.source
-    rels = [fetch.listing.objects[i][0] for i in missing]
-    links = dict(zip(missing, fetch.reader.links(fetch.listing, rels, fetch.link_s))) \
-        if missing and fetch.access is None else {}
-    plan = _plan(host, fetch, links, sign=True)
-    meta = meta_dir(host, source)
+    signer = fetch.reader.signer(fetch.listing, fetch.link_s) if missing and fetch.access is None else None
+    plan = _plan(host, fetch, set(missing), sign=True, store=store, signer=signer)
+    meta = meta_dir(host, source, store)
     pid = jobs.start_detached(host, _payload(s, host, "fetch", plan), "the data fetch")
     try:
         result = _follow(host, meta, pid, progress)
@@ -217,7 +255,7 @@ def _fetch_once(s: Session, host: Host, fetch: Fetch, missing: list[int], progre
                        fetched_bytes=_count(result, "fetched_bytes"), cached=_count(result, "cached"),
                        cached_bytes=_count(result, "cached_bytes"), removed=_count(result, "removed"),
                        retries=_count(result, "retries"), seconds=_count(result, "seconds", float),
-                       data_dir=data_dir(host, source))
+                       data_dir=data_dir(host, source, store))
     return result, stats
 
 

@@ -92,16 +92,30 @@ def push_data(host: Host, data: Path, progress: Progress) -> tuple[SyncStats, st
     return host.push(data, data_dir, progress=lambda line: progress(f"data: {line}")), data_dir
 
 
-def submit(host: Host, run_dir: str, code_dir: str, data_dir: str | None) -> tuple[str, str | None]:
+def submit(host: Host, run_dir: str, code_dir: str, data_dir: str | None, copies: str | None = None
+           ) -> tuple[str, str | None]:
     """The run's own copies of the pushed code (and data), linked into its directory: (RUN/code,
-    RUN/data). Called right after the push, before the run is queued or started."""
+    RUN/data). Called right after the push, before the run is queued or started. `copies`: the
+    data's copy goes there instead (COPIES/RUN_ID), on the filesystem the data is on (a volume:
+    hard links do not cross to the instance's disk); copies there of runs this host does not
+    have (a released cluster's) go first."""
     own_code = posixpath.join(run_dir, "code")
     host.link_tree(code_dir, own_code)
     if data_dir is None:
         return own_code, None
     own_data = posixpath.join(run_dir, RUN_DATA_DIR)
+    if copies is not None:
+        _prune_copies(host, copies, posixpath.dirname(run_dir))
+        own_data = posixpath.join(copies, posixpath.basename(run_dir))
     host.link_tree(data_dir, own_data)
     return own_code, own_data
+
+
+def _prune_copies(host: Host, copies: str, runs_dir: str) -> None:
+    """Remove the run copies under `copies` whose run directory is not in `runs_dir` here."""
+    script = ('for d in "$1"/*/; do [ -d "$d" ] || continue; n=$(basename "$d"); '
+              '[ -d "$2/$n" ] || rm -rf -- "$d"; done')
+    host.run(["sh", "-c", script, "prune", copies, runs_dir], check=False)
 
 
 def push_all(host: Host, project: Path, data: Path | None, progress: Progress

@@ -10,10 +10,11 @@ from pathlib import Path
 from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, DataError, NotFoundError, RemoteError
 from gpuctl.model.data import S3Source, is_s3, parse_s3
+from gpuctl.model.snapshots import is_snapshot
 from gpuctl.model.records import RunRecord
 from gpuctl.model.requests import TrainRequest
 from gpuctl.model.results import ExecResult, PullResult, SyncResult, TrainResult
-from gpuctl.ops import datasets, guards, nodes, push, stages
+from gpuctl.ops import datasets, guards, nodes, push, snapshots, stages
 from gpuctl.ops.run_state import log_tail, logs, refresh, wait  # noqa: F401  (the run use cases, in one place)
 from gpuctl.ops.session import Progress, Session, each, quiet
 from gpuctl.payloads.gpuctl_protocol import RUN_DATA_DIR
@@ -59,7 +60,7 @@ def train(s: Session, req: TrainRequest, progress: Progress = quiet) -> TrainRes
     passed from here to the job; their values are never recorded."""
     secret_env = env_values(s, req.env_names)
     project, loaded, entry = push.check_project(s, req.project)
-    source, origin = data_source(req, loaded)  # a malformed s3:// URL: before anything else
+    source, origin = data_source(s, req, loaded)  # a malformed s3:// URL, an unknown gpuctl:NAME: before anything else
     req = req.model_copy(update={"data": push.check_data(req.data)})
     cluster = s.resolve_cluster(req.cluster)
     # From here, with the user's credentials, before the cluster is touched: the bucket, the objects.
@@ -74,20 +75,25 @@ def train(s: Session, req: TrainRequest, progress: Progress = quiet) -> TrainRes
             return stages.start_new(s, req, loaded, project, entry, record, secret_env, progress, fetch)
 
 
-def data_source(req: TrainRequest, loaded: LoadedSettings) -> tuple[S3Source | None, str]:
-    """The S3 data set of `train --data s3://...`, else of `[train] data` when no --data was given
-    (and the file that set it); DataError when the URL is malformed."""
-    if req.data_url is not None:
-        return parse_s3(req.data_url), ""
-    if req.data is None and loaded.settings.train.data:
-        return parse_s3(loaded.settings.train.data), loaded.sources.get("train.data", "")
-    return None, ""
+def data_source(s: Session, req: TrainRequest, loaded: LoadedSettings) -> tuple[S3Source | None, str]:
+    """The S3 data set of `train --data s3://...` (or `gpuctl:NAME`, a snapshot `data push` made),
+    else of `[train] data` when no --data was given (and the file that set it); DataError when
+    the URL is malformed, NotFoundError for a snapshot there is none of."""
+    text, origin = req.data_url, ""
+    if text is None and req.data is None and loaded.settings.train.data:
+        text, origin = loaded.settings.train.data, loaded.sources.get("train.data", "")
+    if text is None:
+        return None, ""
+    if is_snapshot(text):
+        return snapshots.resolve(s, text), (f"{text}, {origin}" if origin else text)
+    return parse_s3(text), origin
 
 
 def refuse_s3(data: str | None, command: str) -> None:
     """`sync` and `plan` push a local directory only: an S3 data set is `train`'s to fetch."""
-    if data is not None and is_s3(data):
-        raise DataError(f"`gpuctl {command} --data` takes a local directory; {data.split('/')[0]}//... is fetched "
+    if data is not None and (is_s3(data) or is_snapshot(data)):
+        shown = "gpuctl:NAME" if is_snapshot(data) else f"{data.split('/')[0]}//..."
+        raise DataError(f"`gpuctl {command} --data` takes a local directory; {shown} is fetched "
                         "by `gpuctl train --data` itself",
                         "Train with `gpuctl train PROJECT --data s3://BUCKET/PREFIX` (docs/data.md).")
 

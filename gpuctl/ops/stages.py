@@ -137,21 +137,25 @@ def push_and_check(s: Session, record: ClusterRecord, group: list[Node], project
     `fetch`: an S3 data set each node fetches itself into its data store (what its disk must
     hold checked on every node first, before anything is set up or pushed)."""
     lacking: dict[int, list[int]] = {}
+    stores: dict[int, str | None] = {}  # where each node keeps the data set (the chief: on a volume)
     if fetch is not None:
         checked = fetch
-        lacking = dict(zip([n.rank for n in group], each(group, lambda n: datasets.prepare(s, n.host, checked))))
+        stores = {n.rank: datasets.store_on(s, record, n.rank, n.host) for n in group}
+        lacking = dict(zip([n.rank for n in group],
+                           each(group, lambda n: datasets.prepare(s, n.host, checked, stores[n.rank]))))
         # Every disk holds it: the cluster's role (where it has one) may read it from now on.
         fetch = datasets.granted(s, record, fetch, progress)
 
     def pushed(node: Node) -> Node:
         say = lambda line: progress(nodes.label(node, group) + line)  # noqa: E731
         code, stats, code_dir, data_dir = push.push_all(node.host, project, data, say)
-        fetched = datasets.fetch_on(s, node.host, fetch, lacking[node.rank], say) if fetch is not None else None
+        fetched = datasets.fetch_on(s, node.host, fetch, lacking[node.rank], say, stores.get(node.rank)) \
+            if fetch is not None else None
         if fetched is not None:
             data_dir = fetched.data_dir
         if run_id is not None:
             code_dir, data_dir = push.submit(node.host, posixpath.join(node.host.root, "runs", run_id),
-                                             code_dir, data_dir)
+                                             code_dir, data_dir, datasets.run_copies(stores.get(node.rank)))
         return replace(node, code_dir=code_dir, data_dir=data_dir, code=code, data=stats, fetched=fetched)
 
     # The TensorFlow first (a setup that fails has nothing pushed), then the code pushed while the

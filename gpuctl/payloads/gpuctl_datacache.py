@@ -14,13 +14,13 @@ import stat
 import tempfile
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: links as a template and each object's signature ("link")
 MANIFEST_VERSION = 1
 MAX_PART = 255  # bytes of one name: ext4, xfs, btrfs
 MAX_PATH = 4000  # bytes of a whole relative path (PATH_MAX is 4096 with the directory's own)
 RESERVE = 256 << 20  # bytes left free on the disk after the fetch (at most 5% of the disk)
 
-Obj = Tuple[str, int, str, Optional[str]]  # rel, size, etag, url
+Obj = Tuple[str, int, str, Optional[str]]  # rel, size, etag, url (with the plan's "link": its signature)
 
 
 class PlanError(Exception):
@@ -84,15 +84,21 @@ def load_plan(path: str) -> Dict[str, Any]:
 
 
 def load_plan_data(plan: Any) -> Dict[str, Any]:
-    """The plan checked, its objects as (rel, size, etag, url) tuples."""
+    """The plan checked, its objects as (rel, size, etag, url) tuples (each list replaced by its
+    tuple where it is: 100,000 objects are never held twice)."""
     if not isinstance(plan, dict) or plan.get("version") != PLAN_VERSION:
         raise PlanError("not a fetch plan of this gpuctl (version %r)" % (plan.get("version") if isinstance(plan, dict) else None))
     if not isinstance(plan.get("dir"), str) or not os.path.isabs(plan["dir"]):
         raise PlanError("the plan names no data directory")
-    objs = []
-    for item in plan.get("objects") or []:
+    link = plan.get("link")
+    if link is not None and not (isinstance(link, dict) and all(isinstance(link.get(k), str) for k in ("base", "query"))):
+        raise PlanError("the plan's links are not {base, query}")
+    objs = plan.get("objects") or []
+    if not isinstance(objs, list):
+        raise PlanError("the plan's objects are no list")
+    for i, item in enumerate(objs):
         rel, size, etag, url = item
-        objs.append((str(rel), int(size), str(etag), url if isinstance(url, str) else None))
+        objs[i] = (str(rel), int(size), str(etag), url if isinstance(url, str) else None)
     sign = plan.get("sign")
     if sign is not None and not (isinstance(sign, dict) and all(isinstance(sign.get(k), str) for k in
                                                                   ("imds", "bucket", "prefix", "region", "endpoint"))):

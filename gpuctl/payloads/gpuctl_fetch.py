@@ -8,8 +8,9 @@ Python 3.8+.
 
 PLAN is a JSON file gpuctl writes (mode 0600: its links are presigned, bearer tokens until they
 expire): {"version": 1, "dir": DATA_DIR, "source": "s3://BUCKET/PREFIX/", "threads": N,
-"objects": [[rel, size, etag, url or null], ...]}. `need` reads no url; `fetch` needs one for
-each object `need` named. No key or secret ever reaches this side. On an aws instance with its
+"link": {"base", "query"}, "objects": [[rel, size, etag, signature or null], ...]}: a link is
+the template completed by the object's signature (gpuctl_s3sign.template_link); without "link",
+each object's whole link. `need` reads none; `fetch` needs one for each object `need` named. No key or secret ever reaches this side. On an aws instance with its
 cluster's role the plan has no links but "sign": {imds, bucket, prefix, region, endpoint,
 virtual}: the links are signed here with the role's own credentials (gpuctl_s3sign.py), which
 may read exactly that prefix.
@@ -165,9 +166,12 @@ class Signer(object):
 
 
 def fetch_one(getter: Getter, root: str, parts: str, obj: Obj, progress: Progress, base: float,
-              signer: Optional[Signer] = None) -> None:
-    """Fetch one object into its part file, verify it, rename it into DATA_DIR."""
+              signer: Optional[Signer] = None, template: Optional[Dict[str, str]] = None) -> None:
+    """Fetch one object into its part file, verify it, rename it into DATA_DIR. `template`: the
+    plan's "link", which the object's signature completes into its link."""
     rel, size, etag, url = obj
+    if url and template is not None:
+        url = gpuctl_s3sign.template_link(template, rel, url)
     if not url and signer is None:
         raise Failed("no link for it (the plan is older than the cache): train again")
     part = os.path.join(parts, part_name(rel, etag))
@@ -291,10 +295,11 @@ def fetch(plan: Dict[str, Any], status_path: Optional[str] = None) -> Dict[str, 
         source = plan.get("source", "")
         wanted = set(o[0] for o in plan["objects"]) - set(r[0] for r in refused)
         removed = remove_stale(root, wanted)
-        wanted_parts = set(part_name(o[0], o[2]) for _, o in todo)
-        for name in os.listdir(parts):  # a part no object wants any more
-            if name not in wanted_parts:
-                os.unlink(os.path.join(parts, name))
+        present = set(os.listdir(parts))  # downloads a cut fetch left (usually none)
+        if present:
+            present -= set(name for name in (part_name(o[0], o[2]) for _, o in todo) if name in present)
+        for name in present:  # a part no object wants any more
+            os.unlink(os.path.join(parts, name))
         result = {"ok": False, "cached": len(cached), "cached_bytes": sum(o[1] for o in cached), "fetched": 0,
                   "fetched_bytes": 0, "removed": removed, "refused": refused, "failed": [], "changed": [],
                   "threads": 0}  # type: Dict[str, Any]
@@ -323,7 +328,7 @@ def fetch(plan: Dict[str, Any], status_path: Optional[str] = None) -> Dict[str, 
                         return
                     obj = queue.popleft()
                 try:
-                    fetch_one(getter, root, parts, obj, progress, base, signer)
+                    fetch_one(getter, root, parts, obj, progress, base, signer, plan.get("link"))
                 except Changed as exc:
                     with qlock:
                         result["changed"].append([obj[0], str(exc)])

@@ -162,9 +162,11 @@ def client(target):
 # --- the manifest ----------------------------------------------------------------------------------
 
 
-def _load_manifest(root, where):
+def _load_manifest(root, where, manifest=None):
+    """`manifest`: its path, where it is not kept in the directory itself (a data set pushed from
+    gpuctl's side keeps it in gpuctl's home: the user's directory gets no file of gpuctl's)."""
     try:
-        with open(os.path.join(root, MANIFEST)) as fh:
+        with open(manifest or os.path.join(root, MANIFEST)) as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return {}
@@ -174,11 +176,12 @@ def _load_manifest(root, where):
     return files if isinstance(files, dict) else {}
 
 
-def _save_manifest(root, where, files):
-    fd, tmp = tempfile.mkstemp(prefix=".gpuctl-store.", dir=root)
+def _save_manifest(root, where, files, manifest=None):
+    path = manifest or os.path.join(root, MANIFEST)
+    fd, tmp = tempfile.mkstemp(prefix=".gpuctl-store.", dir=os.path.dirname(path))
     with os.fdopen(fd, "w") as fh:
         json.dump({"version": MANIFEST_VERSION, "where": where, "files": files}, fh, sort_keys=True)
-    os.replace(tmp, os.path.join(root, MANIFEST))
+    os.replace(tmp, path)
 
 
 def _same(entry, size, mtime_ns, etag):
@@ -207,11 +210,12 @@ def _walk(root, leave_out=()):
 # --- push and pull ---------------------------------------------------------------------------------
 
 
-def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=()):
+def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=(), manifest=None, progress=None):
     """Upload the new and changed files of local_dir under key_prefix, but for its top-level
     directories named in `leave_out`; with `delete`, also remove the objects whose file is gone
     (never the default: a fresh instance pushing before it pulled would empty the run's
-    checkpoints). A summary dict."""
+    checkpoints). `manifest`: where the manifest lives when not in local_dir; `progress(rel,
+    size)` hears each upload before it starts. A summary dict."""
     target = check_target(target, key_prefix)
     root = os.path.realpath(local_dir)
     if not os.path.isdir(root):
@@ -219,7 +223,7 @@ def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=()):
     store = store or client(target)
     where = "%s/%s" % (target["bucket"], key_prefix)
     remote = store.list(key_prefix)
-    known = _load_manifest(root, where)
+    known = _load_manifest(root, where, manifest)
     files, sent, unchanged, sent_bytes = {}, [], 0, 0
     for rel, path, st in _walk(root, leave_out):
         key = key_prefix + rel
@@ -230,6 +234,8 @@ def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=()):
             files[rel] = known[rel]
             unchanged += 1
             continue
+        if progress is not None:
+            progress(rel, st.st_size)
         store.upload(path, key)  # the stat is from before: a file changed meanwhile goes again next time
         files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": None}
         sent.append(rel)
@@ -244,13 +250,15 @@ def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=()):
         after = store.list(key_prefix)
         for rel in sent:
             files[rel]["etag"] = after.get(key_prefix + rel, (None, None))[1]
-    _save_manifest(root, where, files)
+    _save_manifest(root, where, files, manifest)
     return {"op": "push", "uploaded": len(sent), "unchanged": unchanged, "bytes": sent_bytes, "deleted": deleted,
-            "where": "s3://" + where}
+            "where": "s3://" + where, "files": len(files), "total_bytes": sum(f["size"] for f in files.values())}
 
 
 def _delete(store, key):
-    if isinstance(store, _Boto3):
+    if hasattr(store, "delete"):  # a store of gpuctl's side (provision/aws/snapshots.py)
+        store.delete(key)
+    elif isinstance(store, _Boto3):
         store.s3.delete_object(Bucket=store.bucket, Key=key)
     else:
         store._run(["s3", "rm", "--only-show-errors", "s3://%s/%s" % (store.bucket, key)])

@@ -22,7 +22,7 @@ from gpuctl.payloads.gpuctl_setup import matches
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Callable, Sequence
+    from typing import Callable
 
     from gpuctl.config.settings import Settings
     from gpuctl.model.data import S3Listing, S3Source
@@ -128,6 +128,10 @@ class Provider(Protocol):
         """Where `gpuctl volume` makes named volumes that outlive clusters (aws: EBS; local and
         ssh: a directory on the host)."""
 
+    def snapshot_store(self) -> "SnapshotStore":
+        """Where `gpuctl data push` keeps named data snapshots (aws: the gpuctl bucket of the
+        region, under data/); ConfigError (`no_snapshot_store`) for a provider that has none."""
+
     def mount_volume(self, host: "Host") -> tuple[str, str]:
         """Make the spec's volume usable on the chief's host (aws: find the attached device,
         format it if it has nothing on it, mount it): the path its jobs find it at, and what was
@@ -209,6 +213,31 @@ class VolumeStore(Protocol):
         """Delete it (and what it holds); refuses one attached to an instance."""
 
 
+class SnapshotStore(Protocol):
+    @property
+    def region(self) -> str:
+        """The region of the bucket."""
+
+    @property
+    def bucket(self) -> str:
+        """The bucket the snapshots are in (gpuctl's of this account, region and owner)."""
+
+    def push(self, name: str, directory: "Path", manifest: "Path", progress: "Callable[[str], None]",
+             starting: "Callable[[], None]") -> "dict[str, Any]":
+        """Upload what changed in `directory` to the snapshot `name` (the bucket made first if need
+        be), and remove the objects whose file is gone; `manifest`: where what was uploaded is
+        remembered (size, mtime, ETag); `starting` hears, once, that the first byte is about to go.
+        The summary: files, total_bytes, uploaded, bytes, deleted."""
+
+    def remove(self, name: str) -> int:
+        """Delete every object of the snapshot; how many."""
+
+
+def no_snapshot_store(provider: str) -> ConfigError:
+    return ConfigError(f"the {provider} provider has no bucket for data snapshots",
+                       "`gpuctl data push` uploads to your gpuctl bucket in S3 (the aws provider's settings).")
+
+
 def tf_matches(asked: str, have: str | None) -> bool:
     """Whether TensorFlow `have` serves a request for `asked`: '2.21' is any 2.21.x (and 2.21
     itself); '2.21.0' is exactly that. The setup payload's rule, the one the instance applies."""
@@ -233,6 +262,9 @@ class MachinesThatStay(ProviderBase):
 
     def image_store(self) -> NoReturn:
         raise no_image_store(self.name)
+
+    def snapshot_store(self) -> NoReturn:
+        raise no_snapshot_store(self.name)
 
     def remember(self, instances: "list[InstanceRecord]") -> None:
         pass  # the ledger's record is the only one (ssh keeps its own: it overrides this)
@@ -297,8 +329,10 @@ class DataSets(Protocol):
     def listing(self, source: "S3Source") -> "S3Listing":
         """The objects below the source's prefix; DataError: no such bucket, denied, empty."""
 
-    def links(self, listing: "S3Listing", rels: "Sequence[str]", expires_s: int) -> "list[str]":
-        """A presigned GET link for each path below the prefix, valid `expires_s` seconds."""
+    def signer(self, listing: "S3Listing", expires_s: int) -> "tuple[dict[str, str], Callable[[str], str]]":
+        """Presigned GET links for the paths below the prefix, valid `expires_s` seconds, as a
+        fetch plan carries them: the template they share, and a function giving one path's
+        signature (gpuctl_s3sign.template_link makes the link of the two)."""
 
 
 DATA_SETS = "gpuctl.provision.aws.datasets:S3DataSets"

@@ -12,7 +12,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from gpuctl.errors import RemoteError, RemoteTimeout
 from gpuctl.model.endpoint import Endpoint
@@ -126,6 +126,9 @@ class Host(Protocol):
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file atomically, creating parent directories."""
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mode: int = 0o644) -> None:
+        """write_bytes of the chunks one after another, never all of them in memory here."""
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         """Incrementally mirror a local directory to `dest` on the host, telling `progress` how it goes."""

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from gpuctl.errors import RemoteError, UnreadableFile
 from gpuctl.model.records import CommandResult, SyncStats
@@ -149,12 +149,20 @@ class LocalHost(Deadlines):
         self.write_bytes(path, text.encode("utf-8"), mode)
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self.write_chunks(path, (data,), mode)
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mode: int = 0o644) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{unique_suffix()}.tmp")  # concurrent writers
-        tmp.write_bytes(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+            os.chmod(tmp, mode)
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def push(self, src: Path, dest: str, progress: Callable[[str], None] | None = None) -> SyncStats:
         return push_local(src, Path(dest), progress=progress)

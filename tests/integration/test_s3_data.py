@@ -296,3 +296,37 @@ def test_an_object_overwritten_while_it_is_fetched_is_fetched_again_after_a_new_
         assert any(h.get("if-match") and h.get("range") for h in proxy.asked(f"{BUCKET}/mid/big.bin"))
     finally:
         proxy.close()
+
+
+def test_a_data_set_fetched_onto_a_volume_is_found_warm_by_the_next_cluster_that_mounts_it(
+        gpuctl, s3_local, make_project, isolated):
+    objects = {f"warm/part-{i}.bin": os.urandom(10_000 + i) for i in range(5)}
+    put(s3_local, objects)
+    proj = make_project("reader", {"train.py": READER})
+    volume = json.loads(gpuctl("volume", "create", "cache", "--size", "5", "--json").stdout)["path"]
+
+    gpuctl("up", "--name", "first", "--volume", "cache")
+    out = gpuctl("train", proj, "--cluster", "first", "--data", f"s3://{BUCKET}/warm", "--json")
+    first = json.loads(out.stdout)
+    assert (first["data_fetch"]["fetched"], first["data_fetch"]["cached"]) == (5, 0)
+    assert first["data_fetch"]["data_dir"].startswith(os.path.join(volume, ".gpuctl-data", "s3-training-data-"))
+    assert "data: kept on the cluster's volume" in out.stderr
+    seen = files_seen(gpuctl, first["run"]["run_id"])
+    assert seen == {k.split("/", 1)[1]: md5(v) for k, v in objects.items()}
+    gpuctl("down", "first", "-y")
+
+    # Another cluster without the volume has its own store: it fetches everything.
+    gpuctl("up", "--name", "bare")
+    bare = json.loads(gpuctl("train", proj, "--cluster", "bare", "--data", f"s3://{BUCKET}/warm", "--json").stdout)
+    assert bare["data_fetch"]["fetched"] == 5
+    gpuctl("down", "bare", "-y")
+
+    # The next cluster that mounts the volume fetches nothing, and its run reads the same files.
+    gpuctl("up", "--name", "second", "--volume", "cache")
+    second = json.loads(gpuctl("train", proj, "--cluster", "second", "--data", f"s3://{BUCKET}/warm", "--json").stdout)
+    assert (second["data_fetch"]["fetched"], second["data_fetch"]["cached"]) == (0, 5)
+    assert files_seen(gpuctl, second["run"]["run_id"]) == seen
+    # The runs' own copies are beside the store on the volume (hard links), the released cluster's gone.
+    copies = os.path.join(volume, ".gpuctl-data", "runs")
+    assert os.listdir(copies) == [second["run"]["run_id"]]
+    gpuctl("down", "second", "-y")

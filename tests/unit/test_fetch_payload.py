@@ -35,7 +35,7 @@ def server():
 def plan_for(srv: ObjectServer, root: Path, keys: list[str] | None = None, **extra) -> dict:
     keys = sorted(srv.objects) if keys is None else keys
     objects = [[k, len(srv.objects[k].body), srv.objects[k].etag, srv.url(k)] for k in keys]
-    return {"version": 1, "dir": str(root / "data" / "s3-b-12345678"), "source": "s3://b/p/", "threads": 4,
+    return {"version": cache.PLAN_VERSION, "dir": str(root / "data" / "s3-b-12345678"), "source": "s3://b/p/", "threads": 4,
             "objects": objects, "backoff_s": 0.01, **extra}
 
 

@@ -287,6 +287,12 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "s3:GetBucketTagging": _s3("GetBucketTagging"),
     "s3:CopyObject": lambda p: [("s3:GetObject", f"arn:aws:s3:::{p['CopySource']['Bucket']}/{p['CopySource']['Key']}", {}),
                                 ("s3:PutObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}", {})],
+    # `data push` (boto3's managed upload: one PutObject, or a multipart upload) and `data rm`:
+    # s3:PutObject covers every part; an abandoned upload is aborted (s3:AbortMultipartUpload).
+    **{f"s3:{op}": (lambda p: [("s3:PutObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}", {})])
+       for op in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")},
+    "s3:AbortMultipartUpload": lambda p: [("s3:AbortMultipartUpload", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}", {})],
+    "s3:DeleteObject": lambda p: [("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}", {})],
     "s3:DeleteObjects": lambda p: [("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{o['Key']}", {})
                                    for o in p["Delete"]["Objects"]],
     # AWS's public parameters live in no account; the one gpuctl reads is named in images.py.
@@ -443,6 +449,7 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
         assert store.remove(CLUSTER, "r1") == 2
         s3.add_response("list_objects_v2", objects)
         assert store.usage() == {(CLUSTER, "r1"): 10}
+        _snapshots(s3, store, home)
         iam.add_response("list_instance_profiles", {"InstanceProfiles": [profile["InstanceProfile"]]})
         iam.add_response("get_instance_profile", profile)
         iam.add_response("list_roles", {"Roles": [role]})
@@ -463,6 +470,43 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
         for stub in stubs.values():
             stub.deactivate()
     return sent
+
+
+def _snapshots(s3: Any, store: S3Store, home: Path) -> None:
+    """`data push` (a file in one PUT, a bigger one in parts, a file gone removed), an upload
+    that fails and is aborted, and `data rm`, as gpuctl sends them."""
+    from boto3.s3.transfer import TransferConfig
+
+    from gpuctl.errors import GpuctlError
+    from gpuctl.provision.aws.snapshots import S3Snapshots, _Bucket
+
+    src = home / "snapshot"
+    src.mkdir()
+    (src / "big.bin").write_bytes(b"b" * (6 << 20))
+    (src / "small.txt").write_bytes(b"s")
+    config = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20, use_threads=False)
+    snaps = S3Snapshots(store.ctx)
+    snaps.store, snaps.transfer = store, config
+    s3.add_response("list_objects_v2", {"Contents": [{"Key": "data/cifar/gone.txt", "Size": 1, "ETag": '"g"'}]})
+    s3.add_response("create_multipart_upload", {"UploadId": "u1"})
+    s3.add_response("upload_part", {"ETag": '"p1"'})
+    s3.add_response("upload_part", {"ETag": '"p2"'})
+    s3.add_response("complete_multipart_upload", {})
+    s3.add_response("put_object", {"ETag": '"s"'})
+    s3.add_response("delete_object", {})
+    s3.add_response("list_objects_v2", {"Contents": [{"Key": "data/cifar/big.bin", "Size": 6 << 20, "ETag": '"b-2"'},
+                                                     {"Key": "data/cifar/small.txt", "Size": 1, "ETag": '"s"'}]})
+    summary = snaps.push("cifar", src, home / "manifests" / "cifar.json", lambda _: None, lambda: None)
+    assert (summary["uploaded"], summary["deleted"]) == (2, 1)
+    s3.add_response("create_multipart_upload", {"UploadId": "u2"})
+    s3.add_client_error("upload_part", "InternalError", "no", http_status_code=500)
+    s3.add_response("abort_multipart_upload", {})
+    with pytest.raises(GpuctlError):
+        _Bucket(store, TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20, use_threads=False,
+                                      num_download_attempts=1)).upload(str(src / "big.bin"), "data/cifar/big.bin")
+    s3.add_response("list_objects_v2", {"Contents": [{"Key": "data/cifar/big.bin", "Size": 1}]})
+    s3.add_response("delete_objects", {})
+    assert snaps.remove("cifar") == 1
 
 
 def _bake_and_remove(ok: Callable[..., None], aws: Any, home: Path) -> None:

@@ -15,6 +15,7 @@ from gpuctl.errors import DataError, ExitCode
 from gpuctl.model import billing
 from gpuctl.model.data import S3Listing, S3Source, is_s3, parse_s3, size_text
 from gpuctl.ops import datasets
+from gpuctl.payloads import gpuctl_s3sign as sign
 from gpuctl.provision.aws.presign import Presigner
 
 
@@ -104,3 +105,36 @@ def test_the_links_are_botocore_s_own(monkeypatch, endpoint, style, token):
         stamp = urllib.parse.parse_qs(urllib.parse.urlsplit(theirs).query)["X-Amz-Date"][0]
         now = calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%SZ"))
         assert signer.links("my-bkt", [key], 3600, now) == [theirs], key
+        # As a plan carries it: the template below the key's folder and the key's own signature.
+        folder, _, rel = key.rpartition("/")
+        prefix = folder + "/" if folder else ""
+        template, signed = signer.signer("my-bkt", prefix, 3600, now)
+        signature = signed(rel)
+        assert sign.template_link(template, rel, signature) == theirs, key
+        assert len(signature) == 64 and (token is None or token in urllib.parse.unquote(template["query"]))
+
+
+def test_the_plan_carries_the_links_template_once_and_a_signature_per_missing_object():
+    """100,000 links with a session token are ~150 MB of plan: it carries what they share once."""
+    import json
+
+    from gpuctl.payloads import gpuctl_datacache as cache
+    from tests.fakes import FakeHost
+
+    objects = tuple((f"d/f{i:05d}.bin", i, f"{i:032x}") for i in range(2500))  # more than a chunk
+    listing = S3Listing(source=S3Source(bucket="bkt", prefix="p/"), region="us-east-1", objects=objects,
+                        total_bytes=sum(o[1] for o in objects))
+    token = "T" * 1000
+    signer = Presigner("AKID", "secret", token, "us-east-1", "https://s3.us-east-1.amazonaws.com", True).signer(
+        "bkt", "p/", 3600, 0)
+    host = FakeHost()
+    path = datasets._plan(host, datasets.Fetch(None, listing, 3600, None), {3, 2400}, sign=True,  # type: ignore[arg-type]
+                          signer=signer)
+    text = host.files[path]
+    assert text.count(token.encode()) == 1 and len(text) < 2500 * 80 + 2000
+    plan = cache.load_plan_data(json.loads(text))
+    assert [o[:3] for o in plan["objects"]] == list(objects)
+    assert [i for i, o in enumerate(plan["objects"]) if o[3]] == [3, 2400]
+    whole = Presigner("AKID", "secret", token, "us-east-1", "https://s3.us-east-1.amazonaws.com", True).links(
+        "bkt", ["p/d/f02400.bin"], 3600, 0)
+    assert sign.template_link(plan["link"], "d/f02400.bin", plan["objects"][2400][3]) == whole[0]

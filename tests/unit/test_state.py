@@ -169,7 +169,30 @@ def test_a_version_4_ledger_gets_the_volumes_table_and_keeps_its_clusters(tmp_pa
     led.volume_removed("local", "/v/data")
     led.put_volume(Volume(name="data", provider="local", id="/v/other", size_gb=1, created_at=2.0))  # the name is free again
     assert [v.id for v, _ in led.volumes(include_removed=True)] == ["/v/data", "/v/other"]
-    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+
+
+def test_a_version_5_ledger_gets_the_snapshots_table_and_keeps_its_volumes(tmp_path):
+    from gpuctl.model.snapshots import Snapshot
+    from gpuctl.model.volumes import Volume
+
+    led = Ledger(tmp_path)
+    led.put_volume(Volume(name="data", provider="local", id="/v/data", size_gb=1, created_at=1.0))
+    led._db.execute("DROP TABLE snapshots")
+    led._db.execute("PRAGMA user_version = 5")
+    led.close()
+    led = Ledger(tmp_path)
+    assert [v.name for v, _ in led.volumes()] == ["data"] and led.snapshots() == []
+    snap = Snapshot(name="cifar", region="us-east-1", bucket="gpuctl-b", files=2, bytes=10, created_at=1.0, pushed_at=1.0)
+    led.put_snapshot(snap)
+    led.put_snapshot(snap.model_copy(update={"files": 3, "pushed_at": 2.0}))  # a later push: the same one
+    led.snapshot_used("cifar", at=3.0)
+    assert [(v.files, v.last_used_at) for v, _ in led.snapshots()] == [(3, 3.0)]
+    led.snapshot_removed("cifar", at=4.0)
+    assert led.snapshot("cifar") is None and [r for _, r in led.snapshots(include_removed=True)] == [4.0]
+    led.put_snapshot(snap)  # the name is free again
+    assert len(led.snapshots(include_removed=True)) == 2 and led.snapshot("cifar") == snap
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def _writer(home, worker, count):

@@ -35,6 +35,7 @@ from gpuctl.cli.render import (
     text_block,
     usd,
 )
+from gpuctl.cli.render import snapshots as render_snapshots
 from gpuctl.cli.render import volumes as render_volumes
 from gpuctl.model.data import size_text
 from gpuctl.model.untrusted import clean
@@ -187,9 +188,11 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     """Clusters, runs, and epoch tables (every run's if `detailed`, else the RECENT_RUNS newest)."""
     out = out or console()
     notes(report.notes)
-    stored = getattr(report, "images", None), getattr(report, "checkpoints", None), getattr(report, "volumes", None)
+    stored = (getattr(report, "images", None), getattr(report, "checkpoints", None), getattr(report, "volumes", None),
+              getattr(report, "data", None))
     if not report.clusters and not report.runs and not any(
-            s is not None and (getattr(s, "images", None) or getattr(s, "runs", None) or getattr(s, "volumes", None))
+            s is not None and (getattr(s, "images", None) or getattr(s, "runs", None) or getattr(s, "volumes", None)
+                               or getattr(s, "snapshots", None))
             for s in stored):
         # A fresh home: an empty header row tells a newcomer nothing; say what to do first.
         out.print("No runs yet. Start one with: gpuctl up, then gpuctl train PROJECT", markup=False, highlight=False)
@@ -205,6 +208,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
         images(getattr(report, "images", None), out)
         checkpoints(getattr(report, "checkpoints", None), out)
         render_volumes.storage(getattr(report, "volumes", None), out)
+        render_snapshots.storage(getattr(report, "data", None), out)
         return
     out.print()
     cols = [Col("run"), Col("cluster", drop=5), Col("state", drop=6), Col("epochs", True, drop=7),
@@ -234,6 +238,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     images(getattr(report, "images", None), out)
     checkpoints(getattr(report, "checkpoints", None), out)
     render_volumes.storage(getattr(report, "volumes", None), out)
+    render_snapshots.storage(getattr(report, "data", None), out)
 
 
 # The two run dollars count different things and differ for one run: say so under each table.

@@ -6,7 +6,7 @@ bucket, access denied, nothing there."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable
 
 from gpuctl import seams
 from gpuctl.errors import DataError
@@ -57,11 +57,12 @@ class S3DataSets:
         try:
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=source.bucket, Prefix=source.prefix):
                 for obj in page.get("Contents", ()):
-                    rel, size = obj["Key"][cut:], int(obj.get("Size", 0))
+                    rel, size = str(obj["Key"])[cut:], int(obj.get("Size", 0))
                     if rel.endswith("/") and size == 0:
                         continue  # the console's "folder"
                     objects.append((rel, size, str(obj.get("ETag", "")).strip('"')))
                     total += size
+                del page
         except aws_errors() as exc:
             if error_code(exc) in MISSING:
                 raise DataError(f"bucket {source.bucket!r} does not exist",
@@ -74,10 +75,12 @@ class S3DataSets:
             raise DataError(f"{source.url} holds no objects",
                             f"Check the prefix (`aws s3 ls {source.url}`): --data names a folder of the bucket "
                             "(s3://BUCKET/FOLDER), not one file.")
-        return S3Listing(source=source, region=region, objects=tuple(objects), total_bytes=total)
+        # Built here of checked types: not validated again (pydantic would copy 100,000 tuples).
+        return S3Listing.model_construct(source=source, region=region, objects=tuple(objects), total_bytes=total)
 
-    def links(self, listing: S3Listing, rels: Sequence[str], expires_s: int) -> list[str]:
-        """A presigned GET link for each path below the listing's prefix, valid `expires_s`."""
+    def signer(self, listing: S3Listing, expires_s: int) -> tuple[dict[str, str], Callable[[str], str]]:
+        """Presigned GET links for the paths below the listing's prefix, valid `expires_s`, as a
+        plan carries them: their shared template and a function signing one path (gpuctl_s3sign)."""
         creds = self.aws.session.get_credentials()
         if creds is None:
             raise translate(_no_credentials())
@@ -88,7 +91,7 @@ class S3DataSets:
         # certificate there, so it goes in the path); any other endpoint: the bucket in the path.
         virtual = endpoint.endswith(".amazonaws.com") and "." not in source.bucket
         signer = Presigner(frozen.access_key, frozen.secret_key, frozen.token, listing.region, endpoint, virtual)
-        return signer.links(source.bucket, [source.prefix + rel for rel in rels], expires_s)
+        return signer.signer(source.bucket, source.prefix, expires_s)
 
 
 def _headers(answer_or_exc: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ instance signs with its role's credentials the same way)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from gpuctl.payloads import gpuctl_s3sign as sign
 
@@ -24,3 +25,10 @@ class Presigner:
         """One presigned GET link per key, valid for `expires_s` from `now`."""
         creds = sign.Credentials(self.access_key, self.secret_key, self.token)
         return sign.links(creds, self.region, self.endpoint, self.virtual_hosted, bucket, keys, expires_s, now)
+
+    def signer(self, bucket: str, prefix: str, expires_s: int, now: float | None = None
+               ) -> tuple[dict[str, str], Callable[[str], str]]:
+        """The links to the objects below prefix as a plan carries them: (their shared template,
+        a function signing one rel); gpuctl_s3sign.template_link makes each link of the two."""
+        creds = sign.Credentials(self.access_key, self.secret_key, self.token)
+        return sign.signer(creds, self.region, self.endpoint, self.virtual_hosted, bucket, prefix, expires_s, now)

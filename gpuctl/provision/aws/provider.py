@@ -25,6 +25,7 @@ from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
 from gpuctl.provision.aws.session import Aws, call, translate, wait_for
+from gpuctl.provision.aws.snapshots import S3Snapshots
 from gpuctl.provision.aws.store import S3Store
 from gpuctl.provision.aws.userdata import HARD_CAP_MARK, boot_script
 from gpuctl.provision.aws.volumes import AwsVolumes
@@ -389,6 +390,9 @@ class AwsProvider(ProviderBase):
 
     def volume_store(self) -> AwsVolumes:
         return AwsVolumes(self.ctx)
+
+    def snapshot_store(self) -> S3Snapshots:
+        return S3Snapshots(self.ctx)
 
     def mount_volume(self, host: Host) -> tuple[str, str]:
         assert self.spec.volume is not None, "only a cluster of `up --volume` mounts one"

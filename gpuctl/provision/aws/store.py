@@ -225,7 +225,11 @@ class S3Store:
 
     def remove(self, cluster: str, run_id: str) -> int:
         """Every object under the run's prefix, the odd keys too (deleting names no file here)."""
-        prefix = run_prefix(cluster, run_id)
+        return self.remove_prefix(run_prefix(cluster, run_id))
+
+    def remove_prefix(self, prefix: str) -> int:
+        """Delete every object under `prefix` (a folder ending in "/"), 1000 a request; how many."""
+        assert prefix.endswith("/") and prefix != "/", prefix
         keys = [k for k, _ in self._list(prefix) if k.startswith(prefix)]
         s3 = self.s3()
         for i in range(0, len(keys), DELETE_BATCH):
@@ -235,8 +239,8 @@ class S3Store:
             errors = res.get("Errors", [])
             if errors:
                 first = errors[0]
-                raise CloudError(f"S3 kept {len(errors)} of the run's files: {first.get('Key')}: {first.get('Code')} "
-                                 f"{first.get('Message', '')}".rstrip(), "Run `gpuctl runs rm` again.")
+                raise CloudError(f"S3 kept {len(errors)} of the objects under {prefix}: {first.get('Key')}: "
+                                 f"{first.get('Code')} {first.get('Message', '')}".rstrip(), "Run the command again.")
         return len(keys)
 
     def usage(self) -> dict[tuple[str, str], int]:
@@ -326,6 +330,11 @@ class S3Store:
     def _list(self, prefix: str, quick: bool = False) -> Iterator[tuple[str, int]]:
         """(key, bytes) of every object under the prefix (ListObjectsV2, 1000 a page). `quick`:
         a client that gives up soon (`cost` must answer even without a network)."""
+        for key, size, _ in self.listing(prefix, quick):
+            yield key, size
+
+    def listing(self, prefix: str, quick: bool = False) -> Iterator[tuple[str, int, str]]:
+        """(key, bytes, ETag as S3 lists it) of every object under the prefix."""
         s3 = self.s3()
         if quick:
             from botocore.config import Config
@@ -337,6 +346,6 @@ class S3Store:
                                                                  ExpectedBucketOwner=self.account)
             for page in pages:
                 for obj in page.get("Contents", []):
-                    yield obj["Key"], int(obj.get("Size", 0))
+                    yield obj["Key"], int(obj.get("Size", 0)), str(obj.get("ETag", ""))
         except aws_errors() as exc:  # botocore's errors, translated once here
             raise translate(exc, "ListObjectsV2") from exc

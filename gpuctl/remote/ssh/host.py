@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from gpuctl.errors import RemoteError, UnreadableFile
 from gpuctl.model.endpoint import Endpoint
@@ -335,6 +335,9 @@ class SshHost(Deadlines):
         self.write_bytes(path, text.encode("utf-8"), mode)
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self.write_chunks(path, (data,), mode)
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes], mode: int = 0o644) -> None:
         parent = posixpath.dirname(path)
         self.makedirs(parent)
         # Unique: concurrent commands (two syncs) writing one file must not share a temporary name.
@@ -342,7 +345,8 @@ class SshHost(Deadlines):
         try:
             with self.sftp.open(tmp, "wb") as fh:
                 fh.set_pipelined(True)
-                fh.write(data)
+                for chunk in chunks:
+                    fh.write(chunk)
             self.sftp.chmod(tmp, mode)
             self.sftp.posix_rename(tmp, path)
         except socket.timeout:
