@@ -23,12 +23,13 @@ def dashboard(ctx: click.Context, port: int, no_open: bool, interval: float) -> 
     from gpuctl.errors import GpuctlError
     from gpuctl.model.dashboard import ActionResult
     from gpuctl.ops import dashboard as ops
-    from gpuctl.ops.session import open_session, Session
+    from gpuctl.ledger.schema import gpuctl_home
+    from gpuctl.ops.session import Session, open_session
     from gpuctl.web import runtime
     from gpuctl.web.poller import Poller
     from gpuctl.web.words import acted
 
-    home = open_session({}).home
+    home = gpuctl_home()
     held = runtime.claim(home)
     if held is None:  # another one serves this home, or is in its first look
         click.echo(f"A dashboard is running already: {runtime.wait_for_other(home)}")

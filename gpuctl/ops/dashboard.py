@@ -77,7 +77,9 @@ class Looker:
         by_id = {c.id: c for c in shown}
         cluster_rows = tuple(costs.cluster_status(s, c, now) for c in shown)
         instances = {c.id: s.ledger.instances(c.id) for c in records}
-        total = sum(costs.cluster_cost(s, c, now)[0].usd for c in records)
+        # `cost`'s total: the shown clusters' dollars were just computed; the hidden ones' added.
+        total = sum(c.usd for c in cluster_rows) + sum(costs.cluster_cost(s, c, now)[0].usd
+                                                      for c in records if c.id not in by_id)
         kept, self.rebuilt = {}, 0
         for rid, key in run_keys(s.ledger).items():
             cluster = by_id.get(key[0])
