@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass
 
 from gpuctl.errors import GpuctlError
+from gpuctl.files import write_private
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord
 from gpuctl.ops import nodes
 from gpuctl.ops.run_state import archived_log
 from gpuctl.ops.session import Progress, Session
-from gpuctl.remote.sync import size_text, unique_suffix
+from gpuctl.remote.sync import size_text
 
 LOG_BYTES = 8 << 20  # of one log's end: what `gpuctl logs` shows after `down`
 TOTAL_BYTES = 64 << 20  # of all the logs one `down` holds in memory between its reads and writes
@@ -73,19 +74,14 @@ def keep(s: Session, taken: list[Taken], say: Progress) -> list[str]:
     missed: list[str] = []
     for t in taken:
         path = archived_log(s, t.run_id, t.node)
-        tmp = path.with_name(f".{path.name}.{unique_suffix()}.tmp")
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = os.statvfs(path.parent)
             if len(t.data) + RESERVE_BYTES > st.f_bavail * st.f_frsize:
                 missed.append(f"{t.run_id}: {size_text(len(t.data))} do not fit on the disk of {s.home}")
                 continue
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(t.data)
-            os.replace(tmp, path)
+            write_private(path, t.data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             missed.append(f"{t.run_id}: {exc.strerror or exc}")
             continue
         if t.cut:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from gpuctl.files import write_private
 from gpuctl.model.results import PlanReport
 from gpuctl.ops.session import Session
 
@@ -19,13 +19,11 @@ def remember_plan(s: Session, report: PlanReport) -> None:
     """Keep the latest plan's report for the dashboard (written whole, then renamed). Best effort:
     a full disk here must not lose the report of probes already paid for (the CLI still prints it)."""
     path = s.home / PLAN_FILE
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(report.model_dump_json())
-        os.replace(tmp, path)
+        write_private(path, report.model_dump_json())
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def last_plan(s: Session) -> PlanReport | None:

@@ -20,7 +20,8 @@ from gpuctl.model.records import CommandResult, SyncStats
 from gpuctl.model.untrusted import MAX_READ
 from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, Deadlines, Tail, check_result, gave_up, read_part,
                                 shown)
-from gpuctl.remote.sync import push_local, unique_suffix
+from gpuctl.files import unique_suffix
+from gpuctl.remote.sync import push_local
 from gpuctl.remote.sync.link import link_local
 from gpuctl.remote.sync.pull import LocalFiles, pull_walk
 

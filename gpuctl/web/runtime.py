@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from gpuctl.errors import ConflictError
+from gpuctl.files import write_private
 from gpuctl.web.poller import Poller
 from gpuctl.web.server import Act, Ask, make_app
 
@@ -93,15 +94,6 @@ def listen(port: int) -> socket.socket:
         raise
     sock.listen(64)
     return sock
-
-
-def write_private(path: Path, text: str) -> None:
-    """`text` in a file of this user's alone, whole or not at all (a fresh 0600 file, then renamed)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def opener(home: Path, address: str) -> str:

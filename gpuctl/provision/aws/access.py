@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.errors import CloudError, ConfigError
+from gpuctl.files import write_private
 from gpuctl.provision.aws.session import Aws, aws_errors, call, error_code, translate
 
 TAG_CLUSTER = "gpuctl:cluster"
@@ -102,15 +103,6 @@ def key_path(home: Path, cluster: str, region: str) -> Path:
     return home / "keys" / f"{cluster}.{region}.pem"
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never world-readable, not even briefly
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def ensure_key_pair(aws: Aws, home: Path, cluster: str, owner: str) -> tuple[str, Path]:
     """Generate an ed25519 key locally (0600) and import its public half, tagged; reuse both if present."""
     from cryptography.hazmat.primitives import serialization
@@ -129,7 +121,8 @@ def ensure_key_pair(aws: Aws, home: Path, cluster: str, owner: str) -> tuple[str
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    _write_private(path, private)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_private(path, private)
     path.with_suffix(".pub").write_bytes(public + b"\n")
     call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=public, TagSpecifications=[tag_spec("key-pair", cluster, owner)])
     return name, path

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpuctl.provision.aws.session import call
-from gpuctl.remote.sync import unique_suffix
+from gpuctl.files import unique_suffix
 
 
 def download(s3: Any, bucket: str, account: str, objects: Iterator[tuple[str, int]], prefix: str, dest: Path,

@@ -31,7 +31,7 @@ from gpuctl.remote.host import (COMMAND_TIMEOUT_S, MAX_OUTPUT, REMOVE_TIMEOUT_S,
                                 gave_up, shown)
 from gpuctl.remote.ssh.connect import close_all, open_chain
 from gpuctl.remote.ssh.openssh import config_file
-from gpuctl.remote.sync import unique_suffix
+from gpuctl.files import unique_suffix
 from gpuctl.remote.sync.link import link_argv
 from gpuctl.remote.sync.pull import current_umask, pull_walk, rsync_chmod, rsync_left_out
 from gpuctl.remote.sync.ssh import REMOTE_RSYNC_MISSING, RSYNC_TIMED_OUT, push_remote, rsync_host

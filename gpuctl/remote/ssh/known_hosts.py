@@ -3,10 +3,9 @@ OpenSSH both verify against it), and the dropping of pins of released instances.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from gpuctl.remote.sync import unique_suffix
+from gpuctl.files import write_private
 
 
 def known_hosts_path(home: Path) -> Path:
@@ -21,8 +20,5 @@ def forget_host_keys(home: Path, names: set[str]) -> int:
     lines = path.read_text().splitlines(keepends=True)
     kept = [ln for ln in lines if ln.split(" ", 1)[0] not in names]
     if len(kept) != len(lines):
-        tmp = path.with_name(f".known_hosts.{unique_suffix()}.tmp")
-        tmp.write_text("".join(kept))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_private(path, "".join(kept))
     return len(lines) - len(kept)

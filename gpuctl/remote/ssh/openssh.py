@@ -11,12 +11,12 @@ to a shell unquoted, and gpuctl's home may hold a space, as macOS's Application 
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
 import shutil
 from pathlib import Path
 
 from gpuctl.errors import ConfigError
+from gpuctl.files import write_private
 from gpuctl.model.endpoint import Endpoint
 from gpuctl.remote.ssh.known_hosts import known_hosts_path
 
@@ -90,10 +90,7 @@ def config_file(ep: Endpoint, home: Path) -> Path:
     text = render(ep, known, conf, ssh)
     if not conf.exists() or conf.read_text() != text:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = conf.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, conf)
+        write_private(conf, text)
     return conf
 
 

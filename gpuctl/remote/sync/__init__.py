@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import posixpath
-import secrets
 import shlex
 import shutil
 import stat
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
+from gpuctl.files import unique_suffix
 from gpuctl.errors import ProjectError, RemoteError
 from gpuctl.model.records import SyncStats
 from gpuctl.remote.sync.ignore import DEFAULT_IGNORES, MANIFEST, IgnoreRules, left_out_note  # noqa: F401  (re-exported)
@@ -167,11 +167,6 @@ def scan(src: Path, rules: IgnoreRules, progress: Progress | None = None,
             if progress is not None and len(files) % 500 == 0 and time.monotonic() - t0 >= 1.0:
                 progress(f"scanning: {len(files):,} files ({size_text(total)}) so far")
     return files
-
-
-def unique_suffix() -> str:
-    """For temporary names: two pushes to one place at once must not share one."""
-    return f"{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def path_inside(real: str, root: str) -> bool:

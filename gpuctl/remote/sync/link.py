@@ -14,7 +14,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from gpuctl.remote.sync import unique_suffix
+from gpuctl.files import unique_suffix
 
 # The remote side of Host.link_tree: GNU (and BusyBox) cp makes the links; -f replaces a file
 # already in the run's copy (a resume links the code pushed since over the run's own).
