@@ -23,7 +23,7 @@ import threading
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
-from typing import Any, Callable, Iterator, NamedTuple, TypeVar, cast
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 from gpuctl.errors import CloudError
 from gpuctl.payloads import gpuctl_s3sign as sign
@@ -242,11 +242,11 @@ def _failure(res: http.client.HTTPResponse, method: str) -> Answer:
 def _page(res: http.client.HTTPResponse) -> tuple[list[Obj], str]:
     """One ListObjectsV2 page read as it arrives: its objects (keys URL-decoded: encoding-type=url,
     so that any key, control characters too, can cross XML) and the next page's token ("" for
-    none). Each <Contents> is dropped from the tree once read."""
-    parser = ET.XMLPullParser(events=("start", "end"))
+    none). Each <Contents> is emptied once read (what is left of a page: 1,000 empty elements)."""
+    parser = ET.XMLPullParser(events=("end",))
     objects: list[Obj] = []
-    root: ET.Element | None = None
-    depth, got, truncated, token = 0, 0, False, ""
+    got, truncated, token, ns, root = 0, False, "", "", ""
+    unquote = urllib.parse.unquote_plus
     while True:
         chunk = res.read(1 << 16)
         if not chunk:
@@ -256,30 +256,34 @@ def _page(res: http.client.HTTPResponse) -> tuple[list[Obj], str]:
             raise ET.ParseError(f"a listing page over {MAX_PAGE >> 20} MB")
         parser.feed(chunk)
         for happened in parser.read_events():
-            event, el = cast(tuple[str, ET.Element], happened)  # "start" and "end" events carry elements
-            if event == "start":
-                depth += 1
-                if root is None:
-                    root = el
+            el = happened[-1]
+            if not isinstance(el, ET.Element):  # "end" events carry elements
                 continue
-            depth -= 1
-            if depth != 1:
-                continue
-            tag = el.tag.rpartition("}")[2]
-            if tag == "Contents":
-                fields = {str(c.tag).rpartition("}")[2]: c.text or "" for c in el}
-                size = fields.get("Size", "0").strip()
+            tag = el.tag
+            if not ns:
+                ns = tag[:tag.index("}") + 1] if tag.startswith("{") else "-"
+            name = tag[len(ns):] if ns != "-" else tag
+            if name == "Contents":
+                key = size = etag = ""
+                for field in el:
+                    what = field.tag[len(ns):] if ns != "-" else field.tag
+                    if what == "Key":
+                        key = field.text or ""
+                    elif what == "Size":
+                        size = (field.text or "").strip()
+                    elif what == "ETag":
+                        etag = field.text or ""
                 if not size.isdigit() or len(size) > 18:
                     raise ET.ParseError(f"an object's size is not a number: {size[:40]!r}")
-                objects.append((urllib.parse.unquote_plus(fields.get("Key", "")), int(size),
-                                fields.get("ETag", "").strip('"')))
-            elif tag == "IsTruncated":
+                objects.append((unquote(key), int(size), etag.strip('"')))
+                el.clear()
+            elif name == "IsTruncated":
                 truncated = (el.text or "").strip().lower() == "true"
-            elif tag == "NextContinuationToken":
+            elif name == "NextContinuationToken":
                 token = el.text or ""
-            assert root is not None
-            root.remove(el)
+            elif name == "ListBucketResult":
+                root = name
     parser.close()
-    if root is None or root.tag.rpartition("}")[2] != "ListBucketResult":
+    if root != "ListBucketResult":
         raise ET.ParseError("the answer is not a ListObjectsV2 listing")
     return objects, token if truncated else ""
