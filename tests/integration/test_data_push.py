@@ -199,3 +199,29 @@ def test_a_push_cut_short_is_recorded_incomplete_refused_by_train_and_completed_
     assert done["snapshot"]["complete"] and done["snapshot"]["files"] == 4 and len(keys(s3_local)) == 4
     run = json.loads(gpuctl("train", proj, "--data", "gpuctl:cut", "--json").stdout)["run"]
     assert len(files_seen(gpuctl, run["run_id"])) == 4
+
+
+def test_upload_dirs_is_the_user_s_setting_alone_and_for_aws_clusters_only(gpuctl, s3_local, make_project, tmp_path,
+                                                                          monkeypatch):
+    """`[data] upload_dirs` (item 3's "--data DIR on aws with a setting that does this by itself"):
+    a project's gpuctl.toml cannot turn it on (a project is data: it must not make gpuctl upload
+    anything), and a local cluster gets DIR pushed as before even with the user's setting on.
+    Uploaded and fetched on aws: tests/integration/test_s3_data_ssh.py."""
+    src = tree(tmp_path / "d", {"a.txt": b"a", "sub/b.txt": b"b"})
+    proj = make_project("r", {"train.py": READER, "gpuctl.toml": "[data]\nupload_dirs = true\n"})
+    gpuctl("up", "-y")
+    out = gpuctl("train", proj, "--data", src, "--json")
+    assert "Note: ignored in" in out.stderr and "data.upload_dirs" in out.stderr
+    assert json.loads(out.stdout)["data_sync"] is not None and keys(s3_local) == {}
+    monkeypatch.setenv("GPUCTL_DATA__UPLOAD_DIRS", "true")
+    out = gpuctl("train", proj, "--data", src, "--json")
+    assert json.loads(out.stdout)["data_sync"] is not None and keys(s3_local) == {}
+    assert json.loads(gpuctl("data", "ls", "--json").stdout)["snapshots"] == []
+
+
+def test_the_data_set_a_directory_goes_up_as_is_named_after_it_and_where_it_is(tmp_path):
+    from gpuctl.ops.snapshots import dir_name
+
+    a, b = tree(tmp_path / "x" / "My_Data", {"f": b"1"}), tree(tmp_path / "y" / "My_Data", {"f": b"1"})
+    assert dir_name(a).startswith("my-data-") and len(dir_name(a)) == len("my-data-") + 8
+    assert dir_name(a) != dir_name(b) and dir_name(a) == dir_name(tmp_path / "x" / "My_Data")
