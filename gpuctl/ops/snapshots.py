@@ -224,6 +224,11 @@ def remove(s: Session, snapshot: Snapshot) -> SnapshotInfo:
     return info(snapshot, removed_at=time.time())
 
 
+def kept(s: Session) -> tuple[SnapshotInfo, ...]:
+    """The data sets that exist (what `down --all` leaves, and says it leaves)."""
+    return ls(s).snapshots
+
+
 def storage(s: Session, now: float | None = None) -> SnapshotStorage:
     """Every snapshot the ledger knows, removed ones too, with its dollars to date (no cloud call)."""
     rows = tuple(info(v, removed, now) for v, removed in s.ledger.snapshots(include_removed=True))

@@ -225,3 +225,21 @@ def test_the_data_set_a_directory_goes_up_as_is_named_after_it_and_where_it_is(t
     a, b = tree(tmp_path / "x" / "My_Data", {"f": b"1"}), tree(tmp_path / "y" / "My_Data", {"f": b"1"})
     assert dir_name(a).startswith("my-data-") and len(dir_name(a)) == len("my-data-") + 8
     assert dir_name(a) != dir_name(b) and dir_name(a) == dir_name(tmp_path / "x" / "My_Data")
+
+
+def test_data_sets_are_listed_by_status_all_and_kept_by_down_all(gpuctl, s3_local, tmp_path):
+    """Like volumes: `status --all` shows the data sets' storage, `down --all` leaves them (they
+    hold data) and says so with their $/month and how to delete each; --json of both too."""
+    gpuctl("data", "push", tree(tmp_path / "d", {"a": b"a" * 2000}), "--name", "kept-set")
+    gpuctl("up", "-y")
+    every = gpuctl("status", "--all")
+    assert "Data sets: 1 kept, 0.00 GB" in every.stdout and "kept-set:" in every.stdout
+    (row,) = json.loads(gpuctl("status", "--all", "--json").stdout)["data"]["snapshots"]
+    assert (row["name"], row["files"], row["bytes"]) == ("kept-set", 1, 2000)
+    out = gpuctl("down", "--all", "-y").stdout
+    assert "kept: data set kept-set (2.0 KB, $0.0000/month); `gpuctl data rm kept-set` deletes it" in out
+    gpuctl("up", "-y")
+    down = json.loads(gpuctl("down", "--all", "-y", "--json").stdout)
+    assert down["kept"] == [{"kind": "data set", "name": "kept-set", "size": "2.0 KB", "usd_per_month": row["monthly_usd"],
+                             "remove": "gpuctl data rm kept-set"}]
+    assert "kept-set" in keys(s3_local).__repr__()
