@@ -243,3 +243,41 @@ def test_data_sets_are_listed_by_status_all_and_kept_by_down_all(gpuctl, s3_loca
     assert down["kept"] == [{"kind": "data set", "name": "kept-set", "size": "2.0 KB", "usd_per_month": row["monthly_usd"],
                              "remove": "gpuctl data rm kept-set"}]
     assert "kept-set" in keys(s3_local).__repr__()
+
+
+def test_a_push_killed_half_way_is_resumed_by_the_next_which_sends_only_the_rest(gpuctl, s3_local, tmp_path,
+                                                                               monkeypatch):
+    """A real `gpuctl data push` process killed (SIGKILL: no cleanup of any kind) once part of the
+    directory is in the bucket: the next push uploads only what had not gone up (its PUTs counted)."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpuctl.provision.aws import snapshots
+    from tests.waits import wait_for
+
+    total = 300
+    src = tree(tmp_path / "big", {f"d/f{i:03d}.bin": bytes([i % 256]) * 2000 for i in range(total)})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "data", "push", str(src), "--name", "half"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    try:
+        wait_for(lambda: len(keys(s3_local)) >= 40 or proc.poll() is not None, timeout=120, what="40 files up")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    there = len(keys(s3_local))
+    assert there < total, "the push ended before it was killed: make the directory bigger"
+    real, puts = snapshots._Bucket.upload, []
+
+    def counted(self, path, key):
+        puts.append(key)
+        real(self, path, key)
+
+    monkeypatch.setattr(snapshots._Bucket, "upload", counted)
+    done = json.loads(gpuctl("data", "push", src, "--name", "half", "--json").stdout)
+    # Each upload is journaled once S3 took it: at most the one in flight at the kill goes again.
+    assert total - there <= len(puts) <= total - there + 1, (there, len(puts))
+    assert done["uploaded"] == len(puts) and done["snapshot"]["complete"] and done["snapshot"]["files"] == total
+    assert len(keys(s3_local)) == total
+    again = json.loads(gpuctl("data", "push", src, "--name", "half", "--json").stdout)
+    assert (again["uploaded"], again["unchanged"]) == (0, total)
