@@ -14,6 +14,8 @@ cores). Peak RSS: /usr/bin/time's (wait4's ru_maxrss) of each child alone, not m
 smaller for a quick run: --many 10000 --gb 0.5.
 
     .venv/bin/python bench/data_memory.py                 # the issue's sizes (~10 GB of disk, minutes)
+    .venv/bin/python bench/data_memory.py --baseline DIR  # the CLI of another source tree beside it
+                                                          # (e.g. `git archive main | tar -x -C DIR`)
 """
 
 from __future__ import annotations
@@ -67,23 +69,47 @@ def child(argv: list[str], env: dict[str, str]) -> tuple[float, float, str, str]
         return seconds, int(rss.read().strip().splitlines()[-1]) / 1024, out, err
 
 
-def case(name: str, prefix: str, work: Path, endpoint: str) -> dict[str, float]:
+def baseline_cli(name: str, prefix: str, work: Path, endpoint: str, tree: Path) -> tuple[float, float]:
+    """(seconds, peak RSS MB) of `gpuctl train` run from another source tree (PYTHONPATH before
+    this checkout's editable install), on the same moto and objects."""
+    home, user, project = work / name / "home", work / name / "user", work / name / "project"
+    user.mkdir(parents=True)
+    project.mkdir()
+    (project / "train.py").write_text("print('ok')\n")
+    env = {**_env(home, user, endpoint), "PYTHONPATH": str(tree)}
+    gpuctl = [sys.executable, "-m", "gpuctl"]
+    child([*gpuctl, "up", "-y", "--usd-per-hour", "1"], env)
+    seconds, rss, _, _ = child([*gpuctl, "train", str(project), "--data", f"s3://{BUCKET}/{prefix}", "--json"], env)
+    child([*gpuctl, "down", "-y"], env)
+    shutil.rmtree(work / name, ignore_errors=True)
+    return seconds, rss
+
+
+def _env(home: Path, user: Path, endpoint: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
+            "GPUCTL_HOME": str(home), "HOME": str(user), "GPUCTL_PROVIDER": "local",
+            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def case(name: str, prefix: str, work: Path, endpoint: str, cli_only: bool = False) -> dict[str, float]:
     home, user = work / name / "home", work / name / "user"
     user.mkdir(parents=True)
     project = work / name / "project"
     project.mkdir()
     (project / "train.py").write_text("print('ok')\n")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_")},
-           "GPUCTL_HOME": str(home), "HOME": str(user), "GPUCTL_PROVIDER": "local",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = _env(home, user, endpoint)
     gpuctl = [sys.executable, "-m", "gpuctl"]
     child([*gpuctl, "up", "-y", "--usd-per-hour", "1"], env)
     seconds, rss, out, err = child([*gpuctl, "train", str(project), "--data", f"s3://{BUCKET}/{prefix}", "--json"], env)
     fetched = json.loads(out)["data_fetch"]
     row = {"cli_s": seconds, "cli_rss": rss, "files": fetched["fetched"] + fetched["cached"],
            "bytes": fetched["fetched_bytes"], "fetch_s": fetched["seconds"]}
+    if cli_only:
+        child([*gpuctl, "down", "-y"], env)
+        shutil.rmtree(work / name, ignore_errors=True)
+        return {**row, "need_s": 0.0, "need_rss": 0.0, "fetch_payload_s": 0.0, "fetch_rss": 0.0, "plan_mb": 0.0}
     # The payload's side: the plan train wrote, kept for this (train deletes it): written again
     # here from the same listing, with links, as train does (datasets._plan).
     plan = _plan(home, prefix, env)
@@ -126,6 +152,8 @@ def main() -> None:
     ap.add_argument("--many", type=int, default=100_000, help="objects in the listing case (default: 100,000)")
     ap.add_argument("--gb", type=float, default=5.0, help="GB in the big case (default: 5)")
     ap.add_argument("--objects", type=int, default=50, help="objects the big case's bytes are in (default: 50)")
+    ap.add_argument("--cli-only", action="store_true", help="the CLI's train alone (not the payload's steps again)")
+    ap.add_argument("--baseline", type=Path, help="another gpuctl source tree: its CLI measured beside this one's")
     args = ap.parse_args()
     endpoint = serve()
     from moto.core import DEFAULT_ACCOUNT_ID
@@ -140,8 +168,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuctl-bench-memory-"))
     rows = {}
     try:
-        rows["many"] = case("many", "many", work, endpoint)
-        rows["big"] = case("big", "big", work, endpoint)
+        rows["many"] = case("many", "many", work, endpoint, args.cli_only)
+        rows["big"] = case("big", "big", work, endpoint, args.cli_only)
+        if args.baseline:
+            for name in rows:
+                rows[name]["base_s"], rows[name]["base_rss"] = baseline_cli(
+                    f"base-{name}", name, work, endpoint, args.baseline.resolve())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{'case':<5} {'files':>8} {'GB':>5} {'plan MB':>8} | {'CLI train s':>11} {'RSS MB':>7} | "
@@ -150,6 +182,11 @@ def main() -> None:
         print(f"{name:<5} {r['files']:>8,} {r['bytes'] / 1e9:>5.2f} {r['plan_mb']:>8.1f} | {r['cli_s']:>11.1f} "
               f"{r['cli_rss']:>7.0f} | {r['need_s']:>7.1f} {r['need_rss']:>7.0f} | {r['fetch_payload_s']:>8.1f} "
               f"{r['fetch_rss']:>7.0f}")
+    if args.baseline:
+        print(f"\nthe CLI's `train` from {args.baseline} on the same objects:")
+        for name, r in rows.items():
+            print(f"{name:<5} baseline {r['base_s']:>6.1f} s {r['base_rss']:>5.0f} MB | this tree {r['cli_s']:>6.1f} s "
+                  f"{r['cli_rss']:>5.0f} MB")
     worst = max(max(r["cli_rss"], r["need_rss"], r["fetch_rss"]) for r in rows.values())
     print(f"\ntarget: peak RSS under {TARGET_MB} MB in every column: "
           f"{'met' if worst < TARGET_MB else f'MISSED (worst {worst:.0f} MB)'}")

@@ -108,6 +108,9 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
         from gpuctl.cli.render import volumes as render_volumes
 
         render_volumes.storage(every.volumes, console())
+        from gpuctl.cli.render import snapshots as render_snapshots
+
+        render_snapshots.storage(every.data, console())
         click.echo("\nEvery provider's gpuctl resources, ledger or not:")
         return render_commands.inventory(every)
     report = costs.status(session(ctx), run, cluster)
@@ -205,13 +208,8 @@ def down(ctx: click.Context, name: str | None, everything: bool, any_owner: bool
     render_commands.down(result, everything)
     if everything:  # they hold data: never released by down, named so nobody forgets what they cost
         from gpuctl.cli.render import volumes as render_volumes
-        from gpuctl.errors import GpuctlError
-        from gpuctl.ops import volumes
 
-        try:
-            render_volumes.kept(volumes.kept(s))
-        except GpuctlError as exc:  # what is released is released: a ledger that cannot say more changes nothing
-            click.echo(f"Volumes not listed: {exc.message}", err=True)
+        render_volumes.kept(result.kept)
 
 
 @click.group(context_settings=CONTEXT)

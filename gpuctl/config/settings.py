@@ -262,6 +262,15 @@ class RemoteSettings(_Section):
     )
 
 
+class DataSettings(_Section):
+    upload_dirs: bool = Field(
+        False, description="On aws: `train --data DIR` uploads DIR (changed files only) as the data set "
+        "`gpuctl data push` would make of it, named DIRNAME-<8 hex of where it is>, and each node fetches it "
+        "in its region (gpuctl:NAME), instead of pushing DIR from this machine to every node. Your settings "
+        "alone (a project's gpuctl.toml cannot make gpuctl upload anything). docs/data.md."
+    )
+
+
 class Settings(_Section):
     provider: str = Field("aws", description="Where `gpuctl up` puts clusters: aws, ssh, local.")
     cluster: str = Field("default", description="Name `gpuctl up` gives a cluster when --name is not passed.")
@@ -274,6 +283,7 @@ class Settings(_Section):
     ssh: SshSettings = SshSettings()
     recover: RecoverSettings = RecoverSettings()
     remote: RemoteSettings = RemoteSettings()
+    data: DataSettings = DataSettings()
 
     @field_validator("provider")
     @classmethod

@@ -216,6 +216,17 @@ class DownQuestion(Frozen):
     unpulled: tuple[str, ...] = ()  # runs whose files exist only on the instance (oldest first)
 
 
+class Kept(Frozen):
+    """What `down --all` leaves because it holds data (a volume, a data set in S3), with what it
+    costs while it stays and the command that deletes it."""
+
+    kind: Literal["volume", "data set"]
+    name: str
+    size: str  # as people read it: "3 GB", "1.2 GB"
+    usd_per_month: float
+    remove: str  # e.g. "gpuctl volume rm NAME"
+
+
 class DownResult(Frozen):
     cluster: str
     already_down: bool = False
@@ -229,6 +240,7 @@ class DownResult(Frozen):
     unconfirmed_why: Optional[str] = None
     # What the ledger could not take (a full or read-only disk): released all the same.
     unrecorded: tuple[str, ...] = ()
+    kept: tuple[Kept, ...] = ()  # `down --all`: the volumes and data sets it leaves (they hold data)
 
 
 class Inventory(Frozen):

@@ -48,6 +48,7 @@ class StatusAllWithVolumes(StatusAll):
     """`status --all`: also the volumes, which belong to no cluster (a key of its own)."""
 
     volumes: VolumeStorage = VolumeStorage()
+    data: SnapshotStorage = SnapshotStorage()  # the data sets (`gpuctl data push`), kept the same way
 
 
 def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
@@ -208,9 +209,13 @@ def everything(s: Session) -> StatusAllWithVolumes:
         kept = volumes.storage(s)
     except ConfigError:  # an unreadable ledger: the providers' answer still comes
         kept = VolumeStorage()
+    try:
+        data = snapshots.storage(s)
+    except ConfigError:
+        data = SnapshotStorage()
     return StatusAllWithVolumes(resources=tuple(resources), ledger_clusters=tuple(c.name for c in known),
                                 notes=tuple(notes) + report.notes,
-                                clusters=report.clusters, runs=report.runs, volumes=kept)
+                                clusters=report.clusters, runs=report.runs, volumes=kept, data=data)
 
 
 def on_instance(s: Session, run: RunRecord, epochs: list[EpochReport], now: float,

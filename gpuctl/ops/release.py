@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model.records import ENDED_STATES, FINAL_RUN_STATES, ClusterRecord, Resource
-from gpuctl.model.results import DownQuestion, DownResult
+from gpuctl.model.results import DownQuestion, DownResult, Kept
 from gpuctl.model.specs import parse_spec
 from gpuctl.ops import archive, runs, stop
 from gpuctl.ops.clusters import reconcile
@@ -263,4 +263,21 @@ def down_all(s: Session, progress: Progress = quiet, any_owner: bool = False) ->
                           "Fix that and rerun `gpuctl down --all -y`; `gpuctl status --all` shows what is left.")
     return DownResult(cluster="*", already_down=not released, stopped_runs=tuple(stopped),
                       released_instances=tuple(r.id for r in released if r.kind in ("instance", "workdir")),
-                      released=tuple(released))
+                      released=tuple(released), kept=kept(s, progress))
+
+
+def kept(s: Session, progress: Progress = quiet) -> tuple[Kept, ...]:
+    """What `down --all` leaves because it holds data, from the ledger: volumes and data sets.
+    A ledger that cannot say changes nothing of what was released (said, not raised)."""
+    from gpuctl.model.data import size_text
+    from gpuctl.ops import snapshots, volumes
+
+    found: list[Kept] = []
+    try:
+        found += [Kept(kind="volume", name=v.name, size=f"{v.size_gb} GB", usd_per_month=v.monthly_usd,
+                       remove=f"gpuctl volume rm {v.name}") for v in volumes.kept(s)]
+        found += [Kept(kind="data set", name=d.name, size=size_text(d.bytes), usd_per_month=d.monthly_usd,
+                       remove=f"gpuctl data rm {d.name}") for d in snapshots.kept(s)]
+    except GpuctlError as exc:
+        progress(f"Volumes and data sets not listed: {exc.message}")
+    return tuple(found)

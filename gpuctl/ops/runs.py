@@ -63,6 +63,10 @@ def train(s: Session, req: TrainRequest, progress: Progress = quiet) -> TrainRes
     source, origin = data_source(s, req, loaded)  # a malformed s3:// URL, an unknown gpuctl:NAME: before anything else
     req = req.model_copy(update={"data": push.check_data(req.data)})
     cluster = s.resolve_cluster(req.cluster)
+    if req.data is not None and snapshots.uploads_dirs(loaded, cluster.spec.provider):
+        # `[data] upload_dirs`: DIR goes up once (changed files only) and each node fetches it in-region.
+        source, origin = snapshots.upload_for_train(s, req.data, cluster.spec.scope, progress)
+        req = req.model_copy(update={"data": None})
     # From here, with the user's credentials, before the cluster is touched: the bucket, the objects.
     fetch = datasets.check(s, source, s.provider(cluster.spec).data_region(), progress, origin) \
         if source is not None else None

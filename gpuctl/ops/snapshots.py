@@ -18,6 +18,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, ConflictError, DataError, NotFoundError
 from gpuctl.model import billing
 from gpuctl.model.data import S3Source
@@ -74,10 +75,13 @@ def info(snapshot: Snapshot, removed_at: float | None = None, now: float | None 
                                                          snapshot.usd_per_gb_month))
 
 
-def _store(s: Session) -> SnapshotStore:
+def _store(s: Session, region: str | None = None) -> SnapshotStore:
     """The aws provider's snapshot store, placed by the current settings (aws.region, aws.profile),
-    whatever `provider` says: the snapshots are in S3 for every provider's clusters."""
+    whatever `provider` says: the snapshots are in S3 for every provider's clusters. `region`:
+    that region's instead of aws.region's (a cluster's)."""
     settings = s.settings().settings.model_copy(update={"provider": "aws"})
+    if region:
+        settings = settings.model_copy(update={"aws": settings.aws.model_copy(update={"region": region})})
     return s.provider(provider_class("aws").spec_from_settings(settings)).snapshot_store()
 
 
@@ -116,12 +120,14 @@ def check_push(directory: Path, name: str | None) -> tuple[Path, str]:
     return resolved, name or default_name(resolved)
 
 
-def push(s: Session, directory: Path, name: str | None, progress: Progress = quiet) -> PushResult:
+def push(s: Session, directory: Path, name: str | None, progress: Progress = quiet,
+         region: str | None = None) -> PushResult:
     """Upload the directory's new and changed files to the snapshot (made on its first push);
-    remove from it the files that are gone from the directory."""
+    remove from it the files that are gone from the directory. `region`: the bucket of that
+    region (default: aws.region's)."""
     resolved, name = check_push(directory, name)
     before = s.ledger.snapshot(name)
-    store = _store(s)
+    store = _store(s, region)
     if before is not None and (before.region, before.bucket) != (store.region, store.bucket):
         raise ConflictError(f"data set {name!r} is in {before.bucket} ({before.region}), not this region's bucket",
                             f"Push with --region {before.region}, or `gpuctl data rm {name}` first.")
@@ -143,6 +149,33 @@ def push(s: Session, directory: Path, name: str | None, progress: Progress = qui
     return PushResult(snapshot=info(snapshot), uploaded=int(summary["uploaded"]), uploaded_bytes=int(summary["bytes"]),
                       unchanged=int(summary["unchanged"]), deleted=int(summary["deleted"]),
                       seconds=time.monotonic() - started)
+
+
+def dir_name(directory: Path) -> str:
+    """The data set `train --data DIR` uploads DIR as (`[data] upload_dirs`): DIR's name, then 8 hex
+    of where it is (this machine and its real path), as its place on a host is named (push.place):
+    two directories of one name never share a data set, and DIR pushed again finds its own."""
+    from gpuctl.ops import push as pushing  # here: `cost` reads storage() and loads no push code
+
+    name = re.sub(r"[^a-z0-9-]+", "-", pushing.place(directory).lower()).strip("-")
+    return check_name(name)
+
+
+def uploads_dirs(loaded: LoadedSettings, provider: str) -> bool:
+    """Whether `train --data DIR` goes up as a data set: `[data] upload_dirs` on, set by the user
+    (never a project's file: config/project.py does not list it), on an aws cluster."""
+    return provider == "aws" and loaded.settings.data.upload_dirs and not loaded.from_project("data.upload_dirs")
+
+
+def upload_for_train(s: Session, directory: Path, region: str | None, progress: Progress) -> tuple[S3Source, str]:
+    """DIR pushed as its data set (dir_name; changed files only) into the bucket of the cluster's
+    region, and what `train` then fetches: (its source, where that came from)."""
+    name = dir_name(directory)
+    progress(f"data: {directory} goes up as the data set {name} ([data] upload_dirs), changed files only; "
+             "each node fetches it in its region")
+    done = push(s, directory, name, progress, region)
+    progress(f"data: {name}: {done.uploaded:,} file(s) uploaded, {done.unchanged:,} already there")
+    return resolve(s, f"gpuctl:{name}"), f"gpuctl:{name}, [data] upload_dirs"
 
 
 def ls(s: Session) -> SnapshotList:
@@ -189,6 +222,11 @@ def remove(s: Session, snapshot: Snapshot) -> SnapshotInfo:
     _manifest(s, snapshot.name).unlink(missing_ok=True)
     s.ledger.event("data-rm", f"{snapshot.name}: {snapshot.files} files, {snapshot.bytes} bytes")
     return info(snapshot, removed_at=time.time())
+
+
+def kept(s: Session) -> tuple[SnapshotInfo, ...]:
+    """The data sets that exist (what `down --all` leaves, and says it leaves)."""
+    return ls(s).snapshots
 
 
 def storage(s: Session, now: float | None = None) -> SnapshotStorage:

@@ -20,6 +20,7 @@ import urllib.request
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 MAX_EXPIRES_S = 7 * 24 * 3600  # SigV4's limit for a presigned link
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()  # the payload hash of a request without a body
 
 
 class Credentials(NamedTuple):
@@ -52,9 +53,7 @@ def signer(creds: Credentials, region: str, endpoint: str, virtual_hosted: bool,
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     day = stamp[:8]
     scope = "%s/%s/s3/aws4_request" % (day, region)
-    key = hmac.new(("AWS4" + creds.secret_key).encode(), day.encode(), hashlib.sha256).digest()
-    for part in (region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    key = signing_key(creds.secret_key, day, region)
     u = urllib.parse.urlsplit(endpoint)
     host = "%s.%s" % (bucket, u.netloc) if virtual_hosted else u.netloc
     base_path = u.path.rstrip("/") + ("" if virtual_hosted else "/" + bucket)
@@ -75,6 +74,42 @@ def signer(creds: Credentials, region: str, endpoint: str, virtual_hosted: bool,
                         hashlib.sha256).hexdigest()
 
     return template, sign
+
+
+def signing_key(secret_key: str, day: str, region: str) -> bytes:
+    """SigV4's key for S3 requests of one day (YYYYMMDD) and region."""
+    key = hmac.new(("AWS4" + secret_key).encode(), day.encode(), hashlib.sha256).digest()
+    for part in (region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
+
+
+def authorization(creds: Credentials, region: str, method: str, host: str, path: str,
+                  query: List[Tuple[str, str]], now: Optional[float] = None) -> Dict[str, str]:
+    """The headers that sign one S3 request without a body (HEAD, GET: a bucket's region, a
+    listing) in the Authorization header, as botocore's S3SigV4Auth does: Host (as sent, with a
+    port that is not the scheme's), x-amz-date, x-amz-content-sha256, x-amz-security-token where
+    the credentials have a session token, Authorization. `path` unquoted (/bucket, /bucket/key);
+    `query` the request's own parameters, sent as canonical_query(query)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    scope = "%s/%s/s3/aws4_request" % (stamp[:8], region)
+    headers = {"host": host, "x-amz-content-sha256": EMPTY_SHA256, "x-amz-date": stamp}
+    if creds.token:
+        headers["x-amz-security-token"] = creds.token
+    names = sorted(headers)
+    request = "\n".join([method, _quote(path, safe="/-_.~"), canonical_query(query),
+                         "".join("%s:%s\n" % (n, headers[n].strip()) for n in names), ";".join(names), EMPTY_SHA256])
+    text = "AWS4-HMAC-SHA256\n%s\n%s\n%s" % (stamp, scope, hashlib.sha256(request.encode()).hexdigest())
+    signature = hmac.new(signing_key(creds.secret_key, stamp[:8], region), text.encode(), hashlib.sha256).hexdigest()
+    headers["Authorization"] = "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s" % (
+        creds.access_key, scope, ";".join(names), signature)
+    headers["Host"] = headers.pop("host")
+    return headers
+
+
+def canonical_query(query: List[Tuple[str, str]]) -> str:
+    """A query string as SigV4 signs it (each name and value quoted, sorted): sent as it is."""
+    return "&".join("%s=%s" % kv for kv in sorted((_quote(k), _quote(v)) for k, v in query))
 
 
 def template_link(template: Dict[str, str], rel: str, signature: str) -> str:

@@ -185,8 +185,41 @@ def _save_manifest(root, where, files, manifest=None):
 
 
 def _same(entry, size, mtime_ns, etag):
+    """Whether the object is the file as the manifest knows it: same size and mtime, and the ETag
+    S3 gave it then; a file a cut push journaled as sent (its ETag not learnt yet) by size and
+    mtime, the object being there at that size (the caller checks)."""
     return (isinstance(entry, dict) and entry.get("size") == size and entry.get("mtime_ns") == mtime_ns
-            and etag is not None and entry.get("etag") == etag)
+            and etag is not None and (entry.get("etag") == etag or (entry.get("etag") is None and entry.get("sent"))))
+
+
+def _journal_path(root, manifest=None):
+    """Beside the manifest: one line per file uploaded by a push still under way, so that a push
+    cut (Ctrl-C, a kill, a closed laptop) is resumed by the next without sending those again."""
+    return (manifest or os.path.join(root, MANIFEST)) + ".sent"
+
+
+def _load_journal(root, where, manifest, known):
+    """`known` with the files a cut push to `where` journaled as sent (a torn last line ignored)."""
+    try:
+        with open(_journal_path(root, manifest)) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return known
+    merged = dict(known)
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(item, dict) and item.get("where") == where and isinstance(item.get("rel"), str)
+                and isinstance(item.get("size"), int) and isinstance(item.get("mtime_ns"), int)):
+            merged[item["rel"]] = {"size": item["size"], "mtime_ns": item["mtime_ns"], "etag": None, "sent": True}
+    return merged
+
+
+def _journal(fh, where, rel, st):
+    fh.write(json.dumps({"where": where, "rel": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}) + "\n")
+    fh.flush()
 
 
 def _walk(root, leave_out=()):
@@ -223,23 +256,28 @@ def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=(), 
     store = store or client(target)
     where = "%s/%s" % (target["bucket"], key_prefix)
     remote = store.list(key_prefix)
-    known = _load_manifest(root, where, manifest)
+    known = _load_journal(root, where, manifest, _load_manifest(root, where, manifest))
     files, sent, unchanged, sent_bytes = {}, [], 0, 0
-    for rel, path, st in _walk(root, leave_out):
-        key = key_prefix + rel
-        if safe_relative(key, key_prefix) is None:
-            continue  # a name S3 could not give back safely (a backslash, a control character)
-        have = remote.get(key)
-        if have is not None and have[0] == st.st_size and _same(known.get(rel), st.st_size, st.st_mtime_ns, have[1]):
-            files[rel] = known[rel]
-            unchanged += 1
-            continue
-        if progress is not None:
-            progress(rel, st.st_size)
-        store.upload(path, key)  # the stat is from before: a file changed meanwhile goes again next time
-        files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": None}
-        sent.append(rel)
-        sent_bytes += st.st_size
+    journal = open(_journal_path(root, manifest), "a")
+    try:
+        for rel, path, st in _walk(root, leave_out):
+            key = key_prefix + rel
+            if safe_relative(key, key_prefix) is None:
+                continue  # a name S3 could not give back safely (a backslash, a control character)
+            have = remote.get(key)
+            if have is not None and have[0] == st.st_size and _same(known.get(rel), st.st_size, st.st_mtime_ns, have[1]):
+                files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": have[1]}
+                unchanged += 1
+                continue
+            if progress is not None:
+                progress(rel, st.st_size)
+            store.upload(path, key)  # the stat is from before: a file changed meanwhile goes again next time
+            _journal(journal, where, rel, st)
+            files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": None}
+            sent.append(rel)
+            sent_bytes += st.st_size
+    finally:
+        journal.close()
     deleted = 0
     if delete:
         gone = [k for k in remote if safe_relative(k, key_prefix) not in files and k.startswith(key_prefix)]
@@ -251,6 +289,10 @@ def push(local_dir, target, key_prefix, delete=False, store=None, leave_out=(), 
         for rel in sent:
             files[rel]["etag"] = after.get(key_prefix + rel, (None, None))[1]
     _save_manifest(root, where, files, manifest)
+    try:
+        os.unlink(_journal_path(root, manifest))  # all it says is in the manifest now
+    except OSError:
+        pass
     return {"op": "push", "uploaded": len(sent), "unchanged": unchanged, "bytes": sent_bytes, "deleted": deleted,
             "where": "s3://" + where, "files": len(files), "total_bytes": sum(f["size"] for f in files.values())}
 

@@ -339,7 +339,7 @@ DATA_SETS = "gpuctl.provision.aws.datasets:S3DataSets"
 
 
 def data_sets(profile: str = "", region: str = "") -> DataSets:
-    """The S3 data sets' reader (imports boto3 only now): `profile` and `region` as the settings
+    """The S3 data sets' reader (imports botocore only now, for the credentials): `profile` and `region` as the settings
     say (`aws.profile`; the cluster's region, where the bucket's own cannot be learned)."""
     module, _, attr = DATA_SETS.partition(":")
     return cast(DataSets, getattr(importlib.import_module(module), attr)(profile, region))

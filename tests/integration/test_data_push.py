@@ -199,3 +199,85 @@ def test_a_push_cut_short_is_recorded_incomplete_refused_by_train_and_completed_
     assert done["snapshot"]["complete"] and done["snapshot"]["files"] == 4 and len(keys(s3_local)) == 4
     run = json.loads(gpuctl("train", proj, "--data", "gpuctl:cut", "--json").stdout)["run"]
     assert len(files_seen(gpuctl, run["run_id"])) == 4
+
+
+def test_upload_dirs_is_the_user_s_setting_alone_and_for_aws_clusters_only(gpuctl, s3_local, make_project, tmp_path,
+                                                                          monkeypatch):
+    """`[data] upload_dirs` (item 3's "--data DIR on aws with a setting that does this by itself"):
+    a project's gpuctl.toml cannot turn it on (a project is data: it must not make gpuctl upload
+    anything), and a local cluster gets DIR pushed as before even with the user's setting on.
+    Uploaded and fetched on aws: tests/integration/test_s3_data_ssh.py."""
+    src = tree(tmp_path / "d", {"a.txt": b"a", "sub/b.txt": b"b"})
+    proj = make_project("r", {"train.py": READER, "gpuctl.toml": "[data]\nupload_dirs = true\n"})
+    gpuctl("up", "-y")
+    out = gpuctl("train", proj, "--data", src, "--json")
+    assert "Note: ignored in" in out.stderr and "data.upload_dirs" in out.stderr
+    assert json.loads(out.stdout)["data_sync"] is not None and keys(s3_local) == {}
+    monkeypatch.setenv("GPUCTL_DATA__UPLOAD_DIRS", "true")
+    out = gpuctl("train", proj, "--data", src, "--json")
+    assert json.loads(out.stdout)["data_sync"] is not None and keys(s3_local) == {}
+    assert json.loads(gpuctl("data", "ls", "--json").stdout)["snapshots"] == []
+
+
+def test_the_data_set_a_directory_goes_up_as_is_named_after_it_and_where_it_is(tmp_path):
+    from gpuctl.ops.snapshots import dir_name
+
+    a, b = tree(tmp_path / "x" / "My_Data", {"f": b"1"}), tree(tmp_path / "y" / "My_Data", {"f": b"1"})
+    assert dir_name(a).startswith("my-data-") and len(dir_name(a)) == len("my-data-") + 8
+    assert dir_name(a) != dir_name(b) and dir_name(a) == dir_name(tmp_path / "x" / "My_Data")
+
+
+def test_data_sets_are_listed_by_status_all_and_kept_by_down_all(gpuctl, s3_local, tmp_path):
+    """Like volumes: `status --all` shows the data sets' storage, `down --all` leaves them (they
+    hold data) and says so with their $/month and how to delete each; --json of both too."""
+    gpuctl("data", "push", tree(tmp_path / "d", {"a": b"a" * 2000}), "--name", "kept-set")
+    gpuctl("up", "-y")
+    every = gpuctl("status", "--all")
+    assert "Data sets: 1 kept, 0.00 GB" in every.stdout and "kept-set:" in every.stdout
+    (row,) = json.loads(gpuctl("status", "--all", "--json").stdout)["data"]["snapshots"]
+    assert (row["name"], row["files"], row["bytes"]) == ("kept-set", 1, 2000)
+    out = gpuctl("down", "--all", "-y").stdout
+    assert "kept: data set kept-set (2.0 KB, $0.0000/month); `gpuctl data rm kept-set` deletes it" in out
+    gpuctl("up", "-y")
+    down = json.loads(gpuctl("down", "--all", "-y", "--json").stdout)
+    assert down["kept"] == [{"kind": "data set", "name": "kept-set", "size": "2.0 KB", "usd_per_month": row["monthly_usd"],
+                             "remove": "gpuctl data rm kept-set"}]
+    assert "kept-set" in keys(s3_local).__repr__()
+
+
+def test_a_push_killed_half_way_is_resumed_by_the_next_which_sends_only_the_rest(gpuctl, s3_local, tmp_path,
+                                                                               monkeypatch):
+    """A real `gpuctl data push` process killed (SIGKILL: no cleanup of any kind) once part of the
+    directory is in the bucket: the next push uploads only what had not gone up (its PUTs counted)."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpuctl.provision.aws import snapshots
+    from tests.waits import wait_for
+
+    total = 300
+    src = tree(tmp_path / "big", {f"d/f{i:03d}.bin": bytes([i % 256]) * 2000 for i in range(total)})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuctl", "data", "push", str(src), "--name", "half"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    try:
+        wait_for(lambda: len(keys(s3_local)) >= 40 or proc.poll() is not None, timeout=120, what="40 files up")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    there = len(keys(s3_local))
+    assert there < total, "the push ended before it was killed: make the directory bigger"
+    real, puts = snapshots._Bucket.upload, []
+
+    def counted(self, path, key):
+        puts.append(key)
+        real(self, path, key)
+
+    monkeypatch.setattr(snapshots._Bucket, "upload", counted)
+    done = json.loads(gpuctl("data", "push", src, "--name", "half", "--json").stdout)
+    # Each upload is journaled once S3 took it: at most the one in flight at the kill goes again.
+    assert total - there <= len(puts) <= total - there + 1, (there, len(puts))
+    assert done["uploaded"] == len(puts) and done["snapshot"]["complete"] and done["snapshot"]["files"] == total
+    assert len(keys(s3_local)) == total
+    again = json.loads(gpuctl("data", "push", src, "--name", "half", "--json").stdout)
+    assert (again["uploaded"], again["unchanged"]) == (0, total)

@@ -76,3 +76,32 @@ def test_on_aws_the_instance_reads_the_data_set_with_its_own_role_limited_to_tha
                                     "Resource": "arn:aws:s3:::training-data/ds/*"}]
     assert any(imds.gets("/latest/meta-data/iam/security-credentials/gpuctl-instance-role"))
     assert h0.run(f"grep -rl {SECRET} {ROOT} 2>/dev/null").stdout.strip() == ""
+
+
+def test_on_aws_upload_dirs_sends_a_directory_up_once_and_the_instance_fetches_it_in_region(
+        gpuctl, aws, spot_lab, imds, make_project, isolated, monkeypatch, tmp_path):  # noqa: F811
+    """`[data] upload_dirs` on: `train --data DIR` on an aws cluster (moto; its instance a real
+    sshd host) uploads DIR to the gpuctl bucket as a data set, and the instance fetches it from
+    there with its role: nothing pushed over SSH. The next train uploads and fetches nothing."""
+    from tests.integration.test_spot_recovery import up_first
+
+    h0, h1 = spot_lab
+    monkeypatch.setenv("GPUCTL_DATA__UPLOAD_DIRS", "true")
+    src = tmp_path / "Train_Set"
+    (src / "y").mkdir(parents=True)
+    (src / "x.bin").write_bytes(b"x" * 5000)
+    (src / "y" / "z.txt").write_bytes(b"zed")
+    proj = make_project("reader", {"train.py": READER})
+    up_first(gpuctl, aws, monkeypatch, h0, h1)
+    out = gpuctl("train", proj, "--data", src, "--allow-cpu", "--json")
+    assert "goes up as the data set train-set-" in out.stderr and "2 file(s) uploaded, 0 already there" in out.stderr
+    result = json.loads(out.stdout)
+    assert result["data_sync"] is None and result["data_fetch"]["fetched"] == 2
+    assert result["run"]["data"].startswith("s3://gpuctl-") and "/data/train-set-" in result["run"]["data"]
+    seen = gpuctl("logs", "-f", result["run"]["run_id"]).stdout
+    assert "file y/z.txt" in seen and "file x.bin" in seen
+    (listed,) = json.loads(gpuctl("data", "ls", "--json").stdout)["snapshots"]
+    assert listed["name"].startswith("train-set-") and listed["files"] == 2 and listed["source_dir"] == str(src)
+    again = gpuctl("train", proj, "--data", src, "--allow-cpu", "--json")
+    assert "0 file(s) uploaded, 2 already there" in again.stderr
+    assert json.loads(again.stdout)["data_fetch"]["fetched"] == 0

@@ -138,3 +138,23 @@ def test_the_plan_carries_the_links_template_once_and_a_signature_per_missing_ob
     whole = Presigner("AKID", "secret", token, "us-east-1", "https://s3.us-east-1.amazonaws.com", True).links(
         "bkt", ["p/d/f02400.bin"], 3600, 0)
     assert sign.template_link(plan["link"], "d/f02400.bin", plan["objects"][2400][3]) == whole[0]
+
+
+@pytest.mark.parametrize("token", [None, "session/token+="])
+def test_the_listing_s_signature_is_botocore_s_own(token):
+    """The Authorization header of a ListObjectsV2 request (s3http.py's), as botocore's S3SigV4Auth
+    signs it (over http, where it hashes the empty body as gpuctl does)."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    query = [("list-type", "2"), ("prefix", "data/a b+c/名前/"), ("encoding-type", "url"),
+             ("continuation-token", "1/ab+c==")]
+    url = "http://127.0.0.1:5000/my-bkt?" + sign.canonical_query(query)
+    request = AWSRequest(method="GET", url=url, headers={})
+    S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret/key+x", token), "s3", "eu-west-1").add_auth(request)
+    now = calendar.timegm(time.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+    ours = sign.authorization(sign.Credentials("AKIDEXAMPLE", "secret/key+x", token), "eu-west-1", "GET",
+                              "127.0.0.1:5000", "/my-bkt", query, now)
+    assert ours["Authorization"] == request.headers["Authorization"]
+    assert ours.get("x-amz-security-token") == request.headers.get("X-Amz-Security-Token")

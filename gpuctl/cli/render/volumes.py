@@ -12,6 +12,7 @@ from rich.console import Console
 from gpuctl.cli.render import Col, cell, clock, console, notes, say, table, usd
 
 if TYPE_CHECKING:
+    from gpuctl.model.results import Kept
     from gpuctl.ops.volumes import VolumeInfo, VolumeList, VolumePlan, VolumeStorage
 
 
@@ -68,8 +69,7 @@ def storage(s: VolumeStorage | None, out: Console) -> None:
              f"({', '.join(f'{v.name}: {usd(v.accrued_usd)}' for v in s.volumes)}).")
 
 
-def kept(volumes: Sequence[VolumeInfo]) -> None:
-    """`down --all`: what it left, and why."""
-    for v in volumes:
-        click.echo(f"kept: volume {v.name} ({v.size_gb} GB, {usd(v.monthly_usd)}/month); "
-                   f"`gpuctl volume rm {v.name}` deletes it")
+def kept(left: Sequence[Kept]) -> None:
+    """`down --all`: what it left (volumes, data sets: they hold data), and how to delete each."""
+    for k in left:
+        click.echo(f"kept: {k.kind} {k.name} ({k.size}, {usd(k.usd_per_month)}/month); `{k.remove}` deletes it")
