@@ -20,6 +20,7 @@ from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFound
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
 from gpuctl.ledger.snapshots import SnapshotRows
+from gpuctl.ledger.stored import epoch_from_row
 from gpuctl.ledger.volumes import VolumeRows
 from gpuctl.model.images import BakedImage
 from gpuctl.model.records import ClusterRecord, EpochReport, InstanceRecord, RunRecord
@@ -327,11 +328,9 @@ class Ledger(VolumeRows, SnapshotRows):
     @staticmethod
     def _epoch_or_none(row: tuple[Any, ...]) -> EpochReport | None:
         """A stored report, unless it fails today's bounds (a `start` of 1e308 that a gpuctl
-        before them let in): then it is left out, as it would be at ingestion now."""
-        try:
-            return EpochReport.model_validate_json(row[0])
-        except ValueError:  # pydantic's ValidationError
-            return None
+        before them let in): then it is left out, as it would be at ingestion now. A row as this
+        ledger's writer wrote it is read without EpochReport's Python validators (ledger/stored.py)."""
+        return epoch_from_row(row[0])
 
     # --- events ---------------------------------------------------------------------------------
 
