@@ -5,7 +5,7 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
@@ -274,11 +274,14 @@ def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[Inst
 
 
 def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None,
-         rows_of_last: int | None = None) -> CostWithImages:
+         rows_of_last: int | None = None, each_run: Callable[[RunCost], None] | None = None) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more); with `cluster`, only the clusters of
     that name and their runs (as `status --cluster`). With `rows_of_last` N, only the last N runs
-    keep their per-epoch rows (a table that shows no more), every run its figures."""
+    keep their per-epoch rows (a table that shows no more), every run its figures. With
+    `each_run`, every run's cost, rows and all, goes to it as soon as it is made, in the report's
+    order, and the report keeps the run without its rows (`cost --json` writes each run away at
+    once: a run's rows are held only while it is written, whatever the number of runs)."""
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
@@ -289,7 +292,14 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     now = time.time()
     instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
     first_rows = 0 if rows_of_last is None else max(len(runs) - rows_of_last, 0)
-    costs = tuple(one_run_cost(s, r, now, instances, n >= first_rows) for n, r in enumerate(runs))
+    kept: list[RunCost] = []
+    for n, r in enumerate(runs):
+        rc = one_run_cost(s, r, now, instances, n >= first_rows or each_run is not None)
+        if each_run is not None:
+            each_run(rc)
+            rc = rc.model_copy(update={"epochs": ()})
+        kept.append(rc)
+    costs = tuple(kept)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd

@@ -304,3 +304,18 @@ def test_cost_carries_a_runs_stretches_and_machine(fake, tmp_path):  # noqa: F81
     assert (rc.lost_s, rc.lost_usd, rc.waited_s) == (pytest.approx(60), pytest.approx(60 * 3.6 / 3600),
                                                      pytest.approx(30))
     assert rc.spent_from == "epochs" and rc.spent_usd == pytest.approx(36 * 3.6 / 3600)  # its epoch, at its rate
+
+
+def test_cost_hands_each_run_on_with_its_rows_and_keeps_it_without(fake, tmp_path):  # noqa: F811
+    """`cost --json` writes each run away as it is made (issue 39: memory flat in the runs): the
+    report it gets back holds no run's rows, and every figure is the same as without each_run."""
+    s = session(tmp_path)
+    c = clusters.up(s, UpRequest(usd_per_hour=3.6)).cluster
+    _finished_run(s, c, "r-a", 100, 2)
+    _finished_run(s, c, "r-b", 100, 3)
+    handed: list = []
+    report = costs.cost(s, each_run=handed.append)
+    whole = costs.cost(s)
+    assert [r.epochs for r in report.runs] == [(), ()]
+    assert handed == list(whole.runs) and [len(r.epochs) for r in handed] == [2, 3]
+    assert list(report.runs) == [r.model_copy(update={"epochs": ()}) for r in whole.runs]
