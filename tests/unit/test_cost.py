@@ -319,3 +319,24 @@ def test_cost_hands_each_run_on_with_its_rows_and_keeps_it_without(fake, tmp_pat
     assert [r.epochs for r in report.runs] == [(), ()]
     assert handed == list(whole.runs) and [len(r.epochs) for r in handed] == [2, 3]
     assert list(report.runs) == [r.model_copy(update={"epochs": ()}) for r in whole.runs]
+
+
+def test_epoch_rows_are_what_validating_them_would_make():
+    """run_cost sets its rows up without validating them again (their values come from validated
+    reports): validation makes each the same, field types and JSON included."""
+    from gpuctl.model.results import EpochRow
+
+    run = RunRecord(run_id="r", cluster="c", project="/p", entry="t.py", state="succeeded", started_at=0.0,
+                    run_dir="/r", usd_per_hour=3.6, epochs_planned=4)
+    epochs = [EpochReport.model_validate({
+        "schema": 1, "run_id": "r", "epoch": n, "start": 36.0 * (n - 1), "end": 36.0 * n, "seconds": 36,
+        "usd_per_hour": 3.6, "epoch_cost_usd": 0.036, "cumulative_usd": 0.036 * n, "examples": None if n == 2 else 500,
+        "metrics": {"loss": 1 / n, "n": n}, "gpu_util_percent": 50 if n == 3 else None})
+        for n in range(1, 4)]
+    rows = run_cost(run, epochs).epochs
+    assert len(rows) == 3
+    for row in rows:
+        again = EpochRow.model_validate(row.model_dump())
+        assert again == row and again.model_dump_json() == row.model_dump_json()
+        assert [type(v) for v in again.__dict__.values()] == [type(v) for v in row.__dict__.values()]
+        assert row.model_fields_set == again.model_fields_set
