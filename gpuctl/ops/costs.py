@@ -5,7 +5,7 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
@@ -264,13 +264,12 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochRe
                                  "waited_s": sum(g.waited_s for g in segs)})
 
 
-def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[InstanceRecord]) -> RunCost:
-    """Which machine a run's dollars bought: its cluster's instance type and market."""
+def _machine(s: Session, cluster_id: int, instances: list[InstanceRecord]) -> dict[str, Any]:
+    """Which machine a run's dollars bought: its cluster's instance type (else its provider) and market."""
     if not instances:
-        return rc
+        return {}
     inst = instances[0]
-    return rc.model_copy(update={"instance_type": inst.instance_type or s.ledger.cluster(cluster_id).provider,
-                                 "market": inst.market})
+    return {"instance_type": inst.instance_type or s.ledger.cluster(cluster_id).provider, "market": inst.market}
 
 
 def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None,
@@ -291,10 +290,11 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
     instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
+    machines: dict[int, dict[str, Any]] = {}  # likewise
     first_rows = 0 if rows_of_last is None else max(len(runs) - rows_of_last, 0)
     kept: list[RunCost] = []
     for n, r in enumerate(runs):
-        rc = one_run_cost(s, r, now, instances, n >= first_rows or each_run is not None)
+        rc = one_run_cost(s, r, now, instances, n >= first_rows or each_run is not None, machines)
         if each_run is not None:
             each_run(rc)
             rc = rc.model_copy(update={"epochs": ()})
@@ -315,15 +315,19 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
 
 
 def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]],
-                 rows: bool = True) -> RunCost:
+                 rows: bool = True, machines: dict[int, dict[str, Any]] | None = None) -> RunCost:
     """A run's epochs and projection, its machine and its stretches: its epochs read (and
-    validated) once, its cluster's instances once per `cost`."""
+    validated) once, its cluster's instances once per `cost` (and its machine, with `machines`)."""
     mine = instances.get(run.cluster_id)
     if mine is None:
         mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
+    machine = None if machines is None else machines.get(run.cluster_id)
+    if machine is None:
+        machine = _machine(s, run.cluster_id, mine)
+        if machines is not None:
+            machines[run.cluster_id] = machine
     epochs = s.ledger.epochs(run.run_id)
-    return _with_segments(s, _with_machine(s, run_cost(run, epochs, rows), run.cluster_id, mine), run, epochs, now,
-                          mine)
+    return _with_segments(s, run_cost(run, epochs, rows, machine), run, epochs, now, mine)
 
 
 def _rate_at(run: RunRecord, at: float) -> float:
@@ -358,7 +362,8 @@ def _row(e: EpochReport, usd: float, cumulative: float) -> EpochRow:
     return row
 
 
-def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> RunCost:
+def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True,
+             machine: dict[str, Any] | None = None) -> RunCost:
     """Per-epoch rows plus the projection: mean epoch cost x planned epochs. An epoch costs what
     its report says (the instance may know a newer spot price), but never less than its seconds at
     the run's own rate: a report cannot make an epoch, or the run's projection, free. Without
@@ -394,4 +399,5 @@ def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> Ru
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
         tensorflow=run.tensorflow, image=run.image, code=run.code, data_fetch_s=run.data_fetch_s,
         data_fetch_usd=run.data_fetch_s * run.usd_per_hour / 3600 if run.data_fetch_s is not None else None,
+        **(machine or {}),
     )
