@@ -265,8 +265,10 @@ class Ledger(VolumeRows, SnapshotRows):
 
     @staticmethod
     def _run_from_row(row: tuple[Any, ...]) -> RunRecord:
-        # The column is the truth: records written by version 1 carry no cluster id.
-        return RunRecord.model_validate_json(row[0]).model_copy(update={"cluster_id": row[1]})
+        # The column is the truth: records written by version 1 carry no cluster id (a copy only
+        # where they differ: one per run of every report otherwise).
+        run = RunRecord.model_validate_json(row[0])
+        return run if run.cluster_id == row[1] else run.model_copy(update={"cluster_id": row[1]})
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self._db.execute("SELECT record_json, cluster_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()

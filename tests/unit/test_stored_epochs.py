@@ -81,3 +81,20 @@ def test_rows_the_writer_writes_take_the_fast_path(change):
 @pytest.mark.parametrize("change", OTHERS, ids=repr)
 def test_rows_it_does_not_write_take_the_full_path(change):
     assert not _fast_takes(json.dumps(dict(BASE, **change)))
+
+
+def test_a_run_record_without_its_cluster_id_reads_with_the_columns(tmp_path):
+    """A run recorded before runs carried their cluster id (version 1): the column says it."""
+    from gpuctl.ledger import Ledger
+    from gpuctl.model.records import RunRecord
+    from gpuctl.model.specs import LocalSpec
+
+    led = Ledger(tmp_path)
+    c = led.add_cluster(LocalSpec(name="lab", usd_per_hour=1.0))
+    run = RunRecord(run_id="r-old", cluster="lab", cluster_id=c.id, project="/p", entry="t.py", state="succeeded",
+                    started_at=1.0, run_dir="/r")
+    led.put_run(run)
+    with led.write() as db:
+        db.execute("UPDATE runs SET record_json = ?", (run.model_copy(update={"cluster_id": 0}).model_dump_json(),))
+    assert [r.cluster_id for r in led.runs()] == [c.id] and led.run("r-old") == run
+    led.close()
