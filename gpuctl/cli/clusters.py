@@ -146,6 +146,12 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
     # The plain table shows the epochs of the RECENT_RUNS newest runs only: no rows for the others.
     table = not (as_json or as_csv or compare or show_all or runs or plot_path is not None)
+    if as_json and plot_path is None:
+        # Each run's JSON is written to a spool as soon as its cost is made, its rows then
+        # dropped: memory stays flat in the runs (issue 39: 151 MB at 5,000 runs x 20 epochs).
+        with render.JsonSpool() as spool:
+            report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster, each_run=spool.add)
+            return render.emit_json(report, spooled={"runs": spool})
     report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster,
                         rows_of_last=RECENT_RUNS if table else None)
     if plot_path is not None:

@@ -20,6 +20,7 @@ from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFound
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
 from gpuctl.ledger.snapshots import SnapshotRows
+from gpuctl.ledger.stored import epoch_from_row
 from gpuctl.ledger.volumes import VolumeRows
 from gpuctl.model.images import BakedImage
 from gpuctl.model.records import ClusterRecord, EpochReport, InstanceRecord, RunRecord
@@ -264,8 +265,10 @@ class Ledger(VolumeRows, SnapshotRows):
 
     @staticmethod
     def _run_from_row(row: tuple[Any, ...]) -> RunRecord:
-        # The column is the truth: records written by version 1 carry no cluster id.
-        return RunRecord.model_validate_json(row[0]).model_copy(update={"cluster_id": row[1]})
+        # The column is the truth: records written by version 1 carry no cluster id (a copy only
+        # where they differ: one per run of every report otherwise).
+        run = RunRecord.model_validate_json(row[0])
+        return run if run.cluster_id == row[1] else run.model_copy(update={"cluster_id": row[1]})
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self._db.execute("SELECT record_json, cluster_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -327,11 +330,9 @@ class Ledger(VolumeRows, SnapshotRows):
     @staticmethod
     def _epoch_or_none(row: tuple[Any, ...]) -> EpochReport | None:
         """A stored report, unless it fails today's bounds (a `start` of 1e308 that a gpuctl
-        before them let in): then it is left out, as it would be at ingestion now."""
-        try:
-            return EpochReport.model_validate_json(row[0])
-        except ValueError:  # pydantic's ValidationError
-            return None
+        before them let in): then it is left out, as it would be at ingestion now. A row as this
+        ledger's writer wrote it is read without EpochReport's Python validators (ledger/stored.py)."""
+        return epoch_from_row(row[0])
 
     # --- events ---------------------------------------------------------------------------------
 

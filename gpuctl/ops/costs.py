@@ -5,7 +5,7 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
@@ -269,21 +269,23 @@ def _with_segments(s: Session, rc: RunCost, run: RunRecord, epochs: list[EpochRe
                                  "waited_s": sum(g.waited_s for g in segs)})
 
 
-def _with_machine(s: Session, rc: RunCost, cluster_id: int, instances: list[InstanceRecord]) -> RunCost:
-    """Which machine a run's dollars bought: its cluster's instance type and market."""
+def _machine(s: Session, cluster_id: int, instances: list[InstanceRecord]) -> dict[str, Any]:
+    """Which machine a run's dollars bought: its cluster's instance type (else its provider) and market."""
     if not instances:
-        return rc
+        return {}
     inst = instances[0]
-    return rc.model_copy(update={"instance_type": inst.instance_type or s.ledger.cluster(cluster_id).provider,
-                                 "market": inst.market})
+    return {"instance_type": inst.instance_type or s.ledger.cluster(cluster_id).provider, "market": inst.market}
 
 
 def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, cluster: str | None = None,
-         rows_of_last: int | None = None) -> CostWithImages:
+         rows_of_last: int | None = None, each_run: Callable[[RunCost], None] | None = None) -> CostWithImages:
     """Every cluster's spend, and every run's (or only the named runs') epochs and projection;
     with compare, the named runs side by side (two or more); with `cluster`, only the clusters of
     that name and their runs (as `status --cluster`). With `rows_of_last` N, only the last N runs
-    keep their per-epoch rows (a table that shows no more), every run its figures."""
+    keep their per-epoch rows (a table that shows no more), every run its figures. With
+    `each_run`, every run's cost, rows and all, goes to it as soon as it is made, in the report's
+    order, and the report keeps the run without its rows (`cost --json` writes each run away at
+    once: a run's rows are held only while it is written, whatever the number of runs)."""
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
@@ -293,8 +295,16 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
             if wanted is None or r.cluster_id in wanted]  # filtered before its host is asked
     now = time.time()
     instances: dict[int, list[InstanceRecord]] = {}  # by cluster: read once, not once per run
+    machines: dict[int, dict[str, Any]] = {}  # likewise
     first_rows = 0 if rows_of_last is None else max(len(runs) - rows_of_last, 0)
-    costs = tuple(one_run_cost(s, r, now, instances, n >= first_rows) for n, r in enumerate(runs))
+    kept: list[RunCost] = []
+    for n, r in enumerate(runs):
+        rc = one_run_cost(s, r, now, instances, n >= first_rows or each_run is not None, machines)
+        if each_run is not None:
+            each_run(rc)
+            rc = rc.model_copy(update={"epochs": ()})
+        kept.append(rc)
+    costs = tuple(kept)
     in_epochs: dict[int, float] = {}
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
@@ -310,15 +320,19 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
 
 
 def one_run_cost(s: Session, run: RunRecord, now: float, instances: dict[int, list[InstanceRecord]],
-                 rows: bool = True) -> RunCost:
+                 rows: bool = True, machines: dict[int, dict[str, Any]] | None = None) -> RunCost:
     """A run's epochs and projection, its machine and its stretches: its epochs read (and
-    validated) once, its cluster's instances once per `cost`."""
+    validated) once, its cluster's instances once per `cost` (and its machine, with `machines`)."""
     mine = instances.get(run.cluster_id)
     if mine is None:
         mine = instances[run.cluster_id] = s.ledger.instances(run.cluster_id)
+    machine = None if machines is None else machines.get(run.cluster_id)
+    if machine is None:
+        machine = _machine(s, run.cluster_id, mine)
+        if machines is not None:
+            machines[run.cluster_id] = machine
     epochs = s.ledger.epochs(run.run_id)
-    return _with_segments(s, _with_machine(s, run_cost(run, epochs, rows), run.cluster_id, mine), run, epochs, now,
-                          mine)
+    return _with_segments(s, run_cost(run, epochs, rows, machine), run, epochs, now, mine)
 
 
 def _rate_at(run: RunRecord, at: float) -> float:
@@ -329,20 +343,32 @@ def _rate_at(run: RunRecord, at: float) -> float:
     return inside[-1].usd_per_hour if inside else run.usd_per_hour
 
 
-_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+_ROW_FIELDS = set(EpochRow.model_fields)  # every row is given every field: one set for all of them
+_new = object.__new__
+_set = object.__setattr__
 
 
-def _row(**values: Any) -> EpochRow:
-    """An EpochRow, validated. pydantic gives every model a set of the names of the fields it was
-    given (728 bytes for an EpochRow's 9, more than the rest of the row: 70 MB of `cost --json` at
-    5,000 runs x 20 epochs); rows given the same fields share one. A frozen row never adds to it,
-    and model_copy copies it before an update does."""
-    row = EpochRow(**values)
-    object.__setattr__(row, "__pydantic_fields_set__", _FIELDS_SETS.setdefault(frozenset(values), set(values)))
+def _row(e: EpochReport, usd: float, cumulative: float) -> EpochRow:
+    """An EpochRow of a validated EpochReport's figures and two floats made from them: each value
+    is of its field's type already, so the row is set up as pydantic-core sets up a model it
+    validated (its __dict__, the fields set, no extra or private attributes), without validating
+    it again: 20,000 rows at 1,000 runs x 20 epochs cost a tenth of `cost --json` that way (a
+    test checks that validation would make each row the same). Rows share one set of their
+    fields' names (pydantic gives each model its own: 728 bytes, more than the rest of a row) and
+    their report's metrics (frozen models: nothing changes either)."""
+    row = _new(EpochRow)
+    _set(row, "__dict__", {
+        "epoch": e.epoch, "seconds": e.seconds, "examples": e.examples, "examples_per_s": e.examples_per_s,
+        "epoch_cost_usd": usd, "cumulative_usd": cumulative, "metrics": e.metrics,
+        "gpu_util_percent": e.gpu_util_percent, "gpu_memory_used_mib": e.gpu_memory_used_mib})
+    _set(row, "__pydantic_fields_set__", _ROW_FIELDS)
+    _set(row, "__pydantic_extra__", None)
+    _set(row, "__pydantic_private__", None)
     return row
 
 
-def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> RunCost:
+def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True,
+             machine: dict[str, Any] | None = None) -> RunCost:
     """Per-epoch rows plus the projection: mean epoch cost x planned epochs. An epoch costs what
     its report says (the instance may know a newer spot price), but never less than its seconds at
     the run's own rate: a report cannot make an epoch, or the run's projection, free. Without
@@ -350,26 +376,26 @@ def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> Ru
     usds = []
     kept = []
     cumulative = 0.0
+    fixed = None if run.segments else run.usd_per_hour  # one rate for every epoch: no stretches
     for e in epochs:
-        usd = max(e.epoch_cost_usd, max(e.seconds, e.end - e.start, 0.0) * _rate_at(run, e.end) / 3600)
+        rate = _rate_at(run, e.end) if fixed is None else fixed
+        usd = max(e.epoch_cost_usd, max(e.seconds, e.end - e.start, 0.0) * rate / 3600)
         cumulative += usd
         usds.append(usd)
         if rows:
-            kept.append(_row(epoch=e.epoch, seconds=e.seconds, examples=e.examples, examples_per_s=e.examples_per_s,
-                             epoch_cost_usd=usd, cumulative_usd=cumulative, metrics=e.metrics,
-                             gpu_util_percent=e.gpu_util_percent, gpu_memory_used_mib=e.gpu_memory_used_mib))
+            kept.append(_row(e, usd, cumulative))
     done = len(usds)
     planned = run.epochs_planned or next((e.epochs_planned for e in reversed(epochs) if e.epochs_planned), None)
     spent = sum(usds)
     mean_usd = spent / done if done else None
-    mean_s = sum(e.seconds for e in epochs) / done if done else None
+    seconds = sum([e.seconds for e in epochs])
+    mean_s = seconds / done if done else None
     total = remaining = finish = None
     if mean_usd is not None and planned:
         total = mean_usd * planned
         remaining = mean_usd * max(planned - done, 0)
         finish = epochs[-1].end + (mean_s or 0.0) * max(planned - done, 0)
-    examples = sum(e.examples or 0 for e in epochs)
-    seconds = sum(e.seconds for e in epochs)
+    examples = sum([e.examples or 0 for e in epochs])
     return RunCost(
         run_id=run.run_id, cluster=run.cluster, state=run.state, usd_per_hour=run.usd_per_hour, epochs_done=done,
         epochs_planned=planned, epochs=tuple(kept), mean_epoch_s=mean_s, mean_epoch_usd=mean_usd, spent_usd=spent,
@@ -378,4 +404,5 @@ def run_cost(run: RunRecord, epochs: list[EpochReport], rows: bool = True) -> Ru
         usd_per_million_examples=spent / examples * 1e6 if examples else None, projected_finish_at=finish,
         tensorflow=run.tensorflow, image=run.image, code=run.code, data_fetch_s=run.data_fetch_s,
         data_fetch_usd=run.data_fetch_s * run.usd_per_hour / 3600 if run.data_fetch_s is not None else None,
+        **(machine or {}),
     )

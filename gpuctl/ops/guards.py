@@ -8,10 +8,8 @@ import hashlib
 import posixpath
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuctl.config import project
-from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model import untrusted
 from gpuctl.model.records import FINAL_RUN_STATES, ClusterRecord, InstanceRecord
@@ -24,6 +22,9 @@ from gpuctl.remote.guard_files import DryLook
 from gpuctl.remote.host import Host, NodeFacts, output_tail
 from gpuctl.remote.sync.ignore import IgnoreRules
 from gpuctl.retry import TimedOut, poll
+
+if TYPE_CHECKING:  # the settings' models are imported where settings are read: a report reads none
+    from gpuctl.config.load import LoadedSettings
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "payloads"
 
@@ -79,6 +80,8 @@ def _config(loaded: LoadedSettings, provider: Provider, cluster: ClusterRecord, 
             cluster_rate: float | None = None) -> GuardConfig:
     """The watchdog's config from the settings; values the user never set keep what the host has
     (`existing`, as guard.read_config reads it: so a `guard set` survives the next `train`)."""
+    from gpuctl.config import project
+
     g = loaded.settings.guards
     fresh: dict[str, tuple[str, Any]] = {  # config key -> (setting, value)
         "idle_s": ("guards.idle", g.seconds("idle")),

@@ -14,10 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
-from gpuctl.config.load import LoadedSettings, load_settings
-from gpuctl.config.project import Ignored, said
 from gpuctl.errors import (
     ConfigError,
     ConflictError,
@@ -34,6 +32,10 @@ from gpuctl.provision import Provider, get_provider, spec_from_settings
 from gpuctl.remote.heartbeat import Heartbeat
 from gpuctl.remote.host import QUICK_CONNECT_S, Host, NodeFacts
 from gpuctl.retry import REAL_CLOCK, Clock, TimedOut, poll
+
+if TYPE_CHECKING:
+    from gpuctl.config.load import LoadedSettings
+    from gpuctl.config.project import Ignored
 
 Progress = Callable[[str], None]
 # status, cost, logs, guard show, pull, down: answer from the ledger (or refuse) rather than wait on a host
@@ -125,6 +127,10 @@ class Session:
         """The settings for this command (cached: files and flags stay put while it runs)."""
         key = str(project_dir)  # files and flags are the same for the whole command
         if key not in self._settings:
+            # Imported here: the settings' models are tens of classes that a report never reads.
+            from gpuctl.config.load import load_settings
+            from gpuctl.config.project import said
+
             self._settings[key] = load_settings(self.flags, project_dir=project_dir, env=self.env)
             # Said once per command, in one line, whichever of its loads met it first.
             fresh = [i for i in self._settings[key].ignored if i not in self._ignored_said]

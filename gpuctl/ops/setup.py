@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator, Literal, TypeVar
 
-from gpuctl.config.settings import TESTED_TENSORFLOW
 from gpuctl.errors import ConfigError, GpuctlError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.model.results import TfEnv
@@ -33,6 +32,8 @@ NO_NETWORK = "no network to the package index"  # how the setup payload starts t
 
 def version_of(cluster: ClusterRecord, asked: str | None = None) -> str:
     """The version a command works with: asked (train's settings), else the cluster's, else the tested one."""
+    from gpuctl.config.settings import TESTED_TENSORFLOW  # here: a report never needs the settings' models
+
     version = asked or cluster.spec.tensorflow or TESTED_TENSORFLOW
     if not TF_VERSION.fullmatch(version):  # it names a directory on the host
         raise ConfigError(f"--tf {version!r} is not a TensorFlow version", "Give one like 2.21 or 2.21.0.")

@@ -304,3 +304,39 @@ def test_cost_carries_a_runs_stretches_and_machine(fake, tmp_path):  # noqa: F81
     assert (rc.lost_s, rc.lost_usd, rc.waited_s) == (pytest.approx(60), pytest.approx(60 * 3.6 / 3600),
                                                      pytest.approx(30))
     assert rc.spent_from == "epochs" and rc.spent_usd == pytest.approx(36 * 3.6 / 3600)  # its epoch, at its rate
+
+
+def test_cost_hands_each_run_on_with_its_rows_and_keeps_it_without(fake, tmp_path):  # noqa: F811
+    """`cost --json` writes each run away as it is made (issue 39: memory flat in the runs): the
+    report it gets back holds no run's rows, and every figure is the same as without each_run."""
+    s = session(tmp_path)
+    c = clusters.up(s, UpRequest(usd_per_hour=3.6)).cluster
+    _finished_run(s, c, "r-a", 100, 2)
+    _finished_run(s, c, "r-b", 100, 3)
+    handed: list = []
+    report = costs.cost(s, each_run=handed.append)
+    whole = costs.cost(s)
+    assert [r.epochs for r in report.runs] == [(), ()]
+    assert handed == list(whole.runs) and [len(r.epochs) for r in handed] == [2, 3]
+    assert list(report.runs) == [r.model_copy(update={"epochs": ()}) for r in whole.runs]
+
+
+def test_epoch_rows_are_what_validating_them_would_make():
+    """run_cost sets its rows up without validating them again (their values come from validated
+    reports): validation makes each the same, field types and JSON included."""
+    from gpuctl.model.results import EpochRow
+
+    run = RunRecord(run_id="r", cluster="c", project="/p", entry="t.py", state="succeeded", started_at=0.0,
+                    run_dir="/r", usd_per_hour=3.6, epochs_planned=4)
+    epochs = [EpochReport.model_validate({
+        "schema": 1, "run_id": "r", "epoch": n, "start": 36.0 * (n - 1), "end": 36.0 * n, "seconds": 36,
+        "usd_per_hour": 3.6, "epoch_cost_usd": 0.036, "cumulative_usd": 0.036 * n, "examples": None if n == 2 else 500,
+        "metrics": {"loss": 1 / n, "n": n}, "gpu_util_percent": 50 if n == 3 else None})
+        for n in range(1, 4)]
+    rows = run_cost(run, epochs).epochs
+    assert len(rows) == 3
+    for row in rows:
+        again = EpochRow.model_validate(row.model_dump())
+        assert again == row and again.model_dump_json() == row.model_dump_json()
+        assert [type(v) for v in again.__dict__.values()] == [type(v) for v in row.__dict__.values()]
+        assert row.model_fields_set == again.model_fields_set

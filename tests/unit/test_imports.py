@@ -10,9 +10,10 @@ import pytest
 
 HEAVY = ["boto3", "botocore", "fabric", "paramiko", "tensorflow", "keras", "numpy"]
 # What a report (status, cost) of ended runs never runs: the push, release, resume and packages
-# code, and pathspec (the ignore rules of a push). Issue 39: tens of ms of every report.
+# code, and pathspec (the ignore rules of a push); nor the settings' models (a report works from
+# the specs the ledger recorded). Issue 39: tens of ms of every report.
 NOT_FOR_REPORTS = ["pathspec", "gpuctl.ops.push", "gpuctl.ops.release", "gpuctl.ops.resume", "gpuctl.ops.packages",
-                   "gpuctl.ops.stages", "gpuctl.ops.runs"]
+                   "gpuctl.ops.stages", "gpuctl.ops.runs", "gpuctl.config.settings", "gpuctl.config.load"]
 NOT_FOR_HELP = HEAVY + ["pydantic", "pydantic_core", "rich", "gpuctl.ops", "gpuctl.config.settings", "gpuctl.model.records",
                         "gpuctl.cli.render"]
 

@@ -420,3 +420,27 @@ def test_what_a_failed_up_leaves_running_is_two_lines_with_the_most_it_may_bill(
     assert render_commands.still_running([inst("ssh:me@box", usd_per_hour=2.0)])[0] == "Still running: ssh:me@box ($2.0000/h)"
     # Ended (a zone's nodes given up): nothing to say.
     assert render_commands.still_running([inst("i-1", state="terminated", **spot)]) == []
+
+
+def test_the_fast_paths_of_cells_and_widths_say_what_the_long_ways_say():
+    """cell(), width_of() and _whole() skip clean, rich's cell_len and textwrap where those would
+    change nothing (issue 39: most of `status`'s table at 5,000 runs): over awkward strings they
+    agree with the long ways."""
+    import random
+    import textwrap
+
+    from rich.cells import cell_len
+
+    from gpuctl.cli.render import _whole, cell, width_of
+    from gpuctl.model.untrusted import clean
+
+    rnd = random.Random(39)
+    alphabet = "ab =.-  \t\n\r\x1b[\x7f\x85\x9b\u00a0\u2003\u202e\u200b界😀é"
+    for _ in range(20_000):
+        text = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 24)))
+        assert cell(text) == clean(text).replace("\n", " ").replace("\t", " ")
+        one = cell(text)
+        assert width_of(one) == cell_len(one)
+        width = rnd.randint(1, 30)
+        if _whole(one, width):
+            assert textwrap.wrap(one, width, break_long_words=False, break_on_hyphens=False) == [one]

@@ -19,7 +19,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, TextIO
 
 import click
 from rich.cells import cell_len
@@ -98,28 +98,30 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def emit_json(data: BaseModel | Sequence[BaseModel]) -> None:
+def emit_json(data: BaseModel | Sequence[BaseModel], spooled: Mapping[str, JsonSpool] | None = None) -> None:
     """`--json`: what json.dumps(model_dump(mode="json"), indent=2) writes, byte for byte. A model
     is written by pydantic's own serializer (in Rust: `cost --json` of 1,000 runs in tens of
     milliseconds, not a second through json's pure-Python indenting encoder), a part at a time
     (each item of a tuple of models, such as cost's runs: the whole text is never held, nor a dict
     of the whole report), then spelled as json.dumps spells it. One value apart: an inf or nan,
     which no model lets in (allow_inf_nan=False), would read null, not json.dumps' Infinity that
-    no JSON parser takes."""
+    no JSON parser takes. `spooled`: for a field (a tuple of models, written item by item), its
+    items as a JsonSpool holds them, written in their place (the model holds them without what
+    made them large)."""
     from pydantic import BaseModel  # loaded by then: the data is one
 
     if isinstance(data, BaseModel):
-        for part in _json_parts(data):
+        for part in _json_parts(data, spooled or {}):
             click.echo(part, nl=False)
         click.echo()
         return
     click.echo(json.dumps([d.model_dump(mode="json", by_alias=True) for d in data], indent=2))
 
 
-def _json_parts(data: BaseModel) -> Iterator[str]:
+def _json_parts(data: BaseModel, spooled: Mapping[str, JsonSpool]) -> Iterator[str]:
     """The model's JSON (indent 2) in parts that add up to it: each field, and each item of a
     field that is a tuple of models of exactly its declared type (a subclass would be written
-    with its own fields alone)."""
+    with its own fields alone); such a field's items from `spooled` where it has them."""
     import typing
 
     from pydantic import BaseModel
@@ -138,12 +140,46 @@ def _json_parts(data: BaseModel) -> Iterator[str]:
                 and isinstance(args[0], type) and issubclass(args[0], BaseModel)
                 and all(type(item) is args[0] for item in value)):
             yield f"  {json.dumps(name)}: [\n"
-            for m, item in enumerate(value):
-                yield "    " + _dumped(item).replace("\n", "\n    ") + (",\n" if m < len(value) - 1 else "\n")
+            texts = spooled[name].texts(len(value)) if name in spooled else (_dumped(item) for item in value)
+            for m, text in enumerate(texts):
+                yield "    " + text.replace("\n", "\n    ") + (",\n" if m < len(value) - 1 else "\n")
             yield "  ]" + tail
         else:
             yield _dumped(data, name)[2:-2] + tail  # `{\n  "name": ...\n}`: its middle
     yield "}"
+
+
+class JsonSpool:
+    """Models' JSON texts (as emit_json writes each item of a tuple field) kept in an unnamed
+    temporary file, in order, as they are made, and read back one at a time when written: the
+    models are gone by then (`cost --json`: 8 MB of text at 1,000 runs x 20 epochs, and 500
+    bytes of objects for each of its figures while it was a model). Use it in a `with`."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8", newline="")
+        self._sizes: list[int] = []
+
+    def add(self, item: BaseModel) -> None:
+        text = _dumped(item)
+        self._file.write(text)
+        self._sizes.append(len(text))
+
+    def texts(self, expected: int) -> Iterator[str]:
+        """The texts in the order they were added; `expected` of them (a spool that does not hold
+        the field's items is an error here, not a wrong report)."""
+        if expected != len(self._sizes):
+            raise RuntimeError(f"spooled {len(self._sizes)} items where the report has {expected}")
+        self._file.seek(0)
+        for size in self._sizes:
+            yield self._file.read(size)
+
+    def __enter__(self) -> JsonSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
 
 def _dumped(data: BaseModel, field: str | None = None) -> str:
@@ -195,9 +231,9 @@ class Col:
 
 def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple[list[int], list[int]] | None:
     """(indexes of the columns kept, each column's width) that fit `width`; None: stack the rows."""
-    natural = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    natural = [max([width_of(c.header)] + [width_of(r[i]) for r in rows]) for i, c in enumerate(cols)]
     # A wrapping column can shrink to its longest word: nothing is ever folded inside a word.
-    least = [max([1] + [cell_len(w) for text in (c.header, *(r[i] for r in rows)) for w in text.split()])
+    least = [max([1] + [width_of(w) for text in (c.header, *(r[i] for r in rows)) for w in text.split()])
              if c.wrap else natural[i] for i, c in enumerate(cols)]
     keep = list(range(len(cols)))
     drops = [i for _, i in sorted((c.drop, i) for i, c in enumerate(cols) if c.drop)]
@@ -247,17 +283,24 @@ def _lines(cells: Sequence[str], cols: Sequence[Col], widths: Sequence[int]) -> 
     """One table row as lines: cells padded to their widths, wrapping cells wrapped at spaces."""
     import textwrap
 
-    parts = [textwrap.wrap(cell, width, break_long_words=False, break_on_hyphens=False) or [""] if col.wrap
-             else [cell] for cell, col, width in zip(cells, cols, widths)]
+    parts = [textwrap.wrap(cell, width, break_long_words=False, break_on_hyphens=False) or [""]
+             if col.wrap and not _whole(cell, width) else [cell] for cell, col, width in zip(cells, cols, widths)]
     lines = []
     for n in range(max(len(p) for p in parts)):
         padded = []
         for part, col, width in zip(parts, cols, widths):
             cell = part[n] if n < len(part) else ""
-            fill = " " * (width - cell_len(cell))
+            fill = " " * (width - width_of(cell))
             padded.append(fill + cell if col.right else cell + fill)
         lines.append((" " * GAP).join(padded).rstrip())
     return lines
+
+
+def _whole(cell: str, width: int) -> bool:
+    """Whether textwrap.wrap(cell, width) would give [cell] back: a printable ASCII line that fits
+    and neither starts nor ends with a space (most metrics cells; textwrap costs ~10 us a cell)."""
+    return (0 < len(cell) <= width and cell.isascii() and cell.isprintable() and cell[0] != " "
+            and cell[-1] != " ")
 
 
 def hidden_note(out: Console, headers: Sequence[str], what: str = "") -> None:
@@ -297,7 +340,15 @@ def notes(lines: Sequence[str]) -> None:
 
 def cell(text: str) -> str:
     """A table cell: one line, no control sequences."""
+    if text.isprintable():  # no control character, tab or newline: nothing to take out (most cells)
+        return text
     return clean(text).replace("\n", " ").replace("\t", " ")
+
+
+def width_of(text: str) -> int:
+    """Terminal cells `text` takes: its length where it is printable ASCII (a table's cells nearly
+    all are; rich's cell_len costs more than the rest of a row at 5,000 runs), else rich's count."""
+    return len(text) if text.isascii() and text.isprintable() else cell_len(text)
 
 
 def text_block(out: Console, text: str) -> None:
