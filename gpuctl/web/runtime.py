@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import IO, Callable
 
 from gpuctl.errors import ConflictError
+from gpuctl.ops import browser
+from gpuctl.ops.browser import write_private
 from gpuctl.web.poller import Poller
 from gpuctl.web.server import Act, Ask, make_app
 
@@ -95,22 +97,10 @@ def listen(port: int) -> socket.socket:
     return sock
 
 
-def write_private(path: Path, text: str) -> None:
-    """`text` in a file of this user's alone, whole or not at all (a fresh 0600 file, then renamed)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def opener(home: Path, address: str) -> str:
     """A file:// page that sends the browser on to `address`: the browser's command line then
     carries no token (other users see command lines)."""
-    page = home / OPEN_FILE
-    write_private(page, f'<!doctype html><meta http-equiv="refresh" content="0;url={address}">'
-                        f'<p>Opening the gpuctl dashboard...</p>\n')
-    return page.as_uri()
+    return browser.opener(home, OPEN_FILE, address, "the gpuctl dashboard")
 
 
 def _interrupt(signum: int, frame: object) -> None:
