@@ -188,7 +188,7 @@ def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> in
     import threading
     import time
 
-    def when_up() -> None:
+    def when_up(ready: Callable[[], None]) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -199,7 +199,7 @@ def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> in
                 time.sleep(0.2)
 
     if ready is not None:
-        threading.Thread(target=when_up, daemon=True).start()
+        threading.Thread(target=when_up, args=(ready,), daemon=True).start()
     try:
         return run_child(argv)
     except KeyboardInterrupt:
