@@ -183,8 +183,11 @@ def _open_browser(home: Path, url: str) -> None:
 
 
 def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> int:
-    """Run the forwarding in the foreground; `ready()` once its port answers here. Ctrl-C: 0."""
+    """Run the forwarding in the foreground; `ready()` once its port answers here. Ctrl-C (or a
+    SIGINT to gpuctl alone, not its process group) ends the forwarding too, never the server."""
+    import signal
     import socket
+    import subprocess
     import threading
     import time
 
@@ -198,9 +201,25 @@ def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> in
             except OSError:
                 time.sleep(0.2)
 
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:
+        from gpuctl.errors import RemoteError
+
+        raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}", "Install OpenSSH's ssh or put it on PATH.") \
+            from exc
     if ready is not None:
         threading.Thread(target=when_up, args=(ready,), daemon=True).start()
+    # A SIGTERM or SIGHUP for gpuctl ends the forwarding too (an `ssh -N -L` left would hold the port).
+    before = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum))
+              for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return run_child(argv)
+        code = child.wait()
     except KeyboardInterrupt:
+        child.terminate()
+        child.wait(10)
         return 0
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+    return 128 - code if code < 0 else code
