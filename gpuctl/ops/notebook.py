@@ -80,6 +80,8 @@ def _serving_port(host: Host, paths: jobs.JobPaths) -> int | None:
 
 def port_free(port: int) -> bool:
     with socket.socket() as probe:
+        # As the servers bind (SO_REUSEADDR): a port whose last connections wait out TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -100,10 +102,14 @@ def running(host: Host) -> tuple[int, str] | None:
     """(port on the host, token) of the cluster's notebook server that lives and serves; else None."""
     paths = paths_of(host)
     pane = tmux.pane(host, SESSION)
-    if pane is None or pane.dead:
+    if pane is None or pane.dead or host.file_size(paths.exitcode) is not None:
         return None
     port, token = _serving_port(host, paths), _token(host, paths)
-    return (port, token) if port is not None and token is not None else None
+    if port is None or token is None:
+        return None
+    # It still listens (not one in its shutdown, which closed its port first): bash's /dev/tcp there.
+    probe = host.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], check=False, timeout=10, probe=True)
+    return (port, token) if probe.returncode == 0 else None
 
 
 def open_notebook(s: Session, cluster: str | None, port: int, project: Path, data: Path | None,
@@ -220,14 +226,28 @@ def _wait_serving(host: Host, paths: jobs.JobPaths) -> int:
 
 
 def _fired_since_start(s: Session, record: ClusterRecord, host: Host) -> str | None:
-    """'idle guard (at HH:MM:SS)' when a guard fired after the cluster's last notebook started."""
-    start = _last_start(s, record)
-    if start is None:
+    """'idle guard (at HH:MM:SS)' when a guard fired while the cluster's last notebook server ran
+    (a look since may have ended its session already, when the server ended: not before the firing)."""
+    last = _last_session(s, record)
+    if last is None:
         return None
-    fired = guard.state(host, s.notes).get("fired")
-    if not isinstance(fired, dict) or float(fired.get("at") or 0) < start:
+    start, end = last
+    fired = guard.fired(host, s.notes)
+    at = float(fired.get("at") or 0) if isinstance(fired, dict) else 0.0
+    if not at or at < start or (end is not None and end < at - 1.0):
         return None
     return f"{fired.get('reason')} guard (at {time.strftime('%H:%M:%S', time.localtime(float(fired['at'])))})"
+
+
+def _last_session(s: Session, record: ClusterRecord) -> tuple[float, float | None] | None:
+    """(start, end or None while open) of the cluster's last notebook session; None: it had none."""
+    last: tuple[float, float | None] | None = None
+    for ts, _, _, kind, message in s.ledger.events(record.id):
+        if kind == STARTED:
+            last = (ts, None)
+        elif kind == ENDED and last is not None:
+            last = (last[0], _end_of(message, ts))
+    return last
 
 
 def _last_start(s: Session, record: ClusterRecord) -> float | None:

@@ -50,18 +50,31 @@ def say(text):
     sys.stderr.flush()
 
 
-def wait_serving(folder, port, token):
-    """DIR/serving once the server answers its API with the token (the client waits for that file)."""
+def answers(port, token):
     req = urllib.request.Request("http://127.0.0.1:%d/api/status" % port, headers={"Authorization": "token " + token})
-    while True:
-        try:
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                if resp.status == 200:
-                    write_private(os.path.join(folder, "serving"), "%d\n" % port)
-                    return
-        except Exception:
-            pass
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
+
+
+def watch_serving(folder, port, token):
+    """DIR/serving while the server answers its API with the token (the client waits for that
+    file, and reconnects only to a server that has it): written once it answers, removed once it
+    stops answering (a server shutting down, or hung in its shutdown)."""
+    serving = os.path.join(folder, "serving")
+    while not answers(port, token):
         time.sleep(0.2)
+    write_private(serving, "%d\n" % port)
+    misses = 0
+    while misses < 2:
+        time.sleep(FOLLOW_S)
+        misses = 0 if answers(port, token) else misses + 1
+    try:
+        os.remove(serving)
+    except OSError:
+        pass
 
 
 def follow_guard(state_path):
@@ -88,12 +101,14 @@ def main(argv):
     token = read_token(os.path.join(folder, "token"))
     port = port or free_port()
     config = os.path.join(folder, "jupyter_config.py")
-    write_private(config, "c.ServerApp.token = %r\nc.ServerApp.password = ''\n" % token
+    # A kernel's shutdown is bounded (the watchdog's SIGTERM must end the server within its grace).
+    write_private(config, "c.ServerApp.token = %r\nc.ServerApp.password = ''\nc.KernelManager.shutdown_wait_time = 2.0\n"
+                  % token
                   + ("c.ServerApp.allow_root = True\n" if os.geteuid() == 0 else ""))  # a root login on the host
     write_private(os.path.join(folder, "port"), "%d\n" % port)
     os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(folder, "runtime")
     root = os.path.dirname(os.path.abspath(folder))
-    for target, args in ((wait_serving, (folder, port, token)),
+    for target, args in ((watch_serving, (folder, port, token)),
                          (follow_guard, (os.path.join(root, "guard", "state.json"),))):
         threading.Thread(target=target, args=args, daemon=True).start()
     from jupyterlab.labapp import LabApp

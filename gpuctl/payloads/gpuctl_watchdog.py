@@ -244,6 +244,19 @@ class Watchdog(object):
                 self.signal_jobs(cfg, [name], "KILL")
             self.tmux(cfg, "kill-session", "-t", "=" + name)
 
+    def stop_notebook(self, cfg):
+        """SIGTERM the notebook server (its tmux session is named as its folder), SIGKILL after
+        the grace: a Jupyter can hang in its shutdown. Its kernels end with it (ipykernel watches
+        its parent)."""
+        name = gpuctl_nbwatch.NOTEBOOK_DIR
+        code = os.path.join(gpuctl_nbwatch.notebook_dir(cfg.runs_dir), "exitcode")
+        self.signal_jobs(cfg, [name], "TERM")
+        deadline = time.time() + cfg.grace_s
+        while time.time() < deadline and not os.path.exists(code):
+            time.sleep(0.5)
+        if not os.path.exists(code):
+            self.signal_jobs(cfg, [name], "KILL")
+
     def fire(self, cfg, decision):
         self.log("FIRE %s: %s -> %s" % (decision.reason, decision.detail, decision.action))
         write_json(os.path.join(self.guard_dir, "fired.json"), {"reason": decision.reason, "detail": decision.detail,
@@ -251,7 +264,7 @@ class Watchdog(object):
         if decision.state["jobs"]:
             self.stop_jobs(cfg, decision.state["jobs"], cfg.grace_s)
         if cfg.runs_dir and gpuctl_nbwatch.running(gpuctl_nbwatch.notebook_dir(cfg.runs_dir)) is not None:
-            self.signal_jobs(cfg, [gpuctl_nbwatch.NOTEBOOK_DIR], "TERM")  # its session is named so too
+            self.stop_notebook(cfg)
         if decision.action == gpuctl_protocol.POWEROFF:
             sh(["sh", "-c", cfg.poweroff_command], timeout=120)
 

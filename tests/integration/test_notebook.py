@@ -175,7 +175,7 @@ def test_a_busy_kernel_holds_the_idle_guard_off_idle_kernels_let_it_fire_after_a
         client.stop_channels()
     # Again: said, and a new server.
     again = gpuctl("notebook", "--no-open", "--port", free_port(), proj)
-    assert "idle guard" in again.stderr and "ended the last notebook server" in again.stderr
+    assert "idle guard" in again.stderr and "ended the last notebook server" in again.stderr, again.stdout + again.stderr
     assert api(url_in(again.stdout), "/api/status", token_of(url_in(again.stdout)))[0] == 200
     sessions = json.loads(gpuctl("status", "--json").stdout)["notebooks"]
     assert len(sessions) == 2 and sessions[0]["ended_at"] is not None and sessions[1]["ended_at"] is None
