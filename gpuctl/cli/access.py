@@ -155,8 +155,10 @@ def notebook(ctx: click.Context, project: Path, cluster: str | None, port: int, 
                        else f"No notebook server ran on {stopped.cluster}.")
         return
     opened = ops.open_notebook(s, cluster, port, project, data, progress_sink())
-    if as_json:
+    if as_json:  # the URL in the JSON; then the forwarding as without --json
         render.emit_json(opened)
+        if opened.forward is not None:
+            ctx.exit(_forward(opened.forward, opened.local_port, None))
         return
     for note in opened.notes:
         click.echo(f"note: {note}", err=True)

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from gpuctl.config.load import LoadedSettings
-from gpuctl.errors import ConflictError, GpuctlError, RemoteError
+from gpuctl.errors import ConflictError, GpuctlError, NoClusterError, RemoteError
 from gpuctl.model.records import ClusterRecord, InstanceRecord
 from gpuctl.model.results import NotebookSession
 from gpuctl.model.specs import Frozen
-from gpuctl.ops import guards, packages, push, setup
+from gpuctl.ops import clusters, guards, packages, push, setup
 from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
 from gpuctl.payloads.gpuctl_nbwatch import NOTEBOOK_DIR, PORT_FILE, TOKEN_FILE
 from gpuctl.remote import guard, jobs, tmux
@@ -120,7 +120,12 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
     Private().check_root(str(project))
     loaded = s.settings(project_dir=project)
     data = push.check_data(data)
-    record = s.resolve_cluster(cluster)
+    record = clusters.reconcile(s, s.resolve_cluster(cluster))  # a guard's poweroff: EC2 ended it
+    if record.state != "up":
+        why = "; ".join(sorted({i.state_reason for i in s.ledger.instances(record.id) if i.state_reason}))
+        raise NoClusterError(f"cluster {record.name!r} ended meanwhile" + (f" ({why})" if why else "")
+                             + ": a guard powered it off, or its provider ended it",
+                             "Start a new one with `gpuctl up` (`gpuctl cost` shows what the last one cost).")
     notes: list[str] = []
     with s.cluster_lock(record, progress) as record:
         if record.state != "up":

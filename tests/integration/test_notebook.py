@@ -227,3 +227,17 @@ def test_a_local_port_in_use_takes_the_next_free_one_and_says_so(local_up, make_
     used = int(url.split(":")[2].split("/")[0])
     assert used != port and api(url, "/api/status", token_of(url))[0] == 200
     gpuctl("down", "-y")
+
+
+def test_a_cluster_its_guard_powered_off_meanwhile_is_said_and_up_offered(gpuctl, aws, make_project):
+    """On aws a guard's poweroff ends the instance (shutdown behaviour terminate): moto ends it."""
+    from tests.aws import live_instances
+    from tests.integration.test_aws import UP
+
+    gpuctl(*UP)
+    (inst,) = live_instances(aws)
+    aws.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    res = gpuctl("notebook", "--no-open", make_project("nb", {"train.py": ""}), code=5)
+    error = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and "ended meanwhile" in error[0] and "gpuctl up" in res.stderr, res.stderr
+    assert "http://" not in res.stdout
