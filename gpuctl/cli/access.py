@@ -132,11 +132,11 @@ def notebook(ctx: click.Context, project: Path, cluster: str | None, port: int, 
              stop_it: bool, as_json: bool) -> None:
     """JupyterLab on the cluster's chief, in the environment `train` gives PROJECT (default: .).
 
-    \b
     It listens on the instance's 127.0.0.1 only, reached through gpuctl's SSH connection (host
     key pinned) on a local port; its URL carries a token (random per server, never on a command
     line). Ctrl-C ends the forwarding, not the server: its kernels go on, and `gpuctl notebook`
     again reconnects. `gpuctl notebook --stop` (or `gpuctl down`) ends it.
+
     Counted by the guards: a busy kernel is work; idle kernels are idle, and the idle guard ends
     the server after its limit (`gpuctl status` and the server's log warn first). Its time on the
     cluster is a session in `gpuctl status` and `gpuctl cost`.
