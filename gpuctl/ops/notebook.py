@@ -7,7 +7,7 @@ a run's is, its --data beside it at work/data, $GPUCTL_DATA_DIR). The token is r
 written in a 0600 file there and read by the payload (payloads/gpuctl_notebook.py): never in a
 command line. The watchdog asks the server's own API whether a kernel is busy (gpuctl_nbwatch.py).
 Its time on the cluster is a session in the ledger (events notebook-start / notebook-end), priced
-at the cluster's rate in `status` and `cost`.
+at the cluster's rate in `status` and `cost` (ops/notebook_state.py: what the reports read).
 """
 
 from __future__ import annotations
@@ -20,23 +20,21 @@ from pathlib import Path
 
 from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConflictError, GpuctlError, NoClusterError, RemoteError
-from gpuctl.model.records import ClusterRecord, InstanceRecord
-from gpuctl.model.results import NotebookSession
+from gpuctl.model.records import ClusterRecord
 from gpuctl.model.specs import Frozen
 from gpuctl.ops import clusters, guards, packages, push, setup
-from gpuctl.ops.session import REPORT_CONNECT_TIMEOUT_S, Progress, Session, quiet
-from gpuctl.payloads.gpuctl_nbwatch import NOTEBOOK_DIR, PORT_FILE, TOKEN_FILE
+from gpuctl.ops import notebook_state as state
+from gpuctl.ops.session import Progress, Session, quiet
+from gpuctl.payloads.gpuctl_nbwatch import PORT_FILE, TOKEN_FILE
 from gpuctl.remote import guard, jobs, tmux
 from gpuctl.remote.host import Host
 from gpuctl.remote.sync.private import Private
 from gpuctl.retry import TimedOut, poll
 
-SESSION = NOTEBOOK_DIR  # the tmux session's name (the watchdog stops it by that name)
 PAYLOAD = "gpuctl_notebook.py"
 START_S = 120.0  # JupyterLab's start on a small instance: seconds; a first import of its extensions more
 INSTALL_S = 900.0
 PORTS_TRIED = 100  # a local port in use: the next ones, up to this many
-STARTED, ENDED = "notebook-start", "notebook-end"
 
 
 class NotebookOpened(Frozen):
@@ -60,24 +58,6 @@ class NotebookStopped(Frozen):
     stopped: bool  # False: none ran
 
 
-def paths_of(host: Host) -> jobs.JobPaths:
-    return jobs.JobPaths(posixpath.join(host.root, NOTEBOOK_DIR))
-
-
-def _small(host: Host, path: str, limit: int = 64) -> str:
-    return (host.read_bytes(path, 0, limit) or b"").decode("ascii", "replace").strip()
-
-
-def _token(host: Host, paths: jobs.JobPaths) -> str | None:
-    raw = _small(host, posixpath.join(paths.run_dir, TOKEN_FILE))
-    return raw if len(raw) == 32 and all(c.isalnum() or c in "-_" for c in raw) else None
-
-
-def _serving_port(host: Host, paths: jobs.JobPaths) -> int | None:
-    raw = _small(host, posixpath.join(paths.run_dir, "serving"), 16)
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else None
-
-
 def port_free(port: int) -> bool:
     with socket.socket() as probe:
         # As the servers bind (SO_REUSEADDR): a port whose last connections wait out TIME_WAIT is free.
@@ -96,20 +76,6 @@ def free_local_port(asked: int, ours: int | None = None) -> int:
             return port
     raise ConflictError(f"ports {asked}-{asked + PORTS_TRIED - 1} on 127.0.0.1 are all in use here",
                         "Pass another --port.")
-
-
-def running(host: Host) -> tuple[int, str] | None:
-    """(port on the host, token) of the cluster's notebook server that lives and serves; else None."""
-    paths = paths_of(host)
-    pane = tmux.pane(host, SESSION)
-    if pane is None or pane.dead or host.file_size(paths.exitcode) is not None:
-        return None
-    port, token = _serving_port(host, paths), _token(host, paths)
-    if port is None or token is None:
-        return None
-    # It still listens (not one in its shutdown, which closed its port first): bash's /dev/tcp there.
-    probe = host.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], check=False, timeout=10, probe=True)
-    return (port, token) if probe.returncode == 0 else None
 
 
 def open_notebook(s: Session, cluster: str | None, port: int, project: Path, data: Path | None,
@@ -132,9 +98,9 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
             raise ConflictError(f"cluster {record.name!r} was released meanwhile", "Start one with `gpuctl up`.")
         inst, host = s.host(record)
         with s.working(record, "notebook"):
-            found = running(host)
+            found = state.running(host)
             fired = _fired_since_start(s, record, host)
-            settle(s, record, host)  # a server that ended (the guard, a crash) ends its session
+            state.settle(s, record, host)  # a server that ended (the guard, a crash) ends its session
             if fired is not None and found is None:
                 notes.append(f"the cluster's {fired} ended the last notebook server; starting a new one "
                              "(`gpuctl up` starts a new cluster if this one is not wanted any more)")
@@ -151,7 +117,7 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
                 if host.local:
                     local_port = remote_port
                 reconnected = False
-            workdir = posixpath.join(paths_of(host).run_dir, "work")
+            workdir = posixpath.join(state.paths_of(host).run_dir, "work")
     return NotebookOpened(cluster=record.name, host=host.label, url=f"http://127.0.0.1:{local_port}/lab?token={token}",
                           local_port=local_port, remote_port=remote_port, asked_port=port, reconnected=reconnected,
                           forward=host.forward(local_port, remote_port), workdir=workdir, notes=tuple(notes))
@@ -160,9 +126,9 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
 def _start(s: Session, loaded: LoadedSettings, record: ClusterRecord, host: Host, project: Path, data: Path | None,
            local_port: int, progress: Progress) -> tuple[int, str]:
     """Start the server (nothing of it left running when it fails); (its port on the host, token)."""
-    paths = paths_of(host)
-    if tmux.pane(host, SESSION) is not None:
-        jobs.stop_job(host, SESSION, paths, grace_s=3)  # dead, or alive without serving: a fresh one
+    paths = state.paths_of(host)
+    if tmux.pane(host, state.SESSION) is not None:
+        jobs.stop_job(host, state.SESSION, paths, grace_s=3)  # dead, or alive without serving: a fresh one
     found = setup.ensure(s, record, progress, check=False)  # train's TensorFlow env
     python = next((e.python for e in found if e.host == host.label), s.facts(host).python_of(host))
     wanted = packages.requirements_of(loaded, project)
@@ -183,13 +149,13 @@ def _start(s: Session, loaded: LoadedSettings, record: ClusterRecord, host: Host
         env["GPUCTL_DATA_DIR"] = posixpath.join(work, "data")
     cmd = [python, posixpath.join(guards.push_payload(host, s.facts(host)), PAYLOAD), paths.run_dir,
            posixpath.join(work, "code"), str(local_port if host.local else 0)]
-    jobs.start_job(host, SESSION, posixpath.join(work, "code"), cmd, env, paths)
+    jobs.start_job(host, state.SESSION, posixpath.join(work, "code"), cmd, env, paths)
     try:
         port = _wait_serving(host, paths)
     except GpuctlError:
-        jobs.stop_job(host, SESSION, paths, grace_s=3)  # nothing left half-running
+        jobs.stop_job(host, state.SESSION, paths, grace_s=3)  # nothing left half-running
         raise
-    s.ledger.event(STARTED, f"JupyterLab on {host.label} ({project})", cluster=record)
+    s.ledger.event(state.STARTED, f"JupyterLab on {host.label} ({project})", cluster=record)
     progress(f"watchdog: {guards.install(s, loaded, record)}")
     return port, token
 
@@ -213,10 +179,10 @@ def _ensure_jupyterlab(host: Host, python: str, progress: Progress) -> None:
 
 def _wait_serving(host: Host, paths: jobs.JobPaths) -> int:
     def ready() -> int | None:
-        port = _serving_port(host, paths)
+        port = state.serving_port(host, paths)
         if port is not None:
             return port
-        p = tmux.pane(host, SESSION)
+        p = tmux.pane(host, state.SESSION)
         if p is None or p.dead:
             last = jobs.tail_text(host, paths.log, 1) or "no output"
             raise RemoteError(f"JupyterLab did not start on {host.label}: {last}",
@@ -233,7 +199,7 @@ def _wait_serving(host: Host, paths: jobs.JobPaths) -> int:
 def _fired_since_start(s: Session, record: ClusterRecord, host: Host) -> str | None:
     """'idle guard (at HH:MM:SS)' when a guard fired while the cluster's last notebook server ran
     (a look since may have ended its session already, when the server ended: not before the firing)."""
-    last = _last_session(s, record)
+    last = state.last_session(s, record)
     if last is None:
         return None
     start, end = last
@@ -244,92 +210,18 @@ def _fired_since_start(s: Session, record: ClusterRecord, host: Host) -> str | N
     return f"{fired.get('reason')} guard (at {time.strftime('%H:%M:%S', time.localtime(float(fired['at'])))})"
 
 
-def _last_session(s: Session, record: ClusterRecord) -> tuple[float, float | None] | None:
-    """(start, end or None while open) of the cluster's last notebook session; None: it had none."""
-    last: tuple[float, float | None] | None = None
-    for ts, _, _, kind, message in s.ledger.events(record.id):
-        if kind == STARTED:
-            last = (ts, None)
-        elif kind == ENDED and last is not None:
-            last = (last[0], _end_of(message, ts))
-    return last
-
-
-def _last_start(s: Session, record: ClusterRecord) -> float | None:
-    """When the cluster's open notebook session began; None when none is open."""
-    opened = None
-    for ts, _, _, kind, _ in s.ledger.events(record.id):
-        if kind == STARTED:
-            opened = ts
-        elif kind == ENDED:
-            opened = None
-    return opened
-
-
-def settle(s: Session, record: ClusterRecord, host: Host) -> None:
-    """An open session whose server is gone ends in the ledger (when it ended on the host)."""
-    start = _last_start(s, record)
-    if start is None or running(host) is not None:
-        return
-    raw = _small(host, paths_of(host).ended, 32)
-    try:
-        at = float(raw)
-    except ValueError:
-        at = time.time()
-    _record_end(s, record, max(start, min(at, time.time())), "the server ended")
-
-
-def _record_end(s: Session, record: ClusterRecord, at: float, why: str) -> None:
-    s.ledger.event(ENDED, f"{at:.3f} {why}", cluster=record)
-
-
 def stop(s: Session, cluster: str | None) -> NotebookStopped:
     """End the cluster's notebook server (its kernels with it) and its session."""
     record = s.resolve_cluster(cluster)
     _, host = s.host(record)
-    paths = paths_of(host)
-    was = tmux.pane(host, SESSION)
+    paths = state.paths_of(host)
+    was = tmux.pane(host, state.SESSION)
+    if was is None or was.dead:
+        state.settle(s, record, host)  # it ended by itself (the guard, a crash): its session ends when it did
     if was is not None:
-        jobs.stop_job(host, SESSION, paths, grace_s=5)
-    if _last_start(s, record) is not None:
-        _record_end(s, record, time.time(), "gpuctl notebook --stop")
+        jobs.stop_job(host, state.SESSION, paths, grace_s=5)
+    if state.last_start(s, record) is not None:
+        state.record_end(s, record, time.time(), "gpuctl notebook --stop")
     return NotebookStopped(cluster=record.name, stopped=was is not None and not was.dead)
 
 
-def sessions(s: Session, records: list[ClusterRecord], now: float) -> tuple[NotebookSession, ...]:
-    """Every notebook session of these clusters, priced at each cluster's rate; one still open ends
-    now (its cluster up) or when its cluster was released. A look (`status`, `cost`): an open
-    session of a live cluster whose server is gone is ended first, when it ended there."""
-    out = []
-    for c in records:
-        if c.state == "up" and _last_start(s, c) is not None:
-            try:
-                settle(s, c, s.hosts(c, connect_timeout_s=REPORT_CONNECT_TIMEOUT_S)[0][1])
-            except GpuctlError as exc:
-                s.notes.append(f"{c.name}: its notebook server not looked at: {exc.message}")
-        instances = s.ledger.instances(c.id)
-        opened: float | None = None
-        for ts, _, _, kind, message in s.ledger.events(c.id):
-            if kind == STARTED:
-                opened = ts
-            elif kind == ENDED and opened is not None:
-                out.append(_priced(c, instances, opened, _end_of(message, ts), False))
-                opened = None
-        if opened is not None:
-            out.append(_priced(c, instances, opened, c.terminated_at or now, c.state == "up"))
-    return tuple(out)
-
-
-def _end_of(message: str, ts: float) -> float:
-    try:
-        return float(message.split(" ", 1)[0])
-    except ValueError:
-        return ts
-
-
-def _priced(c: ClusterRecord, instances: list[InstanceRecord], start: float, end: float, open_: bool) -> NotebookSession:
-    # The cluster's rate while it ran (every node's): the notebook holds the chief, the others wait with it.
-    rate = sum(i.usd_per_hour for i in instances if i.launched_at <= end and (i.terminated_at or end) >= start)
-    seconds = max(0.0, end - start)
-    return NotebookSession(cluster=c.name, cluster_id=c.id, started_at=start, ended_at=None if open_ else end,
-                           seconds=seconds, usd_per_hour=rate, usd=seconds * rate / 3600.0)
