@@ -157,7 +157,7 @@ def cli(debug: bool) -> None:
 
 for _command in (clusters.up, clusters.down, clusters.status, clusters.cost, clusters.guard,
                  clusters.config, runs.train, runs.sync, runs.pull, runs.logs, access.exec_,
-                 access.ssh_, access.attach, access.ssh_config, access.tensorboard, runs.runs,
+                 access.ssh_, access.attach, access.ssh_config, access.tensorboard, access.notebook, runs.runs,
                  runs.watch, runs.stop, plan.plan, images.image, volumes.volume, dashboard.dashboard, data.data):
     cli.add_command(_command)
 

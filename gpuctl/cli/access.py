@@ -1,4 +1,4 @@
-"""Commands that reach a cluster's hosts: exec, ssh, attach, ssh-config, tensorboard.
+"""Commands that reach a cluster's hosts: exec, ssh, attach, ssh-config, tensorboard, notebook.
 
 exec, ssh, attach and tensorboard exit with the child's (the remote command's) status; gpuctl's own
 failures in them raise GpuctlError before the child runs, so they keep gpuctl's exit codes.
@@ -7,6 +7,8 @@ failures in them raise GpuctlError before the child runs, so they keep gpuctl's 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -113,3 +115,113 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
         ctx.exit(run_child(argv) if argv else 0)
     except KeyboardInterrupt:
         ctx.exit(0)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("project", required=False, default=".", type=click.Path(path_type=Path))
+@click.option("--cluster", help="Cluster (default: the default cluster).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True,
+              help="Local port (on 127.0.0.1 only); in use here: the next free one, said.")
+@click.option("--data", type=click.Path(path_type=Path),
+              help="A data directory, pushed as `train --data` pushes it ($GPUCTL_DATA_DIR in the kernels).")
+@click.option("--no-open", is_flag=True, help="Print the URL only; do not open a browser.")
+@click.option("--stop", "stop_it", is_flag=True, help="End the cluster's notebook server (its kernels with it).")
+@json_option
+@click.pass_context
+def notebook(ctx: click.Context, project: Path, cluster: str | None, port: int, data: Path | None, no_open: bool,
+             stop_it: bool, as_json: bool) -> None:
+    """JupyterLab on the cluster's chief, in the environment `train` gives PROJECT (default: .).
+
+    It listens on the instance's 127.0.0.1 only, reached through gpuctl's SSH connection (host
+    key pinned) on a local port; its URL carries a token (random per server, never on a command
+    line). Ctrl-C ends the forwarding, not the server: its kernels go on, and `gpuctl notebook`
+    again reconnects. `gpuctl notebook --stop` (or `gpuctl down`) ends it.
+
+    Counted by the guards: a busy kernel is work; idle kernels are idle, and the idle guard ends
+    the server after its limit (`gpuctl status` and the server's log warn first). Its time on the
+    cluster is a session in `gpuctl status` and `gpuctl cost`.
+    """
+    from gpuctl.cli import render
+    from gpuctl.cli.common import progress_sink
+    from gpuctl.ops import notebook as ops
+
+    s = session(ctx)
+    if stop_it:
+        stopped = ops.stop(s, cluster)
+        if as_json:
+            render.emit_json(stopped)
+        else:
+            click.echo(f"Notebook server on {stopped.cluster} stopped." if stopped.stopped
+                       else f"No notebook server ran on {stopped.cluster}.")
+        return
+    opened = ops.open_notebook(s, cluster, port, project, data, progress_sink())
+    if as_json:  # the URL in the JSON; then the forwarding as without --json
+        render.emit_json(opened)
+        if opened.forward is not None:
+            ctx.exit(_forward(opened.forward, opened.local_port, None))
+        return
+    for note in opened.notes:
+        click.echo(f"note: {note}", err=True)
+    said = "reconnected to the running server" if opened.reconnected else "started"
+    click.echo(f"JupyterLab on {opened.cluster} ({said}): {opened.url}")
+    click.echo(f"  notebooks in {opened.workdir} on {opened.host}; yours only: the token; nothing is opened "
+               "to the internet", err=True)
+    if opened.forward is None:
+        if not no_open:
+            _open_browser(s.home, opened.url)
+        click.echo("  it runs on in the background: `gpuctl notebook --stop` ends it", err=True)
+        return
+    click.echo("  Ctrl-C ends the forwarding (the server and its kernels go on; `gpuctl notebook` reconnects)",
+               err=True)
+    ctx.exit(_forward(opened.forward, opened.local_port, None if no_open else lambda: _open_browser(s.home, opened.url)))
+
+
+def _open_browser(home: Path, url: str) -> None:
+    import webbrowser
+
+    from gpuctl.ops.browser import opener
+
+    webbrowser.open(opener(home, "notebook-open.html", url, "JupyterLab"))  # no token on a command line
+
+
+def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> int:
+    """Run the forwarding in the foreground; `ready()` once its port answers here. Ctrl-C (or a
+    SIGINT to gpuctl alone, not its process group) ends the forwarding too, never the server."""
+    import signal
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    def when_up(ready: Callable[[], None]) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    ready()
+                    return
+            except OSError:
+                time.sleep(0.2)
+
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:
+        from gpuctl.errors import RemoteError
+
+        raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}", "Install OpenSSH's ssh or put it on PATH.") \
+            from exc
+    if ready is not None:
+        threading.Thread(target=when_up, args=(ready,), daemon=True).start()
+    # A SIGTERM or SIGHUP for gpuctl ends the forwarding too (an `ssh -N -L` left would hold the port).
+    before = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum))
+              for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.terminate()
+        child.wait(10)
+        return 0
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+    return 128 - code if code < 0 else code

@@ -123,9 +123,22 @@ class RunStatus(Frozen):
     data_fetch_bytes: Optional[int] = None
 
 
+class NotebookSession(Frozen):
+    """A `gpuctl notebook` server's time on its cluster (ops/notebook.py), at the cluster's rate."""
+
+    cluster: str
+    cluster_id: int
+    started_at: float
+    ended_at: Optional[float] = None  # None: it is open now
+    seconds: float
+    usd_per_hour: float
+    usd: float
+
+
 class StatusReport(Frozen):
     clusters: tuple[ClusterStatus, ...]
     runs: tuple[RunStatus, ...]
+    notebooks: tuple[NotebookSession, ...] = ()  # beside the runs: a notebook's time is spend too
     hidden_clusters: int = 0  # released more than a week ago, left out (`status --all` shows them)
     notes: tuple[str, ...] = ()  # what the instances sent that was not believed (a report line, a state file)
 
@@ -180,6 +193,7 @@ class RunCost(Frozen):
 class CostReport(Frozen):
     clusters: tuple[ClusterCost, ...]
     runs: tuple[RunCost, ...]
+    notebooks: tuple[NotebookSession, ...] = ()
     total_usd: float
     notes: tuple[str, ...] = ()  # what the instances sent that was not believed
 

@@ -21,7 +21,7 @@ from gpuctl.model.results import (
     StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, run_state, setup, snapshots, volumes
+from gpuctl.ops import checkpoints, clusters, guards, notebook_state, run_state, setup, snapshots, volumes
 from gpuctl.ops.checkpoints import CheckpointStorage
 from gpuctl.ops.images import ImageStorage, storage
 from gpuctl.ops.segments import segment_costs
@@ -123,7 +123,8 @@ def status(s: Session, run_id: str | None = None, cluster: str | None = None, ev
         if r.cluster_id not in wanted or (only_run is not None and r.run_id != only_run.run_id):
             continue  # filtered before its host is asked
         runs.append(run_status(s, run_state.refresh_or_keep(s, r), now))
-    return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden,
+    notebooks = notebook_state.sessions(s, records, now)
+    return StatusReport(clusters=tuple(out), runs=tuple(runs), hidden_clusters=hidden, notebooks=notebooks,
                         notes=tuple(s.notes))
 
 
@@ -309,12 +310,12 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     for r, rc in zip(runs, costs):
         in_epochs[r.cluster_id] = in_epochs.get(r.cluster_id, 0.0) + rc.spent_usd
     out = []
-    for c in s.ledger.clusters():
-        if wanted is not None and c.id not in wanted:
-            continue
+    shown = [c for c in s.ledger.clusters() if wanted is None or c.id in wanted]
+    notebooks = notebook_state.sessions(s, shown, now) if not run_ids else ()
+    for c in shown:
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
-    return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out),
+    return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out), notebooks=notebooks,
                           images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
                           volumes=volumes.storage(s, now), data=snapshots.storage(s, now))
 

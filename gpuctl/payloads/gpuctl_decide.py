@@ -10,7 +10,8 @@ heartbeat, a notice during a poweroff, a neighbour's job) is a test in milliseco
   hard-cap  `hard_cap_at` passed (the boot-time timer is the guard that needs no watchdog)
   stall     a started job, GPU idle, its log silent for `stall_s`: warn once (or fire); a node of
             several always fires (it waits for a peer that is gone: nobody's look stops it)
-  idle      no job, GPU idle, no gpuctl command at work, no input on a counted login, for `idle_s`
+  idle      no job, GPU idle, no gpuctl command at work, no input on a counted login, no busy
+            notebook kernel, for `idle_s`; with a notebook server open, a warning `idle_warn_s` before
   notice    a spot interruption notice came: a poweroff becomes stop-jobs (EC2 ends the instance
             itself, and bills none of a first hour then); so does a neighbour cluster at work
 The first that fires, in that order, is the tick's reason.
@@ -26,14 +27,17 @@ import gpuctl_protocol
 # GPU); logins: (utmp path or None, counted, ignored) from gpuctl_logins; heartbeats: {name: mtime}
 # of the busy/ files; fired: fired.json or None; notice: a spot notice is recorded; neighbours:
 # {cluster: (jobs, at)} from the other clusters' state.json on this host.
-Observation = namedtuple("Observation", "runs gpu logins heartbeats fired notice neighbours")
+# notebook: {"kernels", "busy"} of the cluster's notebook server (gpuctl_nbwatch.look), None: none answers.
+Observation = namedtuple("Observation", "runs gpu logins heartbeats fired notice neighbours notebook",
+                         defaults=(None,))
 # One gpuctl run on this host: its pane lives (`running`), the instance's time its exit code was
 # written (`ended_at`, else None), it waits in the cluster's queue (`queued`), its log's mtime (None: no log).
 # `peers`: a job of several nodes (its node-started mark is there): stalled, it waits on a peer.
 Run = namedtuple("Run", "name running ended_at queued log_mtime peers", defaults=(False,))
 # What the watchdog carries from tick to tick: when the idle stretch began, whether idle fired in
-# it (not again until something happens), the runs already warned of a stall.
-Memory = namedtuple("Memory", "idle_since idle_fired warned")
+# it (not again until something happens), the runs already warned of a stall, whether the notebook's
+# users were warned of this idle stretch's end.
+Memory = namedtuple("Memory", "idle_since idle_fired warned idle_warned", defaults=(False,))
 FRESH = Memory(None, False, frozenset())
 # reason/detail: what fires now (None: nothing); action: "poweroff" or "stop-jobs" if it fires;
 # state: the picture for state.json (the observed parts are the watchdog's to add); notes: lines for
@@ -150,6 +154,15 @@ def idle(cfg, working, gpu_idle, counted, now, memory):
     return since, since + limit, not counted and now - since >= limit, memory
 
 
+def idle_warning(cfg, notebook, idle_at, idle_now, now, memory):
+    """(when idle fires, if a notebook server is open and that is within `idle_warn_s`, else None;
+    memory). The window is at most half the idle limit, so a short limit still warns first."""
+    if idle_at is None or idle_now or notebook is None:
+        return None, memory._replace(idle_warned=False) if idle_at is None else memory
+    window = min(cfg.idle_warn_s, cfg.idle_s / 2.0)
+    return (idle_at if idle_at - now <= window else None), memory
+
+
 def action(cfg, notice, neighbours, now):
     """(what firing does, why a poweroff was held back or None). A spot notice: EC2 ends the
     instance within two minutes and bills none of its first hour then, a poweroff of ours would
@@ -199,9 +212,14 @@ def decide(cfg, seen, now, memory=FRESH):
             found.append(("stall", "%s hung: GPU idle, log silent %.0fs%s" % (
                 name, quiet, " (a node of several: it waits for a peer)" if name in peers else "")))
     memory = memory._replace(warned=memory.warned | frozenset(n for n, _ in stalled))
-    since, idle_at, idle_now, memory = idle(cfg, bool(running or fresh), gpu_idle, counted, now, memory)
+    busy_kernels = bool(seen.notebook and seen.notebook.get("busy"))
+    since, idle_at, idle_now, memory = idle(cfg, bool(running or fresh or busy_kernels), gpu_idle, counted, now, memory)
     if idle_at is not None:
         fires_at["idle"] = idle_at
+    warning, memory = idle_warning(cfg, seen.notebook, idle_at, idle_now, now, memory)
+    if warning is not None and not memory.idle_warned:
+        notes.append("WARN idle: the notebook's kernels are idle; the idle guard fires in %.0fs" % (idle_at - now))
+        memory = memory._replace(idle_warned=True)
     if idle_now:
         found.append(("idle", "idle for %.0fs (no job, GPU %s, no interactive login%s)" % (
             now - since, "absent" if seen.gpu is None else "%.0f%%" % seen.gpu,
@@ -214,7 +232,8 @@ def decide(cfg, seen, now, memory=FRESH):
         memory = memory._replace(idle_fired=True)  # one firing per idle stretch
     state = {"jobs": [r.name for r in running], "queued": [r.name for r in running if r.queued], "busy": fresh,
              "spent_usd": spent_usd(cfg, now), "budget_usd": cfg.budget_usd, "idle_since": since,
-             "fires_at": fires_at, "stalled": [n for n, _ in stalled]}
+             "fires_at": fires_at, "stalled": [n for n, _ in stalled], "idle_warning": warning,
+             "notebook": seen.notebook}
     return Decision(reason, detail, act, state, memory, notes, stale)
 
 

@@ -48,7 +48,7 @@ STOP_JOBS: Final = "stop-jobs"
 # The watchdog's code, entry point first: in the aws user data (it runs from boot), and hashed by
 # both sides (a changed hash restarts it).
 WATCHDOG_FILES = ("gpuctl_watchdog.py", "gpuctl_decide.py", "gpuctl_logins.py", "gpuctl_notice.py",
-                  "gpuctl_protocol.py")
+                  "gpuctl_nbwatch.py", "gpuctl_protocol.py")
 
 _BAD = object()
 Json = Any  # a value json.loads returned: read with the checks below
@@ -184,6 +184,7 @@ class GuardConfig(Record):
     off: the watchdog never invents one (the user's defaults are the settings')."""
 
     idle_s: float = 0.0
+    idle_warn_s: float = 300.0  # a notebook server open: its users are warned this long before idle fires
     stall_s: float = 0.0
     on_stall: str = field(default="warn", metadata={"choices": ("warn", "fire")})
     grace_s: float = 120.0  # a stopped job's time to checkpoint; a run's end to run-done

@@ -20,6 +20,7 @@ import time
 
 import gpuctl_decide  # beside these files on the instance
 import gpuctl_logins
+import gpuctl_nbwatch
 import gpuctl_notice
 import gpuctl_protocol
 from gpuctl_decide import Observation, Run
@@ -218,7 +219,7 @@ class Watchdog(object):
             logins=self.logins(now, cfg.idle_s), heartbeats=self.heartbeats(),
             fired=read_json(os.path.join(self.guard_dir, "fired.json")),
             notice=os.path.exists(os.path.join(self.guard_dir, gpuctl_protocol.NOTICE_FILE)),
-            neighbours=self.neighbours())
+            neighbours=self.neighbours(), notebook=gpuctl_nbwatch.look(cfg.runs_dir) if cfg.runs_dir else None)
 
     # --- doing ---------------------------------------------------------------------------------------
 
@@ -243,12 +244,27 @@ class Watchdog(object):
                 self.signal_jobs(cfg, [name], "KILL")
             self.tmux(cfg, "kill-session", "-t", "=" + name)
 
+    def stop_notebook(self, cfg):
+        """SIGTERM the notebook server (its tmux session is named as its folder), SIGKILL after
+        the grace: a Jupyter can hang in its shutdown. Its kernels end with it (ipykernel watches
+        its parent)."""
+        name = gpuctl_nbwatch.NOTEBOOK_DIR
+        code = os.path.join(gpuctl_nbwatch.notebook_dir(cfg.runs_dir), "exitcode")
+        self.signal_jobs(cfg, [name], "TERM")
+        deadline = time.time() + cfg.grace_s
+        while time.time() < deadline and not os.path.exists(code):
+            time.sleep(0.5)
+        if not os.path.exists(code):
+            self.signal_jobs(cfg, [name], "KILL")
+
     def fire(self, cfg, decision):
         self.log("FIRE %s: %s -> %s" % (decision.reason, decision.detail, decision.action))
         write_json(os.path.join(self.guard_dir, "fired.json"), {"reason": decision.reason, "detail": decision.detail,
                                                                  "at": time.time(), "action": decision.action})
         if decision.state["jobs"]:
             self.stop_jobs(cfg, decision.state["jobs"], cfg.grace_s)
+        if cfg.runs_dir and gpuctl_nbwatch.running(gpuctl_nbwatch.notebook_dir(cfg.runs_dir)) is not None:
+            self.stop_notebook(cfg)
         if decision.action == gpuctl_protocol.POWEROFF:
             sh(["sh", "-c", cfg.poweroff_command], timeout=120)
 
@@ -273,12 +289,14 @@ class Watchdog(object):
                      pid=os.getpid(), code=self.code, boot_id=self.boot_id, cluster_key=cfg.cluster_key)
         for note in decision.notes:
             self.log(note)
-        self.log("jobs=%d gpu=%s ssh=%d%s%s%s spent=$%.4f%s -> %s" % (
+        self.log("jobs=%d gpu=%s ssh=%d%s%s%s%s spent=$%.4f%s -> %s" % (
             len(state["jobs"]), "none" if seen.gpu is None else "%.0f%%" % seen.gpu, len(counted),
             " (%s)" % ", ".join("%s@%s from %s, no input for %.0fs" % (e["user"], e["line"], e["host"] or "?", e["quiet_s"])
                                 for e in counted) if counted else "",
             " [not counted: %s]" % gpuctl_logins.summarize(ignored) if ignored else "" if utmp else " [no utmp: logins unseen]",
-            " gpuctl at work: %s" % ", ".join(state["busy"]) if state["busy"] else "", state["spent_usd"],
+            " gpuctl at work: %s" % ", ".join(state["busy"]) if state["busy"] else "",
+            " notebook: %d kernel(s), %d busy" % (seen.notebook["kernels"], seen.notebook["busy"]) if seen.notebook else "",
+            state["spent_usd"],
             "" if state["budget_usd"] <= 0 else "/$%.4f" % state["budget_usd"],
             "fire %s" % decision.reason if decision.reason else "ok"))
         if self.dry:

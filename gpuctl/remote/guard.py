@@ -15,7 +15,7 @@ from typing import Any
 from gpuctl.model import untrusted
 from gpuctl.payloads import gpuctl_protocol as protocol
 from gpuctl.remote.tmux import server_env
-from gpuctl.remote.guard_files import GuardConfig, WatchdogState
+from gpuctl.remote.guard_files import Fired, GuardConfig, WatchdogState
 from gpuctl.remote.host import Host
 
 GUARD_DIR = "guard"
@@ -132,6 +132,12 @@ def output_tail(host: Host, lines: int = 3) -> str:
 def state(host: Host, notes: list[str] | None = None) -> dict[str, Any]:
     """The watchdog's latest picture (state.json), each field checked, or {} before its first look."""
     return _read(host, "state.json", WatchdogState, notes)
+
+
+def fired(host: Host, notes: list[str] | None = None) -> dict[str, Any]:
+    """fired.json: the last guard that fired (written before the firing acts; state.json says it
+    only after), each field checked, or {}."""
+    return _read(host, "fired.json", Fired, notes)
 
 
 DECISIONS_SHOWN = 4 << 20  # of the decision log's end: `logs --guard`

@@ -16,6 +16,7 @@ class GuardConfig(InstanceFile):
     """What `train` and `guard set` wrote (ops/guards.py `_config`); read back before a change."""
 
     idle_s: Optional[Seconds] = None
+    idle_warn_s: Optional[Seconds] = None
     stall_s: Optional[Seconds] = None
     on_stall: Optional[Short] = None
     grace_s: Optional[Seconds] = None
@@ -60,6 +61,13 @@ class Logins(InstanceFile):
     ignored: list[Login] = Field(default=[], max_length=1000)
 
 
+class NotebookSeen(InstanceFile):
+    """The cluster's notebook server as the watchdog last asked it (payloads/gpuctl_nbwatch.py)."""
+
+    kernels: int = Field(default=0, ge=0, le=100_000)
+    busy: int = Field(default=0, ge=0, le=100_000)
+
+
 class WatchdogState(InstanceFile):
     """state.json: the watchdog's latest look."""
 
@@ -75,6 +83,8 @@ class WatchdogState(InstanceFile):
     idle_since: Optional[Stamp] = None
     fires_at: dict[Short, Optional[Stamp]] = Field(default={}, max_length=32)
     stalled: Names = []
+    idle_warning: Optional[Stamp] = None  # a notebook server is open and idle fires then (soon)
+    notebook: Optional[NotebookSeen] = None
     fired: Optional[Fired] = None
     pid: Optional[Pid] = None
     code: Optional[Short] = None

@@ -19,6 +19,7 @@ from typing import IO, Callable
 
 from gpuctl.errors import ConflictError
 from gpuctl.files import write_private
+from gpuctl.ops import browser
 from gpuctl.web.poller import Poller
 from gpuctl.web.server import Act, Ask, make_app
 
@@ -99,10 +100,7 @@ def listen(port: int) -> socket.socket:
 def opener(home: Path, address: str) -> str:
     """A file:// page that sends the browser on to `address`: the browser's command line then
     carries no token (other users see command lines)."""
-    page = home / OPEN_FILE
-    write_private(page, f'<!doctype html><meta http-equiv="refresh" content="0;url={address}">'
-                        f'<p>Opening the gpuctl dashboard...</p>\n')
-    return page.as_uri()
+    return browser.opener(home, OPEN_FILE, address, "the gpuctl dashboard")
 
 
 def _interrupt(signum: int, frame: object) -> None:

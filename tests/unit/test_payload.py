@@ -23,6 +23,8 @@ def test_payload_parses_as_python_38_and_imports_only_stdlib_and_tf(path):
     allowed = set(sys.stdlib_module_names) | {"tensorflow", "keras", "tf_keras"} | {p.stem for p in PAYLOADS}
     if path.name == "gpuctl_tensorboard.py":
         allowed |= {"tensorboard"}  # TensorFlow's own (its pip package requires it)
+    if path.name == "gpuctl_notebook.py":
+        allowed |= {"jupyterlab"}  # `gpuctl notebook` installs it with that Python's pip first, if missing
     if path.name == "gpuctl_store.py":
         # The checkpoint store uses boto3 where the instance's Python has it, imported inside a
         # function only (test_store.py checks the module imports without it); else the AWS CLI.

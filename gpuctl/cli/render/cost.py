@@ -43,7 +43,15 @@ from gpuctl.payloads.gpuctl_queue import ordinal  # one wording of a queued run'
 
 if TYPE_CHECKING:
     from gpuctl.model.records import CodeVersion
-    from gpuctl.model.results import ClusterCost, CostReport, RunCost, SegmentCost, StatusAll, StatusReport
+    from gpuctl.model.results import (
+        ClusterCost,
+        CostReport,
+        NotebookSession,
+        RunCost,
+        SegmentCost,
+        StatusAll,
+        StatusReport,
+    )
     from gpuctl.ops.checkpoints import CheckpointStorage
     from gpuctl.ops.images import ImageStorage
 
@@ -103,6 +111,11 @@ def _status(report: StatusReport | StatusAll, out: Console, now: float | None) -
                              for k, v in sorted(g["fires_at"].items(), key=lambda kv: kv[1] or 0) if v)
             stalled = f"; stalled: {', '.join(g['stalled'])}" if g.get("stalled") else ""
             say(out, f"  {label[c.id]}: guards: {soon or 'none counting'}{stalled}")
+        if g.get("idle_warning") and not g.get("fired"):
+            say(out, f"  {label[c.id]}: WARNING: the notebook's kernels are idle: the idle guard fires at "
+                     f"{clock(g['idle_warning'], '%H:%M:%S')} (in {duration(g['idle_warning'] - now)}); run a cell "
+                     f"to keep it, or `gpuctl guard set --cluster {c.name} --idle 2h`")
+    notebooks(getattr(report, "notebooks", ()), out)
     if not report.runs:
         return
     out.print()
@@ -184,6 +197,16 @@ def segments(r: RunCost, out: Console) -> None:
              f"({usd(r.lost_usd)}{free}), {duration(r.waited_s)} waiting for a replacement")
 
 
+def notebooks(sessions: tuple[NotebookSession, ...], out: Console) -> None:
+    """The `gpuctl notebook` sessions, beside the runs: their time on the cluster, at its rate."""
+    if not sessions:
+        return
+    out.print()
+    cols = [Col("notebook session"), Col("cluster", drop=2), Col("time", True), Col("$/h", True, drop=1), Col("$", True)]
+    table(out, cols, [(f"{clock(n.started_at)}-{clock(n.ended_at) if n.ended_at else 'open'}", n.cluster,
+                       duration(n.seconds), usd(n.usd_per_hour), usd(n.usd)) for n in sessions])
+
+
 def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None:
     """Clusters, runs, and epoch tables (every run's if `detailed`, else the RECENT_RUNS newest)."""
     out = out or console()
@@ -204,6 +227,7 @@ def cost(report: CostReport, detailed: bool, out: Console | None = None) -> None
     table(out, cols, [(label[c.id], c.provider, c.state, duration(c.uptime_s), usd(c.usd_per_hour), usd(c.compute_usd),
                        usd(c.storage_usd), usd(c.usd), usd(c.idle_usd), usd(c.spot_savings_usd))
                       for c in report.clusters])
+    notebooks(report.notebooks, out)
     if not report.runs:
         images(getattr(report, "images", None), out)
         checkpoints(getattr(report, "checkpoints", None), out)
