@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import json
-import secrets
+import uuid
 import urllib.request
 from typing import Any
 
@@ -112,7 +112,7 @@ def budget_actions_as_aws_does(monkeypatch) -> dict[str, dict[str, Any]]:
         params = json.loads(self.body)
         if params["BudgetName"] not in self.backend.budgets[params["AccountId"]]:
             raise NotFoundException(f"Unable to create action: {params['BudgetName']} - the budget doesn't exist.")
-        action_id = "a" + secrets.token_hex(8)
+        action_id = str(uuid.uuid4())  # AWS: a UUID (botocore checks its length)
         actions[action_id] = {**{k: v for k, v in params.items() if k != "AccountId"}, "ActionId": action_id,
                               "Status": "STANDBY"}
         return json.dumps({"AccountId": params["AccountId"], "BudgetName": params["BudgetName"], "ActionId": action_id})

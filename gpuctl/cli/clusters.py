@@ -66,6 +66,11 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
                     placement=placement, hosts=hosts, identity=identity, usd_per_hour=usd_per_hour,
                     zone=zone, volume=volume, wait_ssh=not no_wait)
     s = session(ctx, **req.flags())
+    from gpuctl.ops import budget
+
+    warning = budget.forecast_warning(s)  # only where `gpuctl aws budget set` made one
+    if warning is not None:
+        click.echo(warning, err=True)
     question = clusters.launch_question(s, usd_per_hour, volume)
     if question is not None:
         confirm(yes, question)
@@ -111,8 +116,18 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
         render_volumes.storage(every.volumes, console())
         click.echo("\nEvery provider's gpuctl resources, ledger or not:")
         return render_commands.inventory(every)
-    report = costs.status(session(ctx), run, cluster)
-    return render.emit_json(report) if as_json else render_cost.status(report)
+    s = session(ctx)
+    report = costs.status(s, run, cluster)
+    if as_json:
+        return render.emit_json(report)
+    render_cost.status(report)
+    from gpuctl.ops import budget
+
+    state = budget.line(s)  # asks AWS only where `gpuctl aws budget set` made one
+    if state is not None:
+        from gpuctl.cli.render import bill, console, say
+
+        say(console(), bill.budget_line(state))
 
 
 RECENT_RUNS = 3  # kept equal to render_cost.RECENT_RUNS (a test checks); here for --help without rich

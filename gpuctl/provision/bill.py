@@ -54,3 +54,8 @@ def cost_explorer(profile: str = "") -> CostExplorer:
 
 def budgets(home: Path, profile: str = "", region: str = "") -> Budgets:
     return cast(Budgets, _made(BUDGETS)(home, profile, region))
+
+
+def budget_kept(home: Path) -> bool:
+    """Whether `gpuctl aws budget set` made a budget from this home (asks nothing)."""
+    return (Path(home) / "budget.json").is_file()
