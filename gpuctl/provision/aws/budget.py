@@ -166,7 +166,9 @@ class AwsBudgets:
         except aws_errors() as exc:
             if error_code(exc) != "EntityAlreadyExists":
                 raise _said(exc, "CreateRole", "iam") from exc
-            arn = f"arn:aws:iam::{self.account}:role{IAM_PATH}{ROLE}"
+            # Made before (by gpuctl, or by an administrator once, so that gpuctl's identity
+            # needs no right to write a role's policy): left as it is.
+            return f"arn:aws:iam::{self.account}:role{IAM_PATH}{ROLE}"
         may = {"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["ec2:StopInstances", "ec2:DescribeInstanceStatus"], "Resource": "*",
              "Condition": {"StringEquals": {f"aws:ResourceTag/{access.TAG_CREATED_BY}": "gpuctl"}}},
