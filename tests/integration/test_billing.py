@@ -179,3 +179,16 @@ def test_no_permission_for_the_bill_names_the_action(gpuctl, aws, tags_active, m
 def test_bad_since(gpuctl, args, said):
     err = gpuctl("cost", *args, code=2).stderr
     assert said in err
+
+
+def test_namesakes_on_one_day_split_it_by_their_hours(gpuctl, aws, moto_server, tags_active, isolated):
+    first = aws_cluster(isolated, "c", at(8, 8), at(8, 9))  # 1 h
+    second = aws_cluster(isolated, "c", at(8, 12), at(8, 15))  # 3 h, the same day
+    queue_bill(moto_server, {"ResultsByTime": [day_result(day(at(8, 8)), {("c", COMPUTE): 4 * 1.006})]})
+    report = json.loads(gpuctl("cost", "--billed", "--since", day(at(9, 0)), "--json").stdout)
+    rows = {c["cluster_id"]: c for c in report["clusters"]}
+    # Each lived from its `up` (a minute before its instance) to its `down`: 61 and 181 minutes.
+    share = 4 * 1.006 * 61 / (61 + 181)
+    assert rows[first]["billed_usd"] == pytest.approx(share) and rows[second]["billed_usd"] == pytest.approx(4 * 1.006 - share)
+    assert rows[first]["days"] == [{"day": day(at(8, 8)), "usd": pytest.approx(share), "estimated": False, "shared": True}]
+    assert report["other_usd"] == 0
