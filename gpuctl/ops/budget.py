@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 
-from gpuctl.errors import ConfigError, GpuctlError
+from gpuctl.errors import BillingError, ConfigError, GpuctlError
 from gpuctl.model.bill import BudgetGone, BudgetState
 from gpuctl.ops.session import Session
-from gpuctl.provision.bill import Budgets, budget_kept, budgets
+from gpuctl.provision.bill import Budgets, budget_kept, budgets, cost_explorer
+
+FILTER_TAG = "gpuctl:created-by"  # the budget counts the resources carrying it: it must be active
 
 EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s.]{2,63}")
 
@@ -30,6 +32,13 @@ def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState
     check_email(email)
     if not monthly_usd > 0:
         raise ConfigError(f"--monthly-usd {monthly_usd} is not a limit", "Give a positive number of dollars.")
+    # A budget filtered on a tag that is not a cost allocation tag counts nothing and never fires
+    # (one Cost Explorer request, $0.01, before anything is made).
+    (state,) = cost_explorer(s.settings().settings.aws.profile).tag_states((FILTER_TAG,))
+    if state.status != "Active":
+        raise BillingError(f"the cost allocation tag {FILTER_TAG} is not active ({state.status}): a budget on it "
+                           "would count nothing and never fire",
+                           "Run `gpuctl aws billing setup` first (a new key can take up to a day to appear).")
     return _budgets(s).set(monthly_usd, email)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from gpuctl.ledger import Ledger
 from tests.aws import ACCOUNT, live_instances, moto_client
-from tests.aws_billing import budget_actions_as_aws_does, deny
+from tests.aws_billing import GPUCTL_KEYS, budget_actions_as_aws_does, cost_allocation_tags_as_aws_does, deny
 
 UP = ["up", "--spot", "--type", "g5.xlarge", "--ssh-cidr", "203.0.113.5/32", "--no-wait", "-y"]
 NAME = "gpuctl-backstop"
@@ -25,6 +25,7 @@ NAME = "gpuctl-backstop"
 
 @pytest.fixture
 def actions(aws, monkeypatch):
+    cost_allocation_tags_as_aws_does(monkeypatch, active=GPUCTL_KEYS)
     return budget_actions_as_aws_does(monkeypatch)
 
 
@@ -136,4 +137,11 @@ def test_no_permission_for_budgets_names_the_action(gpuctl, aws, actions, monkey
     deny(monkeypatch, BudgetsResponse, "create_budget", "budgets:ModifyBudget")
     err = gpuctl("aws", "budget", "set", "--monthly-usd", "10", "--email", "me@example.com", "-y", code=9).stderr
     assert "Error: not allowed to call budgets:ModifyBudget" in err
+    made_nothing(actions)
+
+
+def test_a_budget_on_a_tag_not_active_is_refused(gpuctl, aws, actions, monkeypatch):
+    cost_allocation_tags_as_aws_does(monkeypatch, active=())  # seen, not activated
+    err = gpuctl("aws", "budget", "set", "--monthly-usd", "10", "--email", "me@example.com", "-y", code=13).stderr
+    assert "gpuctl:created-by is not active" in err and "gpuctl aws billing setup" in err
     made_nothing(actions)
