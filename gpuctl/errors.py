@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     NO_CAPACITY = 10  # no zone had capacity for the request; try later, elsewhere, or on-demand
     DECLINED = 11  # the user answered no to a confirmation: nothing was done (was 1, shared with INTERNAL)
     DATA = 12  # the data set cannot be used: a malformed s3:// URL, no such bucket, access denied, empty, unsafe keys, no room
+    BILLING = 13  # the bill or the budget as asked cannot be: tags not active, a budget in another currency
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -75,6 +76,14 @@ class DataError(GpuctlError):
 
     exit_code = ExitCode.DATA
     default_hint = "Check the URL with `aws s3 ls s3://BUCKET/PREFIX/`; docs/data.md says what gpuctl needs."
+
+
+class BillingError(GpuctlError):
+    """The bill cannot be read as gpuctl needs it (its cost allocation tags not active), or the
+    account's budget is not one gpuctl can take over (another currency). Nothing was changed."""
+
+    exit_code = ExitCode.BILLING
+    default_hint = "Run `gpuctl aws billing setup`; docs/billing.md says what AWS needs."
 
 
 class RemoteError(GpuctlError):

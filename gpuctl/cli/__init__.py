@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import click
 
 from gpuctl import __version__
-from gpuctl.cli import access, clusters, dashboard, data, images, plan, runs, volumes
+from gpuctl.cli import access, aws, clusters, dashboard, data, images, plan, runs, volumes
 from gpuctl.cli.common import AFTER_FAILURE, CONTEXT
 from gpuctl.errors import ExitCode, GpuctlError
 
@@ -158,7 +158,8 @@ def cli(debug: bool) -> None:
 for _command in (clusters.up, clusters.down, clusters.status, clusters.cost, clusters.guard,
                  clusters.config, runs.train, runs.sync, runs.pull, runs.logs, access.exec_,
                  access.ssh_, access.attach, access.ssh_config, access.tensorboard, access.notebook, runs.runs,
-                 runs.watch, runs.stop, plan.plan, images.image, volumes.volume, dashboard.dashboard, data.data):
+                 runs.watch, runs.stop, plan.plan, images.image, volumes.volume, dashboard.dashboard, data.data,
+                 aws.aws):
     cli.add_command(_command)
 
 

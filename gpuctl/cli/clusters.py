@@ -9,6 +9,7 @@ import click
 
 from gpuctl.cli.common import (
     CONTEXT,
+    Day,
     PositiveFloat,
     after_failure,
     confirm,
@@ -65,6 +66,11 @@ def up(ctx: click.Context, name: str | None, provider: str | None, instance_type
                     placement=placement, hosts=hosts, identity=identity, usd_per_hour=usd_per_hour,
                     zone=zone, volume=volume, wait_ssh=not no_wait)
     s = session(ctx, **req.flags())
+    from gpuctl.ops import budget
+
+    warning = budget.forecast_warning(s)  # only where `gpuctl aws budget set` made one
+    if warning is not None:
+        click.echo(warning, err=True)
     question = clusters.launch_question(s, usd_per_hour, volume)
     if question is not None:
         confirm(yes, question)
@@ -113,8 +119,18 @@ def status(ctx: click.Context, run: str | None, cluster: str | None, everything:
         render_snapshots.storage(every.data, console())
         click.echo("\nEvery provider's gpuctl resources, ledger or not:")
         return render_commands.inventory(every)
-    report = costs.status(session(ctx), run, cluster)
-    return render.emit_json(report) if as_json else render_cost.status(report)
+    s = session(ctx)
+    report = costs.status(s, run, cluster)
+    if as_json:
+        return render.emit_json(report)
+    render_cost.status(report)
+    from gpuctl.ops import budget
+
+    state = budget.line(s)  # asks AWS only where `gpuctl aws budget set` made one
+    if state is not None:
+        from gpuctl.cli.render import bill, console, say
+
+        say(console(), bill.budget_line(state))
 
 
 RECENT_RUNS = 3  # kept equal to render_cost.RECENT_RUNS (a test checks); here for --help without rich
@@ -127,10 +143,14 @@ RECENT_RUNS = 3  # kept equal to render_cost.RECENT_RUNS (a test checks); here f
 @click.option("--csv", "as_csv", is_flag=True, help="One CSV row per epoch of every run reported.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG: cumulative $ by epoch and by time.")
 @click.option("--cluster", help="Only this cluster (by name: its earlier, released namesakes too) and its runs.")
+@click.option("--billed", is_flag=True, help="AWS's bill (Cost Explorer, daily, unblended) beside gpuctl's estimate "
+              "of each aws cluster; answers kept in the ledger ($0.01 a request): docs/billing.md.")
+@click.option("--since", type=Day(), help="With --billed: from this day (UTC; default 30 days back).")
+@click.option("--refresh", is_flag=True, help="With --billed: ask again for the days not settled yet.")
 @json_option
 @click.pass_context
 def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: bool, as_csv: bool,
-         plot_path: Path | None, cluster: str | None, as_json: bool) -> None:
+         plot_path: Path | None, cluster: str | None, billed: bool, since: Any, refresh: bool, as_json: bool) -> None:
     """Spend per cluster and per run, one row per epoch, with the projected total.
 
     Name RUNS to report only those.
@@ -140,19 +160,31 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
     from gpuctl.ops import costs
 
     no_cycle_collection(ctx)
+    if (since is not None or refresh) and not billed:
+        raise click.UsageError("--since and --refresh go with --billed")
+    if billed:
+        if runs or show_all or compare or as_csv or plot_path is not None or cluster:
+            raise click.UsageError("--billed reports every aws cluster: give it no RUNS, --all, --compare, --csv, "
+                                   "--plot or --cluster")
+        from gpuctl.cli.render import bill
+        from gpuctl.ops import billing
+
+        side = billing.billed(session(ctx), since, refresh)
+        return render.emit_json(side) if as_json else bill.billed(side)
     if plot_path is not None:
         from gpuctl.cli.render.plot import check_target
 
         check_target(plot_path)  # before any work: a missing directory or matplotlib fails here
     # The plain table shows the epochs of the RECENT_RUNS newest runs only: no rows for the others.
     table = not (as_json or as_csv or compare or show_all or runs or plot_path is not None)
+    s = session(ctx)
     if as_json and plot_path is None:
         # Each run's JSON is written to a spool as soon as its cost is made, its rows then
         # dropped: memory stays flat in the runs (issue 39: 151 MB at 5,000 runs x 20 epochs).
         with render.JsonSpool() as spool:
-            report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster, each_run=spool.add)
+            report = costs.cost(s, runs, compare=compare, cluster=cluster, each_run=spool.add)
             return render.emit_json(report, spooled={"runs": spool})
-    report = costs.cost(session(ctx), runs, compare=compare, cluster=cluster,
+    report = costs.cost(s, runs, compare=compare, cluster=cluster,
                         rows_of_last=RECENT_RUNS if table else None)
     if plot_path is not None:
         from gpuctl.cli.render.plot import plot
@@ -167,6 +199,10 @@ def cost(ctx: click.Context, runs: tuple[str, ...], show_all: bool, compare: boo
         render_cost.compare(report)
     else:
         render_cost.cost(report, detailed=show_all or bool(runs))
+        from gpuctl.cli.render import bill
+        from gpuctl.ops import billing
+
+        bill.learned(billing.learned(s))  # what the kept bill showed beyond the estimate
 
 
 @click.command(context_settings=CONTEXT)

@@ -12,6 +12,8 @@ import click
 from gpuctl.errors import ConfirmationRequired, ExitCode, RemoteError
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from gpuctl.cli.render import Progress
     from gpuctl.model.results import DownQuestion, LaunchQuestion
     from gpuctl.ops.session import Session
@@ -134,3 +136,25 @@ class ScriptArgsCommand(click.Command):
             raise click.UsageError(
                 f"no such option: {exc.option_name}\nHint: script arguments go after --: "
                 f"gpuctl {ctx.info_name} {shlex.join([*ours, '--', *theirs])}", ctx) from None
+
+
+class Day(click.ParamType["dt.date"]):
+    """A UTC date, YYYY-MM-DD, not in the future and within Cost Explorer's reach."""
+
+    name = "YYYY-MM-DD"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dt.date:
+        import datetime as dt
+
+        if isinstance(value, dt.date):
+            return value
+        try:
+            day = dt.date.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a date like 2026-11-30", param, ctx)
+        today = dt.datetime.now(dt.timezone.utc).date()
+        if day > today:
+            self.fail(f"{value} is in the future (today is {today}, UTC)", param, ctx)
+        if (today - day).days > 395:
+            self.fail(f"{value} is more than 13 months ago: Cost Explorer's daily data does not reach it", param, ctx)
+        return day

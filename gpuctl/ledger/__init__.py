@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from gpuctl import retry
 from gpuctl.errors import ConfigError, ConflictError, LedgerUnwritable, NotFoundError
+from gpuctl.ledger.billed import BilledRows
 from gpuctl.ledger import schema
 from gpuctl.ledger.schema import SCHEMA_VERSION, make_private
 from gpuctl.ledger.snapshots import SnapshotRows
@@ -46,7 +47,7 @@ def _skippable(method: F) -> F:
     return write  # type: ignore[return-value]
 
 
-class Ledger(VolumeRows, SnapshotRows):
+class Ledger(VolumeRows, SnapshotRows, BilledRows):
     """Typed access to the ledger. Open one per command; it is cheap."""
 
     def __init__(self, home: Path):

@@ -11,7 +11,22 @@ from typing import Mapping
 
 from gpuctl.model.specs import spec_fields
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+# Cost Explorer's daily answers (`cost --billed`; each request costs $0.01): the days asked (with
+# rows or none) and the rows, by day, gpuctl:cluster tag value ("" for none) and service.
+BILLED_TABLES = """
+CREATE TABLE IF NOT EXISTS billed_days (
+    day TEXT PRIMARY KEY,
+    asked_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS billed (
+    day TEXT NOT NULL,
+    cluster TEXT NOT NULL,
+    service TEXT NOT NULL,
+    usd REAL NOT NULL,
+    estimated INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, cluster, service)
+)"""
 # Images `gpuctl image bake` made: `cost` reports their storage from here, without asking AWS.
 # Removed ones stay (removed_at) for what they cost while they existed.
 IMAGES_TABLE = """
@@ -47,7 +62,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     record_json TEXT NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS snapshots_live_name ON snapshots(name) WHERE removed_at IS NULL"""
-SCHEMA = IMAGES_TABLE + ";" + VOLUMES_TABLE + ";" + SNAPSHOTS_TABLE + ";" + """
+SCHEMA = IMAGES_TABLE + ";" + VOLUMES_TABLE + ";" + SNAPSHOTS_TABLE + ";" + BILLED_TABLES + ";" + """
 CREATE TABLE IF NOT EXISTS clusters (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -176,5 +191,8 @@ def upgrade(db: sqlite3.Connection) -> None:
                 db.execute(statement)
         if version < 6:
             for statement in SNAPSHOTS_TABLE.split(";"):
+                db.execute(statement)
+        if version < 7:
+            for statement in BILLED_TABLES.split(";"):
                 db.execute(statement)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -8,7 +8,7 @@ def test_exit_codes_are_pinned():
     assert {name: int(c) for name, c in ExitCode.__members__.items()} == {
         "OK": 0, "INTERNAL": 1, "USAGE": 2, "CONFIG": 3, "NOT_FOUND": 4, "CONFLICT": 5,
         "PROJECT": 6, "REMOTE": 7, "RUN_FAILED": 8, "CLOUD": 9, "NO_CAPACITY": 10, "DECLINED": 11,
-        "DATA": 12, "INTERRUPTED": 130,
+        "DATA": 12, "BILLING": 13, "INTERRUPTED": 130,
     }
 
 

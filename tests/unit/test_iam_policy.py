@@ -31,6 +31,7 @@ import pytest
 from gpuctl.errors import NoCapacityError
 from gpuctl.model.records import Resource
 from gpuctl.provision.aws import access, images, inventory, nodes, store_iam
+from gpuctl.provision.aws import budget as aws_budget
 from gpuctl.provision.aws import volumes as aws_volumes
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.launch import LaunchPlan
@@ -176,7 +177,9 @@ def _run_instances(p: dict[str, Any]) -> list[Check]:
 
 def iam_arn(kind: str, name: str, owner: str = OWNER) -> str:
     """gpuctl's roles and profiles live under its owner's path /gpuctl/<H>/ (store_iam.owner_path);
-    others under /."""
+    the budget's role and deny policy under /gpuctl-budget/; others under /."""
+    if name in (aws_budget.ROLE, aws_budget.DENY):
+        return f"arn:aws:iam::{ACCOUNT}:{kind}{aws_budget.IAM_PATH}{name}"
     return f"arn:aws:iam::{ACCOUNT}:{kind}{store_iam.owner_path(owner) if name.startswith('gpuctl-') else '/'}{name}"
 
 
@@ -202,6 +205,11 @@ def _iam_creating(noun: str, kind: str, name: str, p: dict[str, Any], ctx: dict[
     if tags:
         checks.append((f"iam:Tag{noun}", iam_arn(kind, name), _request_tags(tags)))
     return checks
+
+
+def _budget_arn(p: dict[str, Any]) -> str:
+    name = p.get("BudgetName") or p.get("Budget", {}).get("BudgetName") or p.get("NewBudget", {}).get("BudgetName")
+    return f"arn:aws:budgets::{ACCOUNT}:budget/{name or aws_budget.NAME}"
 
 
 def _s3(action: str) -> Callable[[dict[str, Any]], list[Check]]:
@@ -274,6 +282,23 @@ REQUESTS: dict[str, Callable[[dict[str, Any]], list[Check]]] = {
     "iam:RemoveRoleFromInstanceProfile": lambda p: [
         ("iam:RemoveRoleFromInstanceProfile", iam_arn("instance-profile", p["InstanceProfileName"]), {})],
     "sts:GetCallerIdentity": lambda p: [],  # answers every identity: no permission to grant
+    # The bill (Cost Explorer has no resource-level permissions) and the budget (docs/billing.md).
+    **{f"ce:{op}": _anywhere("ce", op) for op in ("GetCostAndUsage", "ListCostAllocationTags",
+                                                  "UpdateCostAllocationTagsStatus")},
+    # Budgets' actions are not its operations' names (the Service Authorization Reference).
+    **{f"budgets:{op}": (lambda action: lambda p: [(f"budgets:{action}", _budget_arn(p), {})])(action)
+       for op, action in (("DescribeBudget", "ViewBudget"), ("CreateBudget", "ModifyBudget"),
+                          ("UpdateBudget", "ModifyBudget"), ("DeleteBudget", "ModifyBudget"),
+                          ("DescribeBudgetActionsForBudget", "DescribeBudgetActionsForBudget"))},
+    # CreateBudgetAction passes the role AWS Budgets runs the action with.
+    "budgets:CreateBudgetAction": lambda p: [
+        ("budgets:CreateBudgetAction", _budget_arn(p) + "/action/*", {}),
+        ("iam:PassRole", p["ExecutionRoleArn"], {"iam:PassedToService": "budgets.amazonaws.com"})],
+    **{f"budgets:{op}": (lambda op: lambda p: [(f"budgets:{op}", f"{_budget_arn(p)}/action/{p['ActionId']}", {})])(op)
+       for op in ("UpdateBudgetAction", "DeleteBudgetAction", "ExecuteBudgetAction")},
+    "iam:CreatePolicy": lambda p: [("iam:CreatePolicy", f"arn:aws:iam::{ACCOUNT}:policy{p.get('Path', '/')}{p['PolicyName']}",
+                                    {})],
+    "iam:DeletePolicy": lambda p: [("iam:DeletePolicy", p["PolicyArn"], {})],
     # S3's actions are not its operations' names (the Service Authorization Reference for S3).
     "s3:HeadBucket": _s3("ListBucket"),
     "s3:ListObjectsV2": _s3("ListBucket"),
@@ -315,7 +340,7 @@ def calls_in_code() -> frozenset[str]:
 
     source = "\n".join(p.read_text() for p in sorted((REPO / "gpuctl" / "provision" / "aws").glob("*.py")))
     services = set(re.findall(r"client\(\s*\"(\w+)\"", source))
-    assert services == {"ec2", "pricing", "ssm", "iam", "s3", "sts"}, \
+    assert services == {"ec2", "pricing", "ssm", "iam", "s3", "sts", "ce", "budgets"}, \
         f"a new AWS service is called: add its actions to the policy ({services})"
     session, found = botocore.session.get_session(), set()
     words = set(re.findall(r"\w+", source))  # a method named is a whole word of the source
@@ -391,7 +416,7 @@ def recorded_requests(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
         ok("run_instances", {"Instances": [{"InstanceId": "i-1"}]})
         nodes.launch_nodes(aws, plan("spot", instance_profile=PROFILE), lambda _: None)
         stub.assert_no_pending_responses()
-    return sent + _checkpoint_requests(tmp_path)
+    return sent + _checkpoint_requests(tmp_path) + _bill_requests(tmp_path / "bill")
 
 
 def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -464,6 +489,119 @@ def _checkpoint_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
                                   spec=ctx.spec, home=home)
         inventory.release(release, [Resource(provider="aws", kind="instance-profile", id=PROFILE, region=REGION,
                                              cluster=CLUSTER)], lambda _: None)
+        for stub in stubs.values():
+            stub.assert_no_pending_responses()
+    finally:
+        for stub in stubs.values():
+            stub.deactivate()
+    return sent
+
+
+def _bill_requests(home: Path) -> list[tuple[str, dict[str, Any]]]:
+    """`aws billing setup`, `cost --billed`, and `aws budget set` (first and again), the stop
+    action kept current (made, changed, deleted), `lift` and `rm`, as gpuctl sends them."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from gpuctl.provision.aws.billing import AwsCostExplorer
+
+    clients = {name: boto3.client(name, region_name=REGION, aws_access_key_id="x", aws_secret_access_key="y")
+               for name in ("ce", "budgets", "iam", "sts", "ec2")}
+    sent: list[tuple[str, dict[str, Any]]] = []
+    for name, client in clients.items():
+        client.meta.events.register(f"provide-client-params.{name}.*",
+                                    lambda params, model, name=name, **_: sent.append((f"{name}:{model.name}", dict(params))))
+    aws = SimpleNamespace(region=REGION, client=lambda name, region=None: clients[name],
+                          ec2=lambda region=None: clients["ec2"])
+    stubs = {name: Stubber(client) for name, client in clients.items()}
+    ce, bud, iam, sts, ec2 = (stubs[n] for n in ("ce", "budgets", "iam", "sts", "ec2"))
+    role_arn = iam_arn("role", aws_budget.ROLE)
+    email = [{"SubscriptionType": "EMAIL", "Address": "me@example.com"}]
+    budget = {"Budget": {"BudgetName": aws_budget.NAME, "BudgetLimit": {"Amount": "50.00", "Unit": "USD"},
+                         "TimeUnit": "MONTHLY", "BudgetType": "COST"}}
+
+    def action(kind: str, ids: tuple[str, ...] = (), status: str = "STANDBY") -> dict[str, Any]:
+        definition = ({"SsmActionDefinition": {"ActionSubType": "STOP_EC2_INSTANCES", "Region": REGION,
+                                               "InstanceIds": list(ids)}} if kind == "stop" else
+                      {"IamActionDefinition": {"PolicyArn": iam_arn("policy", aws_budget.DENY), "Users": ["alice"]}})
+        return {"ActionId": (kind[0] * 36), "BudgetName": aws_budget.NAME, "NotificationType": "ACTUAL",
+                "ActionType": "RUN_SSM_DOCUMENTS" if kind == "stop" else "APPLY_IAM_POLICY",
+                "ActionThreshold": aws_budget.THRESHOLD, "Definition": definition, "ExecutionRoleArn": role_arn,
+                "ApprovalModel": "AUTOMATIC", "Status": status, "Subscribers": email}
+
+    def actions(*listed: dict[str, Any]) -> None:
+        bud.add_response("describe_budget_actions_for_budget", {"Actions": list(listed)})
+
+    def running(*ids: str) -> None:
+        ec2.add_response("describe_instances", {"Reservations": [{"Instances": [{"InstanceId": i} for i in ids]}]})
+
+    made = {"AccountId": ACCOUNT, "BudgetName": aws_budget.NAME}
+    for stub in stubs.values():
+        stub.activate()
+    try:
+        explorer = AwsCostExplorer.__new__(AwsCostExplorer)
+        explorer.aws, explorer.requests = aws, 0  # type: ignore[assignment]
+        ce.add_response("list_cost_allocation_tags", {"CostAllocationTags": [
+            {"TagKey": "gpuctl:cluster", "Type": "UserDefined", "Status": "Inactive"}]})
+        ce.add_response("update_cost_allocation_tags_status", {"Errors": []})
+        ce.add_response("get_cost_and_usage", {"ResultsByTime": []})
+        explorer.tag_states(("gpuctl:cluster",))
+        explorer.activate(("gpuctl:cluster",))
+        explorer.daily("2026-11-01", "2026-11-02")
+
+        budgets = aws_budget.AwsBudgets.__new__(aws_budget.AwsBudgets)
+        budgets.home, budgets.profile, budgets.aws, budgets.region, budgets._who = home, "", aws, REGION, {}  # type: ignore[assignment]
+        sts.add_response("get_caller_identity", {"Account": ACCOUNT, "Arn": f"arn:aws:iam::{ACCOUNT}:user/alice"})
+        bud.add_client_error("describe_budget", "NotFoundException", "no such budget")
+        bud.add_response("create_budget", {})
+        iam.add_response("create_role", {"Role": {"Path": aws_budget.IAM_PATH, "RoleName": aws_budget.ROLE,
+                                                  "RoleId": "AROA1234567890ABCDEF", "Arn": role_arn,
+                                                  "CreateDate": "2026-11-30T00:00:00Z"}})
+        iam.add_response("put_role_policy", {})
+        iam.add_response("create_policy", {"Policy": {"Arn": iam_arn("policy", aws_budget.DENY)}})
+        actions()
+        bud.add_response("create_budget_action", {**made, "ActionId": "d" * 36})
+        running("i-1")  # the stop action, made with what runs
+        actions(action("deny"))
+        bud.add_response("create_budget_action", {**made, "ActionId": "s" * 36})
+        bud.add_response("describe_budget", budget)
+        actions(action("deny"), action("stop", ("i-1",)))
+        budgets.set(50.0, "me@example.com")
+        running("i-2")  # a replacement
+        actions(action("deny"), action("stop", ("i-1",)))
+        bud.add_response("update_budget_action", {**made, "OldAction": action("stop", ("i-1",)),
+                                                  "NewAction": action("stop", ("i-2",))})
+        assert budgets.sync(lambda _: None)
+        running()  # down
+        actions(action("deny"), action("stop", ("i-2",)))
+        bud.add_response("delete_budget_action", {**made, "Action": action("stop", ("i-2",))})
+        assert budgets.sync(lambda _: None)
+        bud.add_response("describe_budget", budget)  # set again: an update
+        bud.add_response("update_budget", {})
+        iam.add_client_error("create_role", "EntityAlreadyExists", "exists")
+        iam.add_client_error("create_policy", "EntityAlreadyExists", "exists")
+        actions(action("deny"))
+        running()
+        actions(action("deny"))
+        bud.add_response("describe_budget", budget)
+        actions(action("deny"))
+        budgets.set(80.0, None)
+        actions(action("deny", status="EXECUTION_SUCCESS"))  # lift
+        bud.add_response("execute_budget_action", {**made, "ActionId": "d" * 36, "ExecutionType": "REVERSE_BUDGET_ACTION"})
+        bud.add_response("describe_budget", budget)
+        actions(action("deny", status="REVERSE_SUCCESS"))
+        budgets.lift()
+        bud.add_response("describe_budget", budget)  # rm
+        actions(action("deny", status="REVERSE_SUCCESS"))
+        bud.add_response("describe_budget", budget)
+        actions(action("deny", status="REVERSE_SUCCESS"))
+        actions(action("deny", status="REVERSE_SUCCESS"))
+        bud.add_response("delete_budget_action", {**made, "Action": action("deny")})
+        bud.add_response("delete_budget", {})
+        iam.add_response("delete_role_policy", {})
+        iam.add_response("delete_role", {})
+        iam.add_response("delete_policy", {})
+        assert budgets.remove().removed
         for stub in stubs.values():
             stub.assert_no_pending_responses()
     finally:
@@ -668,6 +806,17 @@ def test_every_call_gpuctl_makes_is_allowed(tmp_path):
     ("attach a foreign volume to gpuctl's instance", "ec2:AttachVolume", {"VolumeId": "vol-foreign", "InstanceId": "i-1"}),
     ("attach gpuctl's volume to a foreign instance", "ec2:AttachVolume", {"VolumeId": "vol-1", "InstanceId": "i-foreign"}),
     ("attach an instance's root volume elsewhere", "ec2:AttachVolume", {"VolumeId": "vol-root", "InstanceId": "i-1"}),
+    ("change a budget that is not gpuctl's", "budgets:UpdateBudget", {"NewBudget": {"BudgetName": "finance"}}),
+    ("delete a budget that is not gpuctl's", "budgets:DeleteBudget", {"BudgetName": "finance"}),
+    ("run another budget's action", "budgets:ExecuteBudgetAction", {"BudgetName": "finance", "ActionId": "a1"}),
+    ("give a budget action another role", "budgets:CreateBudgetAction", {
+        "BudgetName": aws_budget.NAME, "ExecutionRoleArn": f"arn:aws:iam::{ACCOUNT}:role/admin"}),
+    ("put a policy on a role beside the budget's", "iam:PutRolePolicy",
+     {"_arn": f"arn:aws:iam::{ACCOUNT}:role/gpuctl-budget/other", "RoleName": "other"}),
+    ("make a managed policy other than the deny one", "iam:CreatePolicy", {"PolicyName": "admin-all",
+                                                                           "Path": aws_budget.IAM_PATH}),
+    ("delete a managed policy other than the deny one", "iam:DeletePolicy",
+     {"PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/prod-admin"}),
 ])
 def test_what_gpuctl_must_not_be_able_to_do_is_denied(what, op, params):
     assert refused(policy(), REQUESTS[op](params)), what
@@ -763,3 +912,21 @@ def test_the_per_owner_tightening_keeps_a_colleagues_roles_bucket_and_objects_ou
     ]:
         assert refused(pol, checks), what
         assert not refused(policy(), checks), f"the untightened policy allows it (so the tightening is what keeps it out): {what}"
+
+
+BILL_SIDS = ("ReadTheBill", "ActivateGpuctlsCostAllocationTags", "BudgetNamedGpuctlBackstop",
+             "BudgetActionRoleAndDenyPolicy", "PassTheBudgetActionRoleToBudgets")
+
+
+def test_the_bill_and_budget_statements_grant_exactly_their_calls_and_are_optional(tmp_path):
+    """Issue 41: `cost --billed`, `aws billing setup` and `aws budget` need exactly the actions of
+    their own statements (no more), and everything else gpuctl does works without them."""
+    pol = policy()
+    ours = [st for st in pol["Statement"] if st["Sid"] in BILL_SIDS]
+    assert sorted(st["Sid"] for st in ours) == sorted(BILL_SIDS)
+    needed = {c[0] for op, params in _bill_requests(tmp_path / "bill") for c in REQUESTS[op](params)}
+    granted = {a for st in ours for a in _listed(st["Action"])}
+    assert granted == needed - {"ec2:DescribeInstances"}  # that one is LookAnywhere's
+    without = {**pol, "Statement": [st for st in pol["Statement"] if st["Sid"] not in BILL_SIDS]}
+    for op, params in recorded_requests(tmp_path)[:-len(_bill_requests(tmp_path / "again"))]:
+        assert not refused(without, REQUESTS[op](params)), f"{op} needs a billing statement"

@@ -169,7 +169,7 @@ def test_a_version_4_ledger_gets_the_volumes_table_and_keeps_its_clusters(tmp_pa
     led.volume_removed("local", "/v/data")
     led.put_volume(Volume(name="data", provider="local", id="/v/other", size_gb=1, created_at=2.0))  # the name is free again
     assert [v.id for v, _ in led.volumes(include_removed=True)] == ["/v/data", "/v/other"]
-    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def test_a_version_5_ledger_gets_the_snapshots_table_and_keeps_its_volumes(tmp_path):
@@ -217,3 +217,22 @@ def test_concurrent_writers_from_several_processes(tmp_path):
     assert len(led.events()) == 240
     assert len(led.runs()) == 240
     assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_version_6_ledger_gets_the_bill_tables_and_keeps_its_clusters(tmp_path):
+    from gpuctl.model.bill import BilledRow
+
+    led = Ledger(tmp_path)
+    led.add_cluster(LocalSpec(name="old"))
+    led._db.execute("DROP TABLE billed")
+    led._db.execute("DROP TABLE billed_days")
+    led._db.execute("PRAGMA user_version = 6")
+    led.close()
+    led = Ledger(tmp_path)
+    assert [c.name for c in led.clusters()] == ["old"] and led.billed("2026-01-01", "2027-01-01") == []
+    row = BilledRow(day="2026-11-02", cluster="a", service="EC2 - Other", usd=0.5)
+    led.put_billed(["2026-11-01", "2026-11-02"], [row], asked_at=10.0)
+    assert led.billed_days("2026-11-01", "2026-11-03") == {"2026-11-01": 10.0, "2026-11-02": 10.0}
+    led.put_billed(["2026-11-02"], [], asked_at=20.0)  # asked again: the day's answer replaced, now no rows
+    assert led.billed("2026-11-01", "2026-11-03") == [] and led.billed_days("2026-11-02", "2026-11-03") == {"2026-11-02": 20.0}
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7

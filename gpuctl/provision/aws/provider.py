@@ -20,7 +20,7 @@ from gpuctl.model.records import ENDED_STATES, InstanceRecord, PriceQuote, Resou
 from gpuctl.model.specs import AwsSpec, Capabilities, RunFiles
 from gpuctl.payloads.gpuctl_protocol import POWEROFF
 from gpuctl.provision import ProviderBase, ignore_launched, remote_spec
-from gpuctl.provision.aws import access, catalog, images, inventory, lifecycle, nodes, records, store_iam
+from gpuctl.provision.aws import access, budget, catalog, images, inventory, lifecycle, nodes, records, store_iam
 from gpuctl.provision.aws.baked import AwsImages
 from gpuctl.provision.aws.context import AwsContext
 from gpuctl.provision.aws.launch import LaunchPlan
@@ -137,6 +137,13 @@ class AwsProvider(ProviderBase):
 
     def launch(self, progress: Progress = _quiet, wait_ssh: bool = True,
                launched: Callable[[InstanceRecord], None] = ignore_launched) -> list[InstanceRecord]:
+        try:
+            return self._launch(progress, wait_ssh, launched)
+        finally:  # `up` and a replacement alike: the budget's stop action names what runs now
+            budget.sync(self.home, self.spec.profile or "", progress)
+
+    def _launch(self, progress: Progress, wait_ssh: bool,
+                launched: Callable[[InstanceRecord], None]) -> list[InstanceRecord]:
         spec = self.spec
         aws = self.aws(spec.region)
         # One on its way out (a spot instance EC2 is ending) is no instance to reuse.
@@ -404,7 +411,10 @@ class AwsProvider(ProviderBase):
         return inventory.discover(self.ctx, cluster, region)
 
     def release(self, resources: list[Any], progress: Progress = _quiet, unreachable: frozenset[str] = frozenset()) -> None:
-        inventory.release(self.ctx, resources, progress)
+        try:
+            inventory.release(self.ctx, resources, progress)
+        finally:  # what was released leaves the budget's stop action (never holding `down`: sync says, not raises)
+            budget.sync(self.home, self.spec.profile or "", progress)
 
 
 if TYPE_CHECKING:

@@ -72,7 +72,7 @@ def _not_an_api_answer(http_response: Any, parsed: Any, model: Any, **_: Any) ->
         raise ResponseParserError(f"{model.name}: an HTML page answered with 200, not AWS's API")
 
 
-def translate(exc: BaseException, action: str = "") -> GpuctlError:
+def translate(exc: BaseException, action: str = "", service: str = "ec2") -> GpuctlError:
     """One botocore exception -> one gpuctl error with a hint. Unknown ones stay CloudErrors."""
     from botocore import exceptions as bx
 
@@ -97,7 +97,7 @@ def translate(exc: BaseException, action: str = "") -> GpuctlError:
         return CloudError(f"AWS rejected the credentials ({code})", "Check AWS_PROFILE / the access keys in use: `aws sts get-caller-identity`.")
     if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
         m = re.search(r"perform: ([a-z0-9-]+:[A-Za-z0-9]+)", msg)
-        perm = m.group(1) if m else (f"ec2:{action}" if action else "the EC2 action")
+        perm = m.group(1) if m else (f"{service}:{action}" if action else f"the {service.upper()} action")
         return CloudError(f"not allowed to call {perm}", f"Grant {perm} to your IAM identity (see docs/aws-iam.md for the full list).")
     if code.startswith("InvalidAMIID"):
         return CloudError(f"AMI not found in this region: {msg}", "Check `[aws] image` (--image), or leave it empty to let gpuctl choose one (see `gpuctl image ls`).")
@@ -110,6 +110,14 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
     except aws_errors() as exc:
         raise translate(exc, getattr(fn, "__name__", "").title().replace("_", "")) from exc
+
+
+def call_in(service: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call` for another service than EC2: a refusal names `service:Action` (ce:GetCostAndUsage)."""
+    try:
+        return fn(*args, **kwargs)
+    except aws_errors() as exc:
+        raise translate(exc, getattr(fn, "__name__", "").title().replace("_", ""), service) from exc
 
 
 WAITER_DELAY_S = 2
@@ -311,5 +319,5 @@ class Aws:
         return answer
 
 
-__all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "error_code", "quota_hint", "translate",
+__all__ = ["Aws", "CAPACITY_CODES", "QUOTA_CODES", "NoCapacityError", "call", "call_in", "error_code", "quota_hint", "translate",
            "wait_for"]
