@@ -14,11 +14,10 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuctl.config.load import LoadedSettings
 from gpuctl.errors import ConfigError, ConflictError, DataError, NotFoundError
 from gpuctl.model import billing
 from gpuctl.model.data import S3Source
@@ -26,6 +25,9 @@ from gpuctl.model.records import FINAL_RUN_STATES
 from gpuctl.model.snapshots import NAME_HINT, Snapshot, check_name, name_of
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import SnapshotStore, provider_class
+
+if TYPE_CHECKING:  # the reports import this module and load no settings' models (issue 39)
+    from gpuctl.config.load import LoadedSettings
 
 PRICE = billing.S3_PRICE
 MANIFESTS = "snapshots"  # under the gpuctl home: what each snapshot's last push uploaded
