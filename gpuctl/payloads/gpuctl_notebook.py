@@ -19,15 +19,9 @@ import threading
 import time
 import urllib.request
 
+from gpuctl_tensorboard import read_token  # the same private token file, read alike
+
 FOLLOW_S = 2.0
-
-
-def read_token(path):
-    with open(path) as fh:
-        token = fh.read(256).strip()
-    if len(token) < 16 or not all(c.isalnum() or c in "-_" for c in token):
-        sys.exit("gpuctl: no usable token in %s" % path)
-    return token
 
 
 def free_port():
