@@ -185,43 +185,5 @@ def _open_browser(home: Path, url: str) -> None:
 
 
 def _forward(argv: list[str], port: int, ready: Callable[[], None] | None) -> int:
-    """Run the forwarding in the foreground; `ready()` once its port answers here. Ctrl-C (or a
-    SIGINT to gpuctl alone, not its process group) ends the forwarding too, never the server."""
-    import signal
-    import socket
-    import subprocess
-    import threading
-    import time
-
-    def when_up(ready: Callable[[], None]) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    ready()
-                    return
-            except OSError:
-                time.sleep(0.2)
-
-    try:
-        child = subprocess.Popen(argv)
-    except OSError as exc:
-        from gpuctl.errors import RemoteError
-
-        raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}", "Install OpenSSH's ssh or put it on PATH.") \
-            from exc
-    if ready is not None:
-        threading.Thread(target=when_up, args=(ready,), daemon=True).start()
-    # A SIGTERM or SIGHUP for gpuctl ends the forwarding too (an `ssh -N -L` left would hold the port).
-    before = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum))
-              for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:
-        child.terminate()
-        child.wait(10)
-        return 0
-    finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-    return 128 - code if code < 0 else code
+    """The forwarding in the foreground; Ctrl-C (the normal end: exit 0) ends it, never the server."""
+    return run_child(argv, ready=ready, port=port, interrupted=0)

@@ -86,8 +86,13 @@ def confirm(yes: bool, question: str | DownQuestion | LaunchQuestion) -> None:
         raise click.exceptions.Exit(ExitCode.DECLINED)
 
 
-def run_child(argv: list[str], cwd: str | None = None) -> int:
-    """Run ssh/tmux/a shell in the foreground; its exit status, as a shell would report it."""
+def run_child(argv: list[str], cwd: str | None = None, *, ready: Callable[[], None] | None = None,
+              port: int | None = None, interrupted: int = 130) -> int:
+    """Run ssh/tmux/a shell (or an `ssh -N -L` forward) in the foreground; its exit status, as a
+    shell would report it. The child never outlives gpuctl: a SIGTERM or SIGHUP for gpuctl is
+    passed on, and a Ctrl-C that reached gpuctl alone (a `kill -INT`, not the terminal's, which
+    reaches both) ends it too, returning `interrupted`. With `port`, `ready()` is called once
+    that local port answers (a forward's browser opened then)."""
     import signal
     import subprocess
 
@@ -96,16 +101,41 @@ def run_child(argv: list[str], cwd: str | None = None) -> int:
     except OSError as exc:  # gpuctl's own failure, so gpuctl's code (7), never a child's 126/127
         raise RemoteError(f"cannot run {argv[0]}: {exc.strerror or exc}",
                           f"Install {os.path.basename(argv[0])} or put it on PATH.") from exc
-    # A SIGTERM or SIGHUP for gpuctl ends its child too: an `ssh -N -L` left behind would hold the
-    # port (and the connection) with nobody to end it. Ctrl-C reaches both through the terminal.
+    if ready is not None and port is not None:
+        import threading
+
+        threading.Thread(target=_when_up, args=(port, ready), daemon=True).start()
+    # An `ssh -N -L` left behind would hold the port (and the connection) with nobody to end it.
     forward = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum))
                for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         code = child.wait()
+    except KeyboardInterrupt:
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return interrupted
     finally:
         for sig, old in forward.items():
             signal.signal(sig, old)
     return 128 - code if code < 0 else code  # killed by signal N: 128+N, as shells say
+
+
+def _when_up(port: int, ready: Callable[[], None], timeout_s: float = 30.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                ready()
+                return
+        except OSError:
+            time.sleep(0.2)
 
 
 class PositiveFloat(click.ParamType[float]):
