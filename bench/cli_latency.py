@@ -4,6 +4,10 @@ each command's CPU time and peak memory (the child's, from wait4). Targets: `--h
 at 1,000 runs x 20 epochs (issue 39) `status` 150 ms, `cost` 200 ms, `cost --json` 250 ms, every
 report under 100 MB, growing linearly with the runs.
 
+The `floor:` rows are the stack every report stands on, timed in the same rounds: the interpreter
+loading pydantic and validating one model, then click too, then rich printing one line. No report
+can be faster than its floor; the ratio of a target to the floor says how much room it leaves.
+
 The commands are timed round-robin (one of each, N times), so a busy machine slows them all alike
 and the ratios stay comparable; each figure is the median of its N runs. Bytecode is cached in a
 temporary PYTHONPYCACHEPREFIX after one untimed round, as an installed package has its .pyc files,
@@ -44,6 +48,14 @@ REPORT_TARGET_S = 1.0
 # Issue 39's targets at 1,000 runs x 20 epochs (REPORT_TARGET_S for the rest), growing linearly with the runs.
 TARGETS_AT_1000_S = {"status": 0.150, "cost": 0.200, "cost --json": 0.250}
 MEMORY_TARGET_MB = 100.0
+
+_MODEL = "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nA.model_validate_json('{\"x\": 1}')\n"
+_RICH = "from rich.console import Console\nfrom rich.text import Text\nConsole().print(Text('x'))\n"
+FLOORS = {
+    "floor: pydantic, 1 model": _MODEL,
+    "floor: + click": "import click\n" + _MODEL,
+    "floor: + click + rich": "import click\n" + _MODEL + _RICH,
+}
 
 
 def fill(home: Path, runs: int, epochs: int) -> None:
@@ -90,6 +102,10 @@ def main() -> None:
     trees = {"": here} if args.against is None else {"": here, "before: ": args.against.resolve()}
     subcommands = [["--help"], ["status"], ["status", "--json"], ["cost"], ["cost", "--json"]]
     commands: dict[str, tuple[list[str], str]] = {"python -c pass": ([sys.executable, "-c", "pass"], "")}
+    # The floor of the stack a report stands on, before it reads one row: what the interpreter
+    # takes to load pydantic and validate one model, then click, then rich and print one line.
+    for label, code in FLOORS.items():
+        commands[label] = ([sys.executable, "-c", code], "")
     for prefix in trees:
         cli = gpuctl_argv() if args.against is None else [sys.executable, "-m", "gpuctl"]
         for sub in subcommands:
