@@ -9,7 +9,6 @@ not. No notebook, one that ended, or one that does not answer: None (nothing of 
 
 import json
 import os
-import urllib.request
 
 NOTEBOOK_DIR = "notebook"
 PORT_FILE, TOKEN_FILE, WARNING_FILE = "port", "token", "idle-warning.json"
@@ -41,6 +40,10 @@ def running(folder):
 
 def kernels(port, token, timeout=ASK_S):
     """[execution_state] of the server's kernels; None when it does not answer (in time, in shape)."""
+    # Here, not at the top: `gpuctl status` reads this module's file names, and urllib.request
+    # (with http.client, ssl and email) is ~10 ms that a report need not pay.
+    import urllib.request
+
     req = urllib.request.Request("http://127.0.0.1:%d/api/kernels" % port,
                                  headers={"Authorization": "token " + token})
     try:

@@ -13,7 +13,8 @@ HEAVY = ["boto3", "botocore", "fabric", "paramiko", "tensorflow", "keras", "nump
 # code, and pathspec (the ignore rules of a push); nor the settings' models (a report works from
 # the specs the ledger recorded). Issue 39: tens of ms of every report.
 NOT_FOR_REPORTS = ["pathspec", "gpuctl.ops.push", "gpuctl.ops.release", "gpuctl.ops.resume", "gpuctl.ops.packages",
-                   "gpuctl.ops.stages", "gpuctl.ops.runs", "gpuctl.config.settings", "gpuctl.config.load"]
+                   "gpuctl.ops.stages", "gpuctl.ops.runs", "gpuctl.config.settings", "gpuctl.config.load",
+                   "urllib.request", "http.client"]  # the notebook's look at Jupyter (~10 ms with ssl, email)
 NOT_FOR_HELP = HEAVY + ["pydantic", "pydantic_core", "rich", "gpuctl.ops", "gpuctl.config.settings", "gpuctl.model.records",
                         "gpuctl.cli.render"]
 
