@@ -4,7 +4,7 @@ each command's CPU time and peak memory (the child's, from wait4). Targets: `--h
 at 1,000 runs x 20 epochs (issue 39) `status` 150 ms, `cost` 200 ms, `cost --json` 250 ms, every
 report under 100 MB, growing linearly with the runs.
 
-The `floor:` rows are the stack every report stands on, timed in the same rounds: the interpreter
+The `floor` rows are the stack every report stands on, timed in the same rounds: the interpreter
 loading pydantic and validating one model, then click too, then rich printing one line. No report
 can be faster than its floor; the ratio of a target to the floor says how much room it leaves.
 
@@ -52,9 +52,9 @@ MEMORY_TARGET_MB = 100.0
 _MODEL = "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nA.model_validate_json('{\"x\": 1}')\n"
 _RICH = "from rich.console import Console\nfrom rich.text import Text\nConsole().print(Text('x'))\n"
 FLOORS = {
-    "floor: pydantic, 1 model": _MODEL,
-    "floor: + click": "import click\n" + _MODEL,
-    "floor: + click + rich": "import click\n" + _MODEL + _RICH,
+    "floor pydantic + 1 model": _MODEL,
+    "floor + click": "import click\n" + _MODEL,
+    "floor + click + rich": "import click\n" + _MODEL + _RICH,
 }
 
 
