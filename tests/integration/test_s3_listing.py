@@ -32,14 +32,20 @@ def fill(s3, bucket: str, many: int, region: str = "us-east-1") -> None:
 
 
 def test_a_listing_over_pages_keeps_every_key_whole_and_loads_no_boto3(aws):
-    """In a process of its own: what the reader imports is the point (the CLI's peak RSS)."""
-    fill(moto_client("s3"), "pages", 2100)  # three pages of 1,000
+    """In a process of its own: what the reader imports is the point (the CLI's peak RSS). Pages
+    of 10 keys (S3's are 1,000: filling moto with thousands took 26 s of the fast tier), so the odd
+    keys fall on either side of page boundaries."""
+    fill(moto_client("s3"), "pages", 40)  # 46 keys, the folder's among them: five pages of 10
     code = """
 import gc, json, sys
 from gpuctl.model.data import parse_s3
+from gpuctl.provision.aws import s3http
 from gpuctl.provision.aws.datasets import S3DataSets
+s3http.PAGE_KEYS = 10
+pages, read = [], s3http._page
+s3http._page = lambda res: pages.append(1) or read(res)
 listing = S3DataSets("", "us-east-1").listing(parse_s3("s3://pages/set"))
-print(json.dumps({"objects": listing.objects, "region": listing.region, "total": listing.total_bytes,
+print(json.dumps({"objects": listing.objects, "region": listing.region, "total": listing.total_bytes, "pages": len(pages),
                   "loaded": sorted(m for m in ("boto3", "s3transfer") if m in sys.modules),
                   "clients": sum(isinstance(o, sys.modules["botocore.client"].BaseClient) for o in gc.get_objects())
                              if "botocore.client" in sys.modules else 0}))
@@ -49,7 +55,7 @@ print(json.dumps({"objects": listing.objects, "region": listing.region, "total":
     got = json.loads(out.stdout)
     assert got["loaded"] == [] and got["clients"] == 0, "the listing made a boto3 client"
     objects = {rel: (size, etag) for rel, size, etag in got["objects"]}
-    assert len(got["objects"]) == 2100 + 5 and "folder/" not in objects
+    assert got["pages"] == 5 and len(got["objects"]) == 40 + 5 and "folder/" not in objects
     assert {k[len("set/"):] for k in KEYS if not k.endswith("/")} <= set(objects)
     import hashlib
 
@@ -71,7 +77,12 @@ def test_moto_checks_the_signatures_of_a_user_allowed_to_read(aws, monkeypatch):
     one with a wrong secret is refused as AWS refuses it."""
     from gpuctl.provision.aws.datasets import S3DataSets
 
-    fill(moto_client("s3"), "signed", 1200)
+    from gpuctl.provision.aws import s3http
+
+    monkeypatch.setattr(s3http, "PAGE_KEYS", 10)  # signed pages after the first: a continuation token in each
+    pages, read = [], s3http._page
+    monkeypatch.setattr(s3http, "_page", lambda res: pages.append(1) or read(res))
+    fill(moto_client("s3"), "signed", 25)
     iam = moto_client("iam")
     iam.create_user(UserName="reader")
     # (moto asks for "s3:HeadBucket" and "s3:ListObjectsV2", which AWS grants with s3:ListBucket)
@@ -88,7 +99,7 @@ def test_moto_checks_the_signatures_of_a_user_allowed_to_read(aws, monkeypatch):
     monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
     monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
     listing = S3DataSets("", "us-east-1").listing(parse_s3("s3://signed/set"))
-    assert len(listing.objects) == 1200 + 5
+    assert len(listing.objects) == 25 + 5 and len(pages) == 4
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + key["SecretAccessKey"])
     with pytest.raises((DataError, CloudError)) as info:
         S3DataSets("", "us-east-1").listing(parse_s3("s3://signed/set"))

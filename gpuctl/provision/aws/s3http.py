@@ -32,6 +32,9 @@ from gpuctl.retry import REAL_CLOCK, Backoff, Clock
 T = TypeVar("T")
 TRIES = 5
 TIMEOUT_S = 60.0
+# Keys a page asks for: S3's own default and most, said so a test can ask for small pages (a
+# listing must follow continuation tokens whatever size S3 gives a page).
+PAGE_KEYS = 1000
 MAX_PAGE = 32 << 20  # one page of 1,000 keys of 1,024 bytes, URL-quoted: ~10 MB
 MAX_ERROR = 64 << 10
 RETRIED = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
@@ -136,11 +139,11 @@ class S3Http:
             return failed.answer.status, failed.answer.headers
 
     def pages(self, bucket: str, prefix: str, region: str) -> Iterator[list[Obj]]:
-        """The objects below the prefix, a page (up to 1,000) at a time, keys whole (prefix
+        """The objects below the prefix, a page (up to PAGE_KEYS) at a time, keys whole (prefix
         included); Failed with S3's answer for an error."""
         token = ""
         while True:
-            query = [("list-type", "2"), ("prefix", prefix), ("encoding-type", "url")]
+            query = [("list-type", "2"), ("prefix", prefix), ("encoding-type", "url"), ("max-keys", str(PAGE_KEYS))]
             if token:
                 query.append(("continuation-token", token))
             objects, token = self._send("GET", bucket, region, query, _page)
