@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuctl.model.bill import BilledRow
+if TYPE_CHECKING:  # model.bill's 11 models are built only where a bill is read (not by `status`)
+    from gpuctl.model.bill import BilledRow
 
 
 class BilledRows:
@@ -35,6 +36,8 @@ class BilledRows:
         return dict(self._all("SELECT day, asked_at FROM billed_days WHERE day >= ? AND day < ?", (start, end)))
 
     def billed(self, start: str, end: str) -> list[BilledRow]:
+        from gpuctl.model.bill import BilledRow
+
         rows = self._all("SELECT day, cluster, service, usd, estimated FROM billed WHERE day >= ? AND day < ?"
                          " ORDER BY day, cluster, service", (start, end))
         return [BilledRow(day=d, cluster=c, service=s, usd=u, estimated=bool(e)) for d, c, s, u, e in rows]

@@ -6,11 +6,14 @@ not a guard (docs/billing.md)."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from gpuctl.errors import BillingError, ConfigError, GpuctlError
-from gpuctl.model.bill import BudgetGone, BudgetState
 from gpuctl.ops.session import Session
 from gpuctl.provision.bill import Budgets, budget_kept, budgets, cost_explorer
+
+if TYPE_CHECKING:  # types only: `status` asks for a budget line and builds none of model.bill's models without one
+    from gpuctl.model.bill import BudgetGone, BudgetState
 
 FILTER_TAG = "gpuctl:created-by"  # the budget counts the resources carrying it: it must be active
 

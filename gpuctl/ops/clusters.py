@@ -19,7 +19,7 @@ from gpuctl.model.requests import UpRequest
 from gpuctl.model.results import LaunchQuestion, TfEnv, UpResult
 from gpuctl.model.specs import ClusterSpec
 from gpuctl.model.volumes import ENV_VAR as VOLUME_ENV
-from gpuctl.ops import guards, setup, volumes, workdirs
+from gpuctl.ops import guards, setup, workdirs
 from gpuctl.ops.session import Progress, Session, quiet
 from gpuctl.provision import Provider, provider_class, spec_from_settings
 
@@ -42,6 +42,8 @@ def _asked(s: Session, usd_per_hour: float | None, take: bool = False, volume: s
         if spec.tensorflow:  # a version that does not exist fails here, not after an instance boots
             tf_releases.check(spec.tensorflow)
         if volume is not None:
+            from gpuctl.ops import volumes
+
             spec = volumes.for_up(s, spec, volume)
     if not take:
         s.launch_specs[usd_per_hour] = spec

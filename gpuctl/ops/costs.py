@@ -5,7 +5,7 @@ with its own dollars, also after its name was used again."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpuctl.errors import ConfigError, GpuctlError, NotFoundError
 from gpuctl.model import billing
@@ -13,42 +13,19 @@ from gpuctl.model.records import ENDED_STATES, RESUMABLE, ClusterRecord, EpochRe
 from gpuctl.model.results import (
     ClusterCost,
     ClusterStatus,
-    CostReport,
     EpochRow,
     RunCost,
     RunStatus,
     SegmentCost,
-    StatusAll,
     StatusReport,
 )
-from gpuctl.ops import checkpoints, clusters, guards, notebook_state, run_state, setup, snapshots, volumes
-from gpuctl.ops.checkpoints import CheckpointStorage
-from gpuctl.ops.images import ImageStorage, storage
+from gpuctl.ops import clusters, guards, notebook_state, run_state, setup
 from gpuctl.ops.segments import segment_costs
 from gpuctl.ops.session import Session
-from gpuctl.ops.snapshots import SnapshotStorage
-from gpuctl.ops.volumes import VolumeStorage
 from gpuctl.provision import PROVIDERS
 
-
-class CostWithImages(CostReport):
-    """`cost`: the clusters and runs, and the baked images' storage (a key of its own, so the
-    JSON of earlier versions keeps its meaning: total_usd is still the clusters' total)."""
-
-    images: ImageStorage = ImageStorage()
-    # The runs' checkpoints kept in the providers' stores (S3), asked of the stores at each `cost`.
-    checkpoints: CheckpointStorage = CheckpointStorage()
-    # The volumes (`gpuctl volume`), from the ledger: they outlive clusters, so no cluster's dollars.
-    volumes: VolumeStorage = VolumeStorage()
-    # The data sets `gpuctl data push` uploaded (S3), from the ledger, the same way.
-    data: SnapshotStorage = SnapshotStorage()
-
-
-class StatusAllWithVolumes(StatusAll):
-    """`status --all`: also the volumes, which belong to no cluster (a key of its own)."""
-
-    volumes: VolumeStorage = VolumeStorage()
-    data: SnapshotStorage = SnapshotStorage()  # the data sets (`gpuctl data push`), kept the same way
+if TYPE_CHECKING:  # `cost` and `status --all` import them: `status` builds none of the storage models
+    from gpuctl.ops.storage_reports import CostWithImages, StatusAllWithVolumes
 
 
 def cluster_cost(s: Session, c: ClusterRecord, now: float) -> tuple[ClusterCost, int]:
@@ -185,7 +162,10 @@ def everything(s: Session) -> StatusAllWithVolumes:
     """`status --all`: every cluster and run the ledger holds, and every resource each provider
     finds by itself, ledger or not. A ledger that cannot be read still gets the providers' answer
     (which says so)."""
-    from gpuctl.ops import release
+    from gpuctl.ops import release, snapshots, volumes
+    from gpuctl.ops.snapshots import SnapshotStorage
+    from gpuctl.ops.storage_reports import StatusAllWithVolumes
+    from gpuctl.ops.volumes import VolumeStorage
 
     resources: list[Resource] = []
     notes: list[str] = []
@@ -287,6 +267,9 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
     `each_run`, every run's cost, rows and all, goes to it as soon as it is made, in the report's
     order, and the report keeps the run without its rows (`cost --json` writes each run away at
     once: a run's rows are held only while it is written, whatever the number of runs)."""
+    from gpuctl.ops import checkpoints, images, snapshots, volumes
+    from gpuctl.ops.storage_reports import CostWithImages
+
     s.connect_quickly()
     if compare and len(run_ids) < 2:
         raise ConfigError("--compare needs at least two runs", "Name two or more: gpuctl cost --compare RUN1 RUN2")
@@ -316,7 +299,7 @@ def cost(s: Session, run_ids: tuple[str, ...] = (), compare: bool = False, clust
         cc = cluster_cost(s, c, now)[0]
         out.append(cc if run_ids else cc.model_copy(update={"idle_usd": max(0.0, cc.usd - in_epochs.get(c.id, 0.0))}))
     return CostWithImages(clusters=tuple(out), runs=costs, total_usd=sum(c.usd for c in out), notebooks=notebooks,
-                          images=storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
+                          images=images.storage(s, now), checkpoints=checkpoints.storage(s), notes=tuple(s.notes),
                           volumes=volumes.storage(s, now), data=snapshots.storage(s, now))
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
-from gpuctl.model.bill import BilledRow, BudgetGone, BudgetState, TagState
+if TYPE_CHECKING:  # the protocols' types only (the providers' modules build them)
+    from gpuctl.model.bill import BilledRow, BudgetGone, BudgetState, TagState
 
 TAG_KEYS = ("gpuctl:cluster", "gpuctl:owner", "gpuctl:created-by")  # every resource gpuctl makes carries them
 
