@@ -104,13 +104,17 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
             if fired is not None and found is None:
                 notes.append(f"the cluster's {fired} ended the last notebook server; starting a new one "
                              "(`gpuctl up` starts a new cluster if this one is not wanted any more)")
-            local_port = free_local_port(port, found[0] if found and host.local else None)
-            if local_port != port:
-                notes.append(f"port {port} is in use here: using {local_port}")
+            if found is not None and host.local:  # it listens here already: --port was for a new one
+                local_port = found[0]
+                if local_port != port:
+                    notes.append(f"the running server listens on {local_port} (--port applies to a new server)")
+            else:
+                local_port = free_local_port(port)
+                if local_port != port:
+                    notes.append(f"port {port} is in use here: using {local_port}")
             if found is not None:
+                _check_served(s, record, project, notes)
                 remote_port, token = found
-                if host.local:
-                    local_port = remote_port
                 reconnected = True
             else:
                 remote_port, token = _start(s, loaded, record, host, project, data, local_port, progress)
@@ -121,6 +125,19 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
     return NotebookOpened(cluster=record.name, host=host.label, url=f"http://127.0.0.1:{local_port}/lab?token={token}",
                           local_port=local_port, remote_port=remote_port, asked_port=port, reconnected=reconnected,
                           forward=host.forward(local_port, remote_port), workdir=workdir, notes=tuple(notes))
+
+
+def _check_served(s: Session, record: ClusterRecord, project: Path, notes: list[str]) -> None:
+    """A running server serves the project it was started with, as pushed then: another project
+    is refused (nothing is pushed over the files its kernels use); the same one is said to be as
+    it was pushed."""
+    served = state.served_project(s, record)
+    if served is not None and served != str(project):
+        raise ConflictError(f"the notebook server on {record.name} serves {served}, not {project}",
+                            "Stop it first (`gpuctl notebook --stop`: its kernels end), then start one for "
+                            "this project.")
+    notes.append("the running server has the project as it was pushed at its start: `gpuctl notebook --stop`, "
+                 "then `gpuctl notebook`, pushes edits made since")
 
 
 def _start(s: Session, loaded: LoadedSettings, record: ClusterRecord, host: Host, project: Path, data: Path | None,

@@ -63,6 +63,19 @@ def last_session(s: Session, record: ClusterRecord) -> tuple[float, float | None
     return last
 
 
+def served_project(s: Session, record: ClusterRecord) -> str | None:
+    """The project the cluster's open notebook session was started with (its start event says
+    `JupyterLab on HOST (PROJECT)`, ops/notebook.py); None when none is open or it does not say."""
+    served = None
+    for _, _, _, kind, message in s.ledger.events(record.id):
+        if kind == STARTED:
+            _, sep, rest = message.partition(" (")  # the first: a host label has no " (", a path may
+            served = rest[:-1] if sep and rest.endswith(")") else None
+        elif kind == ENDED:
+            served = None
+    return served
+
+
 def last_start(s: Session, record: ClusterRecord) -> float | None:
     """When the cluster's open notebook session began; None when none is open."""
     opened = None

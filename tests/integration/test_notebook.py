@@ -100,6 +100,15 @@ def test_local_notebook_reached_with_its_token_reconnect_stop_down_and_its_dolla
     # Again: the running server, the same URL; nothing started anew.
     again = gpuctl("notebook", "--no-open", "--port", port, proj)
     assert url_in(again.stdout) == url and "reconnected" in again.stdout
+    assert "as it was pushed at its start" in again.stderr
+    # Another project is refused, not served by the first's server (nothing pushed over its files);
+    # another --port says where the running server listens.
+    other = make_project("other", {"other.py": ""})
+    refused = gpuctl("notebook", "--no-open", other, code=5)
+    assert f"serves {proj.resolve()}, not {other.resolve()}" in refused.stderr and "--stop" in refused.stderr
+    assert not (folder / "work" / "code" / "other.py").exists()
+    moved = gpuctl("notebook", "--no-open", "--port", free_port(), proj)
+    assert url_in(moved.stdout) == url and f"the running server listens on {port}" in moved.stderr
     # Its time is a session in status and cost, at the cluster's rate.
     shown = gpuctl("status").stdout
     assert "notebook session" in shown and "open" in shown
