@@ -5,8 +5,8 @@ each cluster, a reused name told apart by the days each cluster lived, drift nam
 what is not billed yet marked; answers cached in the ledger (each request costs $0.01).
 
 Bad inputs tried: a bad --since date, one in the future, --since/--refresh without --billed, tags
-not activated, no permission for ce:GetCostAndUsage or ce:ListCostAllocationTags; each changes
-nothing in the cloud and says what to do."""
+not activated, no permission for ce:GetCostAndUsage or ce:ListCostAllocationTags, an answer past
+its page bound; each changes nothing in the cloud and says what to do."""
 
 from __future__ import annotations
 
@@ -149,6 +149,24 @@ def test_billed_beside_the_estimate_cached_and_lag_marked(gpuctl, aws, moto_serv
     plain = gpuctl("cost").stdout
     assert "Billed beyond gpuctl's estimate" in plain and "data transfer" in plain
     assert len(asked) == 2  # `cost` itself asks nothing
+
+
+def test_an_answer_past_its_page_bound_is_refused_and_none_of_it_kept(gpuctl, aws, moto_server, tags_active,
+                                                                     monkeypatch, history, isolated):
+    from gpuctl.provision.aws import billing
+
+    monkeypatch.setattr(billing, "MAX_PAGES", 2)
+    asked = ce_requests(monkeypatch)
+    bill = the_bill(history)
+    queue_bill(moto_server, {"ResultsByTime": bill[:1], "NextPageToken": "p2"},
+               {"ResultsByTime": bill[1:2], "NextPageToken": "p3"})
+    err = gpuctl("cost", "--billed", "--since", day(at(6, 0)), code=13).stderr
+    assert "runs past 2 pages" in err and "none of it was kept" in err and "--since" in err
+    assert len(asked) == 2 and asked[1]["NextPageToken"] == "p2"
+    # Nothing kept: no day counts as asked, so the next look asks for every one of them again.
+    led = Ledger(isolated)
+    assert led.billed_days("0000", "9999") == {} and led.billed("0000", "9999") == []
+    led.close()
 
 
 def test_tags_not_activated_say_so(gpuctl, aws, moto_server, monkeypatch, history):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpuctl.errors import BillingError
 from gpuctl.model.bill import BilledRow, TagState
 from gpuctl.model.untrusted import one_line
 from gpuctl.provision.aws.access import TAG_CLUSTER, TAG_CREATED_BY
@@ -65,9 +66,13 @@ class AwsCostExplorer:
                 rows.extend(_rows(period))
             token = res.get("NextPageToken")
             if not token:
-                break
+                return rows
             ask["NextPageToken"] = token
-        return rows
+        # Not a part of the answer kept as if it were all of it: the days of the pages not read
+        # would be kept as asked, and a settled day is never asked again (ops/billing.py).
+        raise BillingError(f"Cost Explorer's answer for {start} to {end} runs past {MAX_PAGES} pages "
+                           f"({self.requests} requests, ${self.requests * 0.01:.2f}); none of it was kept",
+                           "Ask for fewer days at a time: `gpuctl cost --billed --since YYYY-MM-DD`.")
 
 
 def _rows(period: Any) -> list[BilledRow]:
