@@ -39,7 +39,8 @@ def budget() -> None:
 
 
 @budget.command("set", context_settings=CONTEXT)
-@click.option("--monthly-usd", type=PositiveFloat(), required=True, help="The month's limit in dollars (> 0).")
+@click.option("--monthly-usd", type=PositiveFloat(least=0.01), required=True,
+              help="The month's limit in dollars (at least 0.01).")
 @click.option("--email", help="Who AWS tells at 80 % and 100 % and when the action fires (needed the first time).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before making the budget (action-enabled budgets cost).")
 @json_option

@@ -3,6 +3,7 @@ and running an interactive child (ssh, tmux, a shell). Imports only click at mod
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
@@ -139,15 +140,25 @@ def _when_up(port: int, ready: Callable[[], None], timeout_s: float = 30.0) -> N
 
 
 class PositiveFloat(click.ParamType[float]):
+    """A finite number above 0 (`inf` would be no --max-hours cap at all, a budget of "$inf"), and
+    at least `least` where a smaller one means nothing (a budget under a cent is $0.00)."""
+
     name = "number"
+
+    def __init__(self, least: float | None = None):
+        self.least = least
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         try:
             f = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(f):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
         if not f > 0:
             self.fail(f"{value!r} is not a positive number", param, ctx)
+        if self.least is not None and f < self.least:
+            self.fail(f"{value!r} is under {self.least:g}", param, ctx)
         return f
 
 

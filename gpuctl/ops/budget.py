@@ -5,6 +5,7 @@ not a guard (docs/billing.md)."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:  # types only: `status` asks for a budget line and builds none
 
 FILTER_TAG = "gpuctl:created-by"  # the budget counts the resources carrying it: it must be active
 
-EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s.]{2,63}")
+# A local part, then a domain of non-empty labels (`a@b..com` is no address) and a top-level one.
+EMAIL = re.compile(r"[^@\s]{1,64}@(?=[^@\s]{1,255}$)[^@\s.]{1,63}(?:\.[^@\s.]{1,63})*\.[^@\s.]{2,63}")
 
 
 def check_email(email: str | None) -> None:
@@ -33,8 +35,10 @@ def _budgets(s: Session) -> Budgets:
 
 def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState:
     check_email(email)
-    if not monthly_usd > 0:
-        raise ConfigError(f"--monthly-usd {monthly_usd} is not a limit", "Give a positive number of dollars.")
+    if not (math.isfinite(monthly_usd) and monthly_usd >= 0.01):  # AWS keeps cents: less is a $0.00 budget
+        raise ConfigError(f"--monthly-usd {monthly_usd} is not a limit", "Give a number of dollars, at least 0.01.")
+    budgets = _budgets(s)
+    budgets.check_set(email)  # a missing --email is said before the paid question below
     # A budget filtered on a tag that is not a cost allocation tag counts nothing and never fires
     # (one Cost Explorer request, $0.01, before anything is made).
     (state,) = cost_explorer(s.settings().settings.aws.profile).tag_states((FILTER_TAG,))
@@ -42,7 +46,7 @@ def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState
         raise BillingError(f"the cost allocation tag {FILTER_TAG} is not active ({state.status}): a budget on it "
                            "would count nothing and never fire",
                            "Run `gpuctl aws billing setup` first (a new key can take up to a day to appear).")
-    return _budgets(s).set(monthly_usd, email)
+    return budgets.set(monthly_usd, email)
 
 
 def show(s: Session) -> BudgetState | None:

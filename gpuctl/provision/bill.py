@@ -28,6 +28,9 @@ class CostExplorer(Protocol):
 
 
 class Budgets(Protocol):
+    def check_set(self, email: str | None) -> None:
+        """A ConfigError where `set` with this email would be refused before it asks AWS anything."""
+
     def set(self, limit_usd: float, email: str | None) -> BudgetState:
         """Make or update the budget and its actions."""
 

@@ -243,6 +243,7 @@ def test_undetectable_address_is_refused_before_anything_exists(gpuctl, aws, mon
         (["--max-price", "0"], 2, "is not a positive number"),
         (["--max-price", "cheap"], 2, "is not a number"),
         (["--max-hours", "0"], 2, "is not a positive number"),
+        (["--max-hours", "inf"], 2, "is not a finite number"),  # no cap at all
         (["--image", "ami-0000000000deadbee"], 9, "ami-0000000000deadbee"),
         (["--ssh-cidr", "10.0.0.300/32"], 3, "aws.ssh_cidr"),
         (["--disk-gb", "2"], 3, "aws.disk_gb"),

@@ -5,7 +5,8 @@ replacement's launch and `down`) and apply a deny policy to the caller's identit
 `gpuctl aws budget lift`). moto makes budgets but has no UpdateBudget and no budget actions: those
 calls are added to the moto server (tests/aws_billing.py, as tests/aws.py adds placement groups).
 
-Bad inputs tried: --monthly-usd 0 and negative, no --email the first time, a malformed email, a
+Bad inputs tried: --monthly-usd 0, negative, inf, 1e400, nan and 0.001, no --email the first time
+(said before the paid tag question), a malformed email (a@b..com too), a
 budget of gpuctl's name in another currency, no permission for budgets:ModifyBudget; each makes
 nothing (no budget, no role, no policy)."""
 
@@ -116,10 +117,27 @@ def test_up_warns_when_the_forecast_passes_the_budget(gpuctl, aws, actions):
     (["--monthly-usd", "-5"], 2, "not a positive number"),
     (["--monthly-usd", "10"], 3, "--email"),
     (["--monthly-usd", "10", "--email", "not-an-address"], 3, "email"),
+    (["--monthly-usd", "10", "--email", "me@example..com"], 3, "email"),
+    # "$inf" a month, and a budget under a cent (AWS keeps cents: $0.00, fired by the first one).
+    (["--monthly-usd", "inf", "--email", "me@example.com"], 2, "not a finite number"),
+    (["--monthly-usd", "1e400", "--email", "me@example.com"], 2, "not a finite number"),
+    (["--monthly-usd", "nan", "--email", "me@example.com"], 2, "not a finite number"),
+    (["--monthly-usd", "0.001", "--email", "me@example.com"], 2, "is under 0.01"),
 ])
 def test_bad_budget_input_makes_nothing(gpuctl, aws, actions, args, code, said):
     err = gpuctl("aws", "budget", "set", *args, "-y", code=code).stderr
     assert said in err
+    made_nothing(actions)
+
+
+def test_a_missing_email_is_said_before_the_paid_tag_question(gpuctl, aws, actions, monkeypatch):
+    from moto.ce.responses import CostExplorerResponse
+
+    asked: list[int] = []
+    real = CostExplorerResponse.list_cost_allocation_tags
+    monkeypatch.setattr(CostExplorerResponse, "list_cost_allocation_tags", lambda self: asked.append(1) or real(self))
+    err = gpuctl("aws", "budget", "set", "--monthly-usd", "10", "-y", code=3).stderr
+    assert "needs --email" in err and asked == [], "a Cost Explorer request ($0.01) before the missing --email"
     made_nothing(actions)
 
 

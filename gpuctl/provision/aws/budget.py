@@ -14,6 +14,7 @@ The budget's region, email and role are kept in the gpuctl home (budget.json, 06
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -110,9 +111,15 @@ class AwsBudgets:
                       BudgetName=NAME)
         return [a for a in res.get("Actions", []) if isinstance(a, dict)]
 
+    def check_set(self, email: str | None) -> None:
+        if not (email or (_kept(self.home) or {}).get("email")):
+            raise ConfigError("the first `gpuctl aws budget set` needs --email",
+                              "AWS's budget actions tell someone when they fire: pass --email ADDR.")
+
     def set(self, limit_usd: float, email: str | None) -> BudgetState:
-        if not limit_usd > 0:
-            raise ConfigError(f"--monthly-usd {limit_usd} is not a limit", "Give a positive number of dollars.")
+        if not (math.isfinite(limit_usd) and limit_usd >= 0.01):
+            raise ConfigError(f"--monthly-usd {limit_usd} is not a limit", "Give a number of dollars, at least 0.01.")
+        self.check_set(email)
         kept = _kept(self.home) or {}
         email = email or kept.get("email")
         existing = self._described()
@@ -122,9 +129,6 @@ class AwsBudgets:
                 raise BillingError(f"the AWS budget {NAME} is in {one_line(unit, 10)}, not USD",
                                    "Remove it in the Billing console (or `gpuctl aws budget rm`), then set it again "
                                    "in dollars; gpuctl does not convert currencies.")
-        if not email:
-            raise ConfigError("the first `gpuctl aws budget set` needs --email",
-                              "AWS's budget actions tell someone when they fire: pass --email ADDR.")
         budget = {"BudgetName": NAME, "BudgetLimit": {"Amount": f"{limit_usd:.2f}", "Unit": "USD"},
                   "TimeUnit": "MONTHLY", "BudgetType": "COST",
                   "CostFilters": {"TagKeyValue": [f"user:{access.TAG_CREATED_BY}$gpuctl"]}}
