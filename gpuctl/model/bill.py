@@ -73,7 +73,7 @@ class BilledCluster(Frozen):
     last_day: str
     billed_usd: float
     estimate_usd: float
-    diff_usd: float  # billed - estimate
+    diff_usd: Optional[float]  # billed - estimate; None where the two span different times (from_since)
     diff_pct: Optional[float] = None  # of the estimate; None where the estimate is 0
     not_billed_yet: bool = False  # lived within AWS's lag (up to a day): the bill is not complete
     from_since: bool = False  # lived before --since: the bill counted from then only

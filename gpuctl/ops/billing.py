@@ -52,6 +52,12 @@ def settled(day: str, now: float) -> bool:
     return _start_of(day) + DAY_S + LAG_S <= now
 
 
+def not_billed_yet(last: float, now: float) -> bool:
+    """Whether a cluster that lived until `last` may still be missing from the bill: its last day
+    is not settled (the rule that decides which days are asked again)."""
+    return not settled(_date(last).isoformat(), now)
+
+
 def days_between(start: dt.date, end: dt.date) -> list[str]:
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days)]
 
@@ -145,8 +151,8 @@ def side_by_side(s: Session, rows: list[BilledRow], clusters: list[ClusterRecord
         total = sum(parts.values())
         diff = total - est.usd
         pct = diff / est.usd * 100 if est.usd > 0 else None
-        lagging = (c.terminated_at or now) > now - LAG_S
-        from_since = c.created_at < start_s
+        lagging = not_billed_yet(c.terminated_at or now, now)
+        from_since = c.created_at < start_s  # the bill from --since, the estimate its whole life: no difference
         drift = None
         if not lagging and not from_since and pct is not None and abs(pct) > DRIFT_PCT:
             drift = _which_part(parts, counted)
@@ -155,7 +161,8 @@ def side_by_side(s: Session, rows: list[BilledRow], clusters: list[ClusterRecord
         out.append(BilledCluster(
             cluster_id=c.id, name=c.name, first_day=_date(max(c.created_at, start_s)).isoformat(),
             last_day=_date(c.terminated_at or now).isoformat(), billed_usd=round(total, 6),
-            estimate_usd=round(est.usd, 6), diff_usd=round(diff, 6), diff_pct=None if pct is None else round(pct, 2),
+            estimate_usd=round(est.usd, 6), diff_usd=None if from_since else round(diff, 6),
+            diff_pct=None if pct is None or from_since else round(pct, 2),
             not_billed_yet=lagging, from_since=from_since, drift=drift, parts=shown, days=days))
     return BilledReport(since=start.isoformat(), until=_date(now).isoformat(), clusters=tuple(out),
                         no_cluster_usd=round(no_cluster, 6), other_usd=round(other, 6))

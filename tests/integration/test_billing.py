@@ -151,6 +151,23 @@ def test_billed_beside_the_estimate_cached_and_lag_marked(gpuctl, aws, moto_serv
     assert len(asked) == 2  # `cost` itself asks nothing
 
 
+def test_a_cluster_older_than_since_shows_no_difference(gpuctl, aws, moto_server, tags_active, isolated):
+    """Its bill counts from --since, gpuctl's estimate its whole life: no difference, no drift."""
+    long = aws_cluster(isolated, "long", at(8, 10), at(4, 10))
+    queue_bill(moto_server, {"ResultsByTime": [
+        day_result(day(at(6, 0)), {("long", COMPUTE): 24 * 1.006}),
+        day_result(day(at(5, 0)), {("long", COMPUTE): 24 * 1.006}),
+        day_result(day(at(4, 0)), {("long", COMPUTE): 10 * 1.006})]})
+    report = json.loads(gpuctl("cost", "--billed", "--since", day(at(6, 0)), "--json").stdout)
+    (row,) = [c for c in report["clusters"] if c["cluster_id"] == long]
+    assert row["from_since"] and row["billed_usd"] == pytest.approx(58 * 1.006)
+    assert row["estimate_usd"] == pytest.approx(96 * 1.006 + 96 * 100 * 0.08 / 730, abs=0.01)  # its whole life
+    assert row["diff_usd"] is None and row["diff_pct"] is None and row["drift"] is None
+    table = gpuctl("cost", "--billed", "--since", day(at(6, 0))).stdout
+    (line,) = [line for line in table.splitlines() if line.startswith("long")]
+    assert line.split()[5:8] == ["-", "-", "bill"], line  # long #1  DAYS  BILLED  GPUCTL  diff  diff %
+
+
 def test_an_answer_past_its_page_bound_is_refused_and_none_of_it_kept(gpuctl, aws, moto_server, tags_active,
                                                                      monkeypatch, history, isolated):
     from gpuctl.provision.aws import billing

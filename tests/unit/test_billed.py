@@ -20,6 +20,12 @@ def test_a_day_settles_a_day_after_it_ends():
     assert billing.settled("2026-11-10", end + DAY)
 
 
+def test_a_cluster_is_not_billed_yet_until_its_last_day_settles():
+    ended = midnight("2026-11-10") + 23 * 3600  # 23:00 on its last day
+    assert billing.not_billed_yet(ended, ended + DAY + 1800)  # a day and a half hour later: 11-10 not settled
+    assert not billing.not_billed_yet(ended, midnight("2026-11-12"))
+
+
 def test_a_settled_day_is_never_asked_again_a_recent_one_after_a_while_or_on_refresh():
     now = midnight("2026-11-12") + 3600  # 11-10 settled, 11-11 and 11-12 not
     days = ["2026-11-09", "2026-11-10", "2026-11-11", "2026-11-12"]
