@@ -46,6 +46,19 @@ def test_no_credentials_and_unknown_codes():
     assert other.message == "AWS RunInstances failed: SomethingNew: odd"
 
 
+def test_an_unreachable_endpoint_doubts_the_region_only_where_it_has_one():
+    from botocore.exceptions import EndpointConnectionError
+
+    def down(url):
+        return EndpointConnectionError(endpoint_url=url)
+
+    assert "the region exists" in translate(down("https://ec2.us-east-9.amazonaws.com/")).hint
+    for service, name in (("ce", "Cost Explorer"), ("budgets", "AWS Budgets")):
+        err = translate(down(f"https://{service}.us-east-1.amazonaws.com/"), "GetCostAndUsage", service)
+        assert err.message.startswith("cannot reach AWS") and f"{name} answers at us-east-1" in err.hint
+        assert "region exists" not in err.hint
+
+
 def test_quota_hints_by_family_and_market():
     assert '"All G and VT Spot Instance Requests"' in quota_hint("g5.xlarge", "spot")
     assert '"Running On-Demand G and VT instances"' in quota_hint("g4dn.xlarge", "on-demand")

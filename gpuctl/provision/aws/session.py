@@ -72,6 +72,9 @@ def _not_an_api_answer(http_response: Any, parsed: Any, model: Any, **_: Any) ->
         raise ResponseParserError(f"{model.name}: an HTML page answered with 200, not AWS's API")
 
 
+GLOBAL_SERVICES = {"ce": "Cost Explorer", "budgets": "AWS Budgets"}
+
+
 def translate(exc: BaseException, action: str = "", service: str = "ec2") -> GpuctlError:
     """One botocore exception -> one gpuctl error with a hint. Unknown ones stay CloudErrors."""
     from botocore import exceptions as bx
@@ -88,6 +91,9 @@ def translate(exc: BaseException, action: str = "", service: str = "ec2") -> Gpu
     if isinstance(exc, bx.TokenRetrievalError) or isinstance(exc, bx.SSOTokenLoadError):
         return CloudError(f"AWS SSO login needed: {exc}", "Run `aws sso login` (with --profile if you use one).")
     if isinstance(exc, bx.EndpointConnectionError):
+        if service in GLOBAL_SERVICES:  # their one endpoint: no region of the user's to doubt
+            return CloudError(f"cannot reach AWS: {exc}", f"Check the network ({GLOBAL_SERVICES[service]} answers at "
+                                                          "us-east-1, whatever the clusters' region).")
         return CloudError(f"cannot reach AWS: {exc}", "Check the network, and that the region exists.")
     code = error_code(exc)
     msg = error_message(exc)
