@@ -118,19 +118,21 @@ def tensorboard(ctx: click.Context, cluster: str | None, port: int) -> None:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("project", required=False, default=".", type=click.Path(path_type=Path))
+@click.argument("project", required=False, type=click.Path(path_type=Path))
 @click.option("--cluster", help="Cluster (default: the default cluster).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True,
-              help="Local port (on 127.0.0.1 only); in use here: the next free one, said.")
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="Local port (on 127.0.0.1 only; default 8888); in use here: the next free one, said.")
 @click.option("--data", type=click.Path(path_type=Path),
               help="A data directory, pushed as `train --data` pushes it ($GPUCTL_DATA_DIR in the kernels).")
 @click.option("--no-open", is_flag=True, help="Print the URL only; do not open a browser.")
 @click.option("--stop", "stop_it", is_flag=True, help="End the cluster's notebook server (its kernels with it).")
 @json_option
 @click.pass_context
-def notebook(ctx: click.Context, project: Path, cluster: str | None, port: int, data: Path | None, no_open: bool,
+def notebook(ctx: click.Context, project: Path | None, cluster: str | None, port: int | None, data: Path | None,
+             no_open: bool,
              stop_it: bool, as_json: bool) -> None:
-    """JupyterLab on the cluster's chief, in the environment `train` gives PROJECT (default: .).
+    """JupyterLab on the cluster's chief, in the environment `train` gives PROJECT (default: .; a
+    running server is reconnected to with the project it started with: another PROJECT is refused).
 
     It listens on the instance's 127.0.0.1 only, reached through gpuctl's SSH connection (host
     key pinned) on a local port; its URL carries a token (random per server, never on a command

@@ -35,6 +35,7 @@ PAYLOAD = "gpuctl_notebook.py"
 START_S = 120.0  # JupyterLab's start on a small instance: seconds; a first import of its extensions more
 INSTALL_S = 900.0
 PORTS_TRIED = 100  # a local port in use: the next ones, up to this many
+DEFAULT_PORT = 8888  # Jupyter's own
 
 
 class NotebookOpened(Frozen):
@@ -69,22 +70,22 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_local_port(asked: int, ours: int | None = None) -> int:
-    """`asked` if free here (or held by this cluster's own local server), else the next free one."""
+def free_local_port(asked: int) -> int:
+    """`asked` if free here, else the next free one."""
     for port in range(asked, min(asked + PORTS_TRIED, 65536)):
-        if port == ours or port_free(port):
+        if port_free(port):
             return port
     raise ConflictError(f"ports {asked}-{asked + PORTS_TRIED - 1} on 127.0.0.1 are all in use here",
                         "Pass another --port.")
 
 
-def open_notebook(s: Session, cluster: str | None, port: int, project: Path, data: Path | None,
+def open_notebook(s: Session, cluster: str | None, port: int | None, project: Path | None, data: Path | None,
                   progress: Progress = quiet) -> NotebookOpened:
     """Reconnect to the cluster's notebook server, or start one (the project pushed as `train`
-    pushes it, in `train`'s environment, JupyterLab installed there where it lacks it)."""
-    project = push.project_dir(project)
-    Private().check_root(str(project))
-    loaded = s.settings(project_dir=project)
+    pushes it, in `train`'s environment, JupyterLab installed there where it lacks it). `project`
+    None: the current directory for a new server, whatever the running one serves otherwise;
+    `port` None: DEFAULT_PORT, said only where it was asked."""
+    asked = None if project is None else _project(project)  # a bad PROJECT fails before anything is asked
     data = push.check_data(data)
     record = clusters.reconcile(s, s.resolve_cluster(cluster))  # a guard's poweroff: EC2 ended it
     if record.state != "up":
@@ -104,40 +105,51 @@ def open_notebook(s: Session, cluster: str | None, port: int, project: Path, dat
             if fired is not None and found is None:
                 notes.append(f"the cluster's {fired} ended the last notebook server; starting a new one "
                              "(`gpuctl up` starts a new cluster if this one is not wanted any more)")
+            if found is not None:
+                _check_served(s, record, host, asked, data, notes)  # before anything of it changes
             if found is not None and host.local:  # it listens here already: --port was for a new one
                 local_port = found[0]
-                if local_port != port:
+                if port is not None and local_port != port:
                     notes.append(f"the running server listens on {local_port} (--port applies to a new server)")
             else:
-                local_port = free_local_port(port)
-                if local_port != port:
-                    notes.append(f"port {port} is in use here: using {local_port}")
+                local_port = free_local_port(port or DEFAULT_PORT)
+                if local_port != (port or DEFAULT_PORT):
+                    notes.append(f"port {port or DEFAULT_PORT} is in use here: using {local_port}")
             if found is not None:
-                _check_served(s, record, project, notes)
                 remote_port, token = found
                 reconnected = True
             else:
+                project = asked or _project(Path("."))
+                loaded = s.settings(project_dir=project)
                 remote_port, token = _start(s, loaded, record, host, project, data, local_port, progress)
                 if host.local:
                     local_port = remote_port
                 reconnected = False
             workdir = posixpath.join(state.paths_of(host).run_dir, "work")
     return NotebookOpened(cluster=record.name, host=host.label, url=f"http://127.0.0.1:{local_port}/lab?token={token}",
-                          local_port=local_port, remote_port=remote_port, asked_port=port, reconnected=reconnected,
+                          local_port=local_port, remote_port=remote_port, asked_port=port or DEFAULT_PORT, reconnected=reconnected,
                           forward=host.forward(local_port, remote_port), workdir=workdir, notes=tuple(notes))
 
 
-def _check_served(s: Session, record: ClusterRecord, project: Path, notes: list[str]) -> None:
-    """A running server serves the project it was started with, as pushed then: another project
-    is refused (nothing is pushed over the files its kernels use); the same one is said to be as
-    it was pushed."""
-    served = state.served_project(s, record)
-    if served is not None and served != str(project):
-        raise ConflictError(f"the notebook server on {record.name} serves {served}, not {project}",
+def _project(project: Path) -> Path:
+    project = push.project_dir(project)
+    Private().check_root(str(project))
+    return project
+
+
+def _check_served(s: Session, record: ClusterRecord, host: Host, asked: Path | None, data: Path | None,
+                  notes: list[str]) -> None:
+    """A running server serves the project it was started with, as pushed then: another PROJECT
+    is refused (nothing is pushed over the files its kernels use); what it serves is said."""
+    served = state.served_project(s, record, host.label)
+    if asked is not None and served is not None and served != str(asked):
+        raise ConflictError(f"the notebook server on {record.name} serves {served}, not {asked}",
                             "Stop it first (`gpuctl notebook --stop`: its kernels end), then start one for "
                             "this project.")
-    notes.append("the running server has the project as it was pushed at its start: `gpuctl notebook --stop`, "
-                 "then `gpuctl notebook`, pushes edits made since")
+    notes.append(f"the running server has {served or 'its project'} as it was pushed at its start: "
+                 "`gpuctl notebook --stop`, then `gpuctl notebook`, pushes edits made since")
+    if data is not None:
+        notes.append("--data applies to a new server: the running one keeps the data it started with")
 
 
 def _start(s: Session, loaded: LoadedSettings, record: ClusterRecord, host: Host, project: Path, data: Path | None,

@@ -63,14 +63,15 @@ def last_session(s: Session, record: ClusterRecord) -> tuple[float, float | None
     return last
 
 
-def served_project(s: Session, record: ClusterRecord) -> str | None:
-    """The project the cluster's open notebook session was started with (its start event says
-    `JupyterLab on HOST (PROJECT)`, ops/notebook.py); None when none is open or it does not say."""
+def served_project(s: Session, record: ClusterRecord, label: str) -> str | None:
+    """The project the cluster's open notebook session on host `label` was started with (its start
+    event says `JupyterLab on LABEL (PROJECT)`, ops/notebook.py: a label or a path may hold " (");
+    None when none is open or it does not say."""
     served = None
+    head = f"JupyterLab on {label} ("
     for _, _, _, kind, message in s.ledger.events(record.id):
         if kind == STARTED:
-            _, sep, rest = message.partition(" (")  # the first: a host label has no " (", a path may
-            served = rest[:-1] if sep and rest.endswith(")") else None
+            served = message[len(head):-1] if message.startswith(head) and message.endswith(")") else None
         elif kind == ENDED:
             served = None
     return served

@@ -73,7 +73,8 @@ def local_up(gpuctl, monkeypatch):
     return gpuctl
 
 
-def test_local_notebook_reached_with_its_token_reconnect_stop_down_and_its_dollars(local_up, make_project, isolated):
+def test_local_notebook_reached_with_its_token_reconnect_stop_down_and_its_dollars(local_up, make_project, isolated,
+                                                                                   monkeypatch):
     gpuctl = local_up
     proj = make_project("nb", {"train.py": "print('hi')\n", "helper.py": "X = 1\n"})
     data = make_project("digits", {"a.csv": "1,2\n"})
@@ -109,6 +110,16 @@ def test_local_notebook_reached_with_its_token_reconnect_stop_down_and_its_dolla
     assert not (folder / "work" / "code" / "other.py").exists()
     moved = gpuctl("notebook", "--no-open", "--port", free_port(), proj)
     assert url_in(moved.stdout) == url and f"the running server listens on {port}" in moved.stderr
+    # The same project by another spelling reconnects; no PROJECT (here: another directory) too,
+    # naming what the server has; a --data is said not to apply to it.
+    link = isolated / "nb-link"
+    link.symlink_to(proj)
+    for spelling in (str(link), str(proj) + "/"):
+        assert url_in(gpuctl("notebook", "--no-open", spelling).stdout) == url
+    monkeypatch.chdir(isolated)
+    plain = gpuctl("notebook", "--no-open", "--data", data)
+    assert url_in(plain.stdout) == url and f"has {proj.resolve()} as it was pushed" in plain.stderr
+    assert "--data applies to a new server" in plain.stderr and "listens on" not in plain.stderr
     # Its time is a session in status and cost, at the cluster's rate.
     shown = gpuctl("status").stdout
     assert "notebook session" in shown and "open" in shown
