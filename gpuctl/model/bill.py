@@ -75,7 +75,7 @@ class BilledCluster(Frozen):
     estimate_usd: float
     diff_usd: Optional[float]  # billed - estimate; None where the two span different times (from_since)
     diff_pct: Optional[float] = None  # of the estimate; None where the estimate is 0
-    not_billed_yet: bool = False  # lived within AWS's lag (up to a day): the bill is not complete
+    not_billed_yet: bool = False  # its last day not settled (AWS's lag, up to a day after it): the bill is not complete
     from_since: bool = False  # lived before --since: the bill counted from then only
     drift: Optional[str] = None  # where billed and estimate differ by more than DRIFT_PCT: which part
     parts: tuple[BilledPart, ...] = ()

@@ -146,13 +146,13 @@ def side_by_side(s: Session, rows: list[BilledRow], clusters: list[ClusterRecord
         est, _ = cluster_cost(s, c, now)
         parts = share.get(c.id, {})
         counted = {"EC2 compute": est.compute_usd, "EBS": est.storage_usd}
-        shown = tuple(BilledPart(part=p, billed_usd=round(usd, 6), estimate_usd=counted.get(p))
+        from_since = c.created_at < start_s  # the bill from --since, the estimate its whole life: no difference
+        shown = tuple(BilledPart(part=p, billed_usd=round(usd, 6), estimate_usd=None if from_since else counted.get(p))
                       for p, usd in sorted(parts.items(), key=lambda kv: -kv[1]))
         total = sum(parts.values())
         diff = total - est.usd
         pct = diff / est.usd * 100 if est.usd > 0 else None
         lagging = not_billed_yet(c.terminated_at or now, now)
-        from_since = c.created_at < start_s  # the bill from --since, the estimate its whole life: no difference
         drift = None
         if not lagging and not from_since and pct is not None and abs(pct) > DRIFT_PCT:
             drift = _which_part(parts, counted)

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # types only: `status` asks for a budget line and builds none
 FILTER_TAG = "gpuctl:created-by"  # the budget counts the resources carrying it: it must be active
 
 # A local part, then a domain of non-empty labels (`a@b..com` is no address) and a top-level one.
-EMAIL = re.compile(r"[^@\s]{1,64}@(?=[^@\s]{1,255}$)[^@\s.]{1,63}(?:\.[^@\s.]{1,63})*\.[^@\s.]{2,63}")
+_C = r"\s\x00-\x1f\x7f"  # no space, no control character anywhere in an address
+EMAIL = re.compile(rf"[^@{_C}]{{1,64}}@(?=[^@{_C}]{{1,255}}$)[^@.{_C}]{{1,63}}(?:\.[^@.{_C}]{{1,63}})*\.[^@.{_C}]{{2,63}}")
 
 
 def check_email(email: str | None) -> None:
@@ -37,8 +38,8 @@ def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState
     check_email(email)
     if not (math.isfinite(monthly_usd) and monthly_usd >= 0.01):  # AWS keeps cents: less is a $0.00 budget
         raise ConfigError(f"--monthly-usd {monthly_usd} is not a limit", "Give a number of dollars, at least 0.01.")
-    budgets = _budgets(s)
-    budgets.check_set(email)  # a missing --email is said before the paid question below
+    backstop = _budgets(s)
+    backstop.check_set(email)  # a missing --email is said before the paid question below
     # A budget filtered on a tag that is not a cost allocation tag counts nothing and never fires
     # (one Cost Explorer request, $0.01, before anything is made).
     (state,) = cost_explorer(s.settings().settings.aws.profile).tag_states((FILTER_TAG,))
@@ -46,7 +47,7 @@ def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState
         raise BillingError(f"the cost allocation tag {FILTER_TAG} is not active ({state.status}): a budget on it "
                            "would count nothing and never fire",
                            "Run `gpuctl aws billing setup` first (a new key can take up to a day to appear).")
-    return budgets.set(monthly_usd, email)
+    return backstop.set(monthly_usd, email)
 
 
 def show(s: Session) -> BudgetState | None:

@@ -163,9 +163,29 @@ def test_a_cluster_older_than_since_shows_no_difference(gpuctl, aws, moto_server
     assert row["from_since"] and row["billed_usd"] == pytest.approx(58 * 1.006)
     assert row["estimate_usd"] == pytest.approx(96 * 1.006 + 96 * 100 * 0.08 / 730, abs=0.01)  # its whole life
     assert row["diff_usd"] is None and row["diff_pct"] is None and row["drift"] is None
+    assert [(p["part"], p["estimate_usd"]) for p in row["parts"]] == [("EC2 compute", None)]
     table = gpuctl("cost", "--billed", "--since", day(at(6, 0))).stdout
     (line,) = [line for line in table.splitlines() if line.startswith("long")]
     assert line.split()[5:8] == ["-", "-", "bill"], line  # long #1  DAYS  BILLED  GPUCTL  diff  diff %
+
+
+def test_a_cluster_is_not_billed_yet_until_its_last_day_settles(isolated):
+    """Ended at 23:00, looked at a day and a half hour later: that day is not settled, so no
+    verdict (the bill below it may still grow); once it settles, the verdict comes."""
+    from gpuctl.ops import billing
+    from gpuctl.ops.session import open_session
+
+    late = aws_cluster(isolated, "late", at(3, 20), at(3, 23))
+    s = open_session()
+    try:
+        clusters = [c for c in s.ledger.clusters() if c.id == late]
+        since = dt.date.fromisoformat(day(at(6, 0)))
+        (row,) = billing.side_by_side(s, [], clusters, at(2, 23.5), since).clusters
+        assert row.not_billed_yet and row.drift is None
+        (row,) = billing.side_by_side(s, [], clusters, at(1, 0), since).clusters
+        assert not row.not_billed_yet and row.drift is not None  # billed $0 of its ~$3: a verdict now
+    finally:
+        s.close()
 
 
 def test_an_answer_past_its_page_bound_is_refused_and_none_of_it_kept(gpuctl, aws, moto_server, tags_active,

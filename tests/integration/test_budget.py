@@ -118,6 +118,7 @@ def test_up_warns_when_the_forecast_passes_the_budget(gpuctl, aws, actions):
     (["--monthly-usd", "10"], 3, "--email"),
     (["--monthly-usd", "10", "--email", "not-an-address"], 3, "email"),
     (["--monthly-usd", "10", "--email", "me@example..com"], 3, "email"),
+    (["--monthly-usd", "10", "--email", "me\x1b[31m@example.com"], 3, "email"),
     # "$inf" a month, and a budget under a cent (AWS keeps cents: $0.00, fired by the first one).
     (["--monthly-usd", "inf", "--email", "me@example.com"], 2, "not a finite number"),
     (["--monthly-usd", "1e400", "--email", "me@example.com"], 2, "not a finite number"),

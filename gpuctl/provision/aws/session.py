@@ -72,7 +72,7 @@ def _not_an_api_answer(http_response: Any, parsed: Any, model: Any, **_: Any) ->
         raise ResponseParserError(f"{model.name}: an HTML page answered with 200, not AWS's API")
 
 
-GLOBAL_SERVICES = {"ce": "Cost Explorer", "budgets": "AWS Budgets"}
+GLOBAL_SERVICES = {"ce": "Cost Explorer", "budgets": "AWS Budgets", "iam": "IAM"}
 
 
 def translate(exc: BaseException, action: str = "", service: str = "ec2") -> GpuctlError:
