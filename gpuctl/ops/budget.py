@@ -5,13 +5,12 @@ not a guard (docs/billing.md)."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TYPE_CHECKING
 
 from gpuctl.errors import BillingError, ConfigError, GpuctlError
 from gpuctl.ops.session import Session
-from gpuctl.provision.bill import Budgets, budget_kept, budgets, cost_explorer
+from gpuctl.provision.bill import Budgets, budget_kept, budgets, check_limit, cost_explorer
 
 if TYPE_CHECKING:  # types only: `status` asks for a budget line and builds none of model.bill's models without one
     from gpuctl.model.bill import BudgetGone, BudgetState
@@ -36,8 +35,7 @@ def _budgets(s: Session) -> Budgets:
 
 def set_budget(s: Session, monthly_usd: float, email: str | None) -> BudgetState:
     check_email(email)
-    if not (math.isfinite(monthly_usd) and monthly_usd >= 0.01):  # AWS keeps cents: less is a $0.00 budget
-        raise ConfigError(f"--monthly-usd {monthly_usd} is not a limit", "Give a number of dollars, at least 0.01.")
+    check_limit(monthly_usd)
     backstop = _budgets(s)
     backstop.check_set(email)  # a missing --email is said before the paid question below
     # A budget filtered on a tag that is not a cost allocation tag counts nothing and never fires

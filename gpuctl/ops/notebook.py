@@ -86,6 +86,7 @@ def open_notebook(s: Session, cluster: str | None, port: int | None, project: Pa
     None: the current directory for a new server, whatever the running one serves otherwise;
     `port` None: DEFAULT_PORT, said only where it was asked."""
     asked = None if project is None else _project(project)  # a bad PROJECT fails before anything is asked
+    wanted = port or DEFAULT_PORT
     data = push.check_data(data)
     record = clusters.reconcile(s, s.resolve_cluster(cluster))  # a guard's poweroff: EC2 ended it
     if record.state != "up":
@@ -112,9 +113,9 @@ def open_notebook(s: Session, cluster: str | None, port: int | None, project: Pa
                 if port is not None and local_port != port:
                     notes.append(f"the running server listens on {local_port} (--port applies to a new server)")
             else:
-                local_port = free_local_port(port or DEFAULT_PORT)
-                if local_port != (port or DEFAULT_PORT):
-                    notes.append(f"port {port or DEFAULT_PORT} is in use here: using {local_port}")
+                local_port = free_local_port(wanted)
+                if local_port != wanted:
+                    notes.append(f"port {wanted} is in use here: using {local_port}")
             if found is not None:
                 remote_port, token = found
                 reconnected = True
@@ -127,7 +128,7 @@ def open_notebook(s: Session, cluster: str | None, port: int | None, project: Pa
                 reconnected = False
             workdir = posixpath.join(state.paths_of(host).run_dir, "work")
     return NotebookOpened(cluster=record.name, host=host.label, url=f"http://127.0.0.1:{local_port}/lab?token={token}",
-                          local_port=local_port, remote_port=remote_port, asked_port=port or DEFAULT_PORT, reconnected=reconnected,
+                          local_port=local_port, remote_port=remote_port, asked_port=wanted, reconnected=reconnected,
                           forward=host.forward(local_port, remote_port), workdir=workdir, notes=tuple(notes))
 
 

@@ -5,13 +5,24 @@ ops imports no provider (the layers contract), and boto3 is imported only when o
 from __future__ import annotations
 
 import importlib
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
+
+from gpuctl.errors import ConfigError
 
 if TYPE_CHECKING:  # the protocols' types only (the providers' modules build them)
     from gpuctl.model.bill import BilledRow, BudgetGone, BudgetState, TagState
 
 TAG_KEYS = ("gpuctl:cluster", "gpuctl:owner", "gpuctl:created-by")  # every resource gpuctl makes carries them
+MIN_MONTHLY_USD = 0.01  # AWS keeps a budget's cents: less would be a $0.00 budget, fired by the first cent
+
+
+def check_limit(limit_usd: float) -> None:
+    """A ConfigError unless `limit_usd` is a budget AWS keeps as given (finite, in cents)."""
+    if not (math.isfinite(limit_usd) and limit_usd >= MIN_MONTHLY_USD):
+        raise ConfigError(f"--monthly-usd {limit_usd} is not a limit",
+                          f"Give a number of dollars, at least {MIN_MONTHLY_USD}.")
 
 
 class CostExplorer(Protocol):

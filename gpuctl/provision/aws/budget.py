@@ -14,7 +14,6 @@ The budget's region, email and role are kept in the gpuctl home (budget.json, 06
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +23,7 @@ from gpuctl.model.bill import BudgetAction, BudgetGone, BudgetState
 from gpuctl.model.untrusted import one_line
 from gpuctl.provision.aws import access
 from gpuctl.provision.aws.session import Aws, aws_errors, call_in, error_code
+from gpuctl.provision.bill import check_limit
 
 NAME = "gpuctl-backstop"
 RECORD = "budget.json"
@@ -112,16 +112,19 @@ class AwsBudgets:
         return [a for a in res.get("Actions", []) if isinstance(a, dict)]
 
     def check_set(self, email: str | None) -> None:
-        if not (email or (_kept(self.home) or {}).get("email")):
+        self._email(email)
+
+    def _email(self, email: str | None) -> str:
+        """The address to tell: the one given, else the one kept at the last set."""
+        found = email or (_kept(self.home) or {}).get("email")
+        if not found:
             raise ConfigError("the first `gpuctl aws budget set` needs --email",
                               "AWS's budget actions tell someone when they fire: pass --email ADDR.")
+        return str(found)
 
     def set(self, limit_usd: float, email: str | None) -> BudgetState:
-        if not (math.isfinite(limit_usd) and limit_usd >= 0.01):
-            raise ConfigError(f"--monthly-usd {limit_usd} is not a limit", "Give a number of dollars, at least 0.01.")
-        self.check_set(email)
-        kept = _kept(self.home) or {}
-        email = email or kept.get("email")
+        check_limit(limit_usd)
+        email = self._email(email)
         existing = self._described()
         if existing is not None:
             unit = str(existing.get("BudgetLimit", {}).get("Unit", "USD"))
